@@ -1,0 +1,157 @@
+"""The simulated engine without HTTP: scheduler, GPU prefix cache, LMCache store, timing, metrics.
+
+One request: wait for a slot (FIFO, `max_num_seqs`), match the GPU prefix cache and the LMCache store at
+admission, sleep the prefill time of what is neither (plus the LMCache load time), cache the prompt (and
+report new LMCache chunks to the controller), emit the first token, then one decode step per further token
+with the step time of the batch running at that moment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sim.lmcache_chunks import LMCacheStore
+from sim.lmcache_reporter import LMCacheReporter
+from sim.metrics import EngineMetrics
+from sim.prefix_cache import PrefixCache
+from sim.scheduler import Scheduler
+from sim.service_model import ServiceModel, split_prompt
+
+log = logging.getLogger(__name__)
+
+# Output is filler drawn from the vocabulary in a fixed order, so responses are deterministic.
+FILLER_WORDS = ("the", "cache", "engine", "token", "model", "prefix", "router", "load", "balance", "query",
+                "answer", "document", "context", "summary", "latency", "batch")
+
+
+@dataclass
+class EngineStats:
+    served: int = 0  # requests that completed
+    aborted: int = 0  # requests that ended early (client gone, injected abort)
+    failed: int = 0  # x-sim-fail injections
+
+
+@dataclass
+class Phantom:
+    running: int = 0
+    waiting: int = 0
+
+
+class EngineCore:
+    def __init__(self, name: str, model_id: str, service: ServiceModel, filler: Sequence[str],
+                 reporter: LMCacheReporter | None = None) -> None:
+        self.name = name
+        self.model_id = model_id
+        self.service = service
+        self.filler = list(filler) or ["x"]
+        self.scheduler = Scheduler(service.max_num_seqs)
+        self.prefix_cache = PrefixCache(service.kv_capacity_blocks, service.block_size)
+        self.lmcache = LMCacheStore(service.lmcache_capacity_chunks)
+        self.reporter = reporter
+        self.phantom = Phantom()
+        self.stats = EngineStats()
+        self.metrics = EngineMetrics(model_id, self.gauges)
+        self._private_blocks = 0  # KV blocks held by running requests beyond the shared prefix cache
+
+    # ---- reported state --------------------------------------------------------------------------------
+    def gauges(self) -> dict[str, float]:
+        used = len(self.prefix_cache) + self._private_blocks
+        return {
+            "vllm:num_requests_running": self.scheduler.running + self.phantom.running,
+            "vllm:num_requests_waiting": self.scheduler.waiting + self.phantom.waiting,
+            "vllm:kv_cache_usage_perc": min(1.0, used / max(1, self.service.kv_capacity_blocks)),
+        }
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "model": self.model_id,
+            "running": self.scheduler.running,
+            "waiting": self.scheduler.waiting,
+            "phantom": {"running": self.phantom.running, "waiting": self.phantom.waiting},
+            "cached_blocks": len(self.prefix_cache),
+            "lmcache_chunks": len(self.lmcache),
+            "lmcache_registered": bool(self.reporter and self.reporter.registered),
+            "served": self.stats.served,
+            "aborted": self.stats.aborted,
+            "failed": self.stats.failed,
+            "prompt_tokens_total": self.metrics.prompt_tokens,
+            "prefix_cache_hits_total": self.metrics.prefix_cache_hits,
+        }
+
+    def reset_cache(self) -> dict[str, int]:
+        blocks = self.prefix_cache.clear()
+        evicted = self.lmcache.clear()
+        if self.reporter is not None:
+            self.reporter.evict(evicted)
+        return {"cleared_blocks": blocks, "evicted_chunks": len(evicted)}
+
+    # ---- one request -----------------------------------------------------------------------------------
+    async def generate(self, prompt: Sequence[int], max_tokens: int) -> AsyncIterator[str]:
+        """Yields the output text token by token with the model's timing. Closing it early frees the slot."""
+        loop = asyncio.get_running_loop()
+        arrival = loop.time()
+        svc, bs = self.service, self.service.block_size
+        n = len(prompt)
+        async with self.scheduler.slot():
+            admitted_at = loop.time()
+            self.metrics.queue_time.observe(admitted_at - arrival)
+            gpu_hit = self.prefix_cache.match(prompt)
+            lm_hit = self.lmcache.match(prompt)
+            computed, loaded = split_prompt(n, gpu_hit, lm_hit)
+            self.metrics.prefix_cache_queries += n
+            self.metrics.prefix_cache_hits += min(gpu_hit, n - computed)
+            held = math.ceil(n / bs)  # while prefilling, the whole prompt occupies private blocks
+            self._private_blocks += held
+            produced = 0
+            finished = False
+            try:
+                await asyncio.sleep(svc.prefill_seconds(computed, loaded))
+                self._cache_prompt(prompt)
+                self.metrics.prompt_tokens += n
+                # Full prompt blocks now live in the shared cache; the partial tail and the output stay private.
+                self._private_blocks -= held
+                held = 1 if n % bs else 0
+                self._private_blocks += held
+                for i in range(max_tokens):
+                    if i > 0:
+                        await asyncio.sleep(svc.decode_step_seconds(self.scheduler.running))
+                    produced += 1
+                    self.metrics.generation_tokens += 1
+                    if i == 0:
+                        self.metrics.ttft.observe(loop.time() - arrival)
+                    grown = math.ceil(((n % bs) + produced) / bs) - held
+                    if grown > 0:
+                        self._private_blocks += grown
+                        held += grown
+                    yield self.filler[i % len(self.filler)]
+                finished = True
+            finally:
+                self._private_blocks -= held
+                if finished:
+                    self.stats.served += 1
+                    self.metrics.request_success += 1
+                    self.metrics.e2e.observe(loop.time() - arrival)
+                else:
+                    self.stats.aborted += 1
+
+    def _cache_prompt(self, prompt: Sequence[int]) -> None:
+        self.prefix_cache.insert(prompt)
+        admitted, evicted = self.lmcache.admit(prompt)
+        if self.reporter is not None and (admitted or evicted):
+            self.reporter.report(admitted, evicted)
+
+
+def filler_texts(decode_one: Any, encode: Any) -> list[str]:
+    """Texts of single-token filler words (skipping any word the tokenizer splits)."""
+    out = []
+    for word in FILLER_WORDS:
+        ids = encode(" " + word)
+        if len(ids) == 1:
+            out.append(decode_one(ids[0]))
+    return out or [" the"]

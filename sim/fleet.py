@@ -1,0 +1,145 @@
+"""A fleet of simulated engines in one process and one event loop, as a CLI and a Python API.
+
+    python -m sim.fleet --engines 3 --base-ip 127.0.0.2 --port 8000 --tokenizer sim/assets/tiny-model \\
+        [--lmcache-host 127.0.0.1 --lmcache-pull-port A --lmcache-reply-port B] [--names a,b,c] [model flags]
+
+Engine i is named `engine-<i>` (or the i-th of --names; the name is also its LMCache instance id) and
+listens on base-ip + i (every 127/8 address is bindable on Linux), all on the same port. Once every engine
+listens and has tried to register with LMCache, exactly one line goes to stdout:
+
+    READY [{"name": "engine-0", "url": "http://127.0.0.2:8000", "ip": "127.0.0.2", "port": 8000, ...}, ...]
+
+SIGTERM / SIGINT deregister from LMCache, close the listeners and exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import json
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sim.engine import Engine, EngineConfig
+from sim.lmcache_reporter import ControllerAddress
+from sim.service_model import ServiceModel, add_cli_flags, from_cli_args
+from sim.tokenization import SimTokenizer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TOKENIZER = Path(__file__).parent / "assets" / "tiny-model"
+
+
+@dataclass
+class Fleet:
+    engines: list[Engine] = field(default_factory=list)
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [e.describe() for e in self.engines]
+
+    def by_name(self, name: str) -> Engine:
+        for e in self.engines:
+            if e.name == name:
+                return e
+        raise KeyError(name)
+
+    async def stop(self) -> None:
+        # Deregister and close every engine even if one of them fails to.
+        results = await asyncio.gather(*(e.stop() for e in self.engines), return_exceptions=True)
+        for engine, result in zip(self.engines, results):
+            if isinstance(result, BaseException):
+                log.warning("stopping %s failed: %r", engine.name, result)
+
+
+def engine_ips(base_ip: str, n: int) -> list[str]:
+    base = ipaddress.ip_address(base_ip)
+    return [str(base + i) for i in range(n)]
+
+
+async def start_fleet(
+    engines: int,
+    base_ip: str = "127.0.0.2",
+    port: int = 8000,
+    tokenizer: str | Path | SimTokenizer = DEFAULT_TOKENIZER,
+    lmcache: ControllerAddress | None = None,
+    service: ServiceModel | None = None,
+    names: Sequence[str] | None = None,
+    model_id: str = "tiny-model",
+) -> Fleet:
+    """Start `engines` engines (port 0: each picks a free port) and register them with LMCache if given."""
+    if names is not None and len(names) != engines:
+        raise ValueError(f"{len(names)} names for {engines} engines")
+    tok = tokenizer if isinstance(tokenizer, SimTokenizer) else SimTokenizer(tokenizer)
+    service = service or ServiceModel()
+    fleet = Fleet([
+        Engine(EngineConfig(name=names[i] if names is not None else f"engine-{i}", ip=ip, port=port,
+                            model_id=model_id, service=service, lmcache=lmcache), tok)
+        for i, ip in enumerate(engine_ips(base_ip, engines))
+    ])
+    # Concurrently: with the controller absent each registration attempt waits out its timeout.
+    results = await asyncio.gather(*(e.start() for e in fleet.engines), return_exceptions=True)
+    failures = [r for r in results if isinstance(r, BaseException)]
+    if failures:
+        await fleet.stop()
+        raise failures[0]
+    return fleet
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sim.fleet", description="Simulated vLLM(+LMCache) engines")
+    p.add_argument("--engines", type=int, default=2)
+    p.add_argument("--base-ip", default="127.0.0.2")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER))
+    p.add_argument("--model-id", default="tiny-model")
+    p.add_argument("--names", default=None, help="comma-separated engine names (default engine-<i>)")
+    p.add_argument("--lmcache-host", default=None)
+    p.add_argument("--lmcache-pull-port", type=int, default=None)
+    p.add_argument("--lmcache-reply-port", type=int, default=None)
+    p.add_argument("--log-level", default="WARNING")
+    add_cli_flags(p)
+    return p
+
+
+async def _amain(args: argparse.Namespace) -> int:
+    lmcache = None
+    if args.lmcache_pull_port is not None or args.lmcache_reply_port is not None:
+        if args.lmcache_pull_port is None or args.lmcache_reply_port is None:
+            raise SystemExit("--lmcache-pull-port and --lmcache-reply-port go together")
+        lmcache = ControllerAddress(args.lmcache_host or "127.0.0.1", args.lmcache_pull_port,
+                                    args.lmcache_reply_port)
+    names = [n.strip() for n in args.names.split(",")] if args.names else None
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    fleet = await start_fleet(args.engines, args.base_ip, args.port, args.tokenizer, lmcache,
+                              from_cli_args(args), names, args.model_id)
+    sys.stdout.write("READY " + json.dumps(fleet.describe()) + "\n")
+    sys.stdout.flush()
+    await stop.wait()
+    await fleet.stop()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import uvloop  # type: ignore[import-not-found]
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is optional
+        runner = asyncio.run
+    return runner(_amain(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
