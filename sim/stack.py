@@ -409,11 +409,27 @@ class SidecarProc(ManagedProc):
     def __init__(self, args: Sequence[str], env: Mapping[str, str] | None = None,
                  log_dir: str | os.PathLike[str] = "out/logs") -> None:
         self.args = [str(a) for a in args]
-        self.listen = _flag_value(self.args, "--listen") or f"127.0.0.1:{SIDECAR_PORT}"
-        self.metrics_listen = _flag_value(self.args, "--metrics-listen")
         full_env = dict(os.environ)
         full_env.update(env or {})
-        super().__init__([_venv_tool("loadaware-sidecar"), "serve", *self.args], log_dir, env=full_env)
+        # Same precedence as sidecar/config.py: flag > environment > the sidecar's default.
+        self.listen = (_flag_value(self.args, "--listen") or full_env.get("LOADAWARE_LISTEN")
+                       or f"127.0.0.1:{SIDECAR_PORT}")
+        self.metrics_listen = (_flag_value(self.args, "--metrics-listen")
+                               or full_env.get("LOADAWARE_METRICS_LISTEN") or "127.0.0.1:9102")
+        super().__init__([*self.command(), "serve", *self.args], log_dir, env=full_env)
+
+    @staticmethod
+    def command() -> list[str]:
+        """The console script when installed; else the same entry point (sidecar.cli:main) via python, so a
+        checkout whose venv predates the script still runs."""
+        script = VENV_BIN / "loadaware-sidecar"
+        if script.exists():
+            return [str(script)]
+        return [_python(), "-c", "import sys; from sidecar.cli import main; sys.exit(main())"]
+
+    @classmethod
+    def available(cls) -> bool:
+        return (VENV_BIN / "loadaware-sidecar").exists() or (REPO / "sidecar" / "cli.py").exists()
 
     def _is_ready(self) -> bool:
         host, port = _split_hostport(self.listen)
@@ -435,7 +451,7 @@ class SidecarProc(ManagedProc):
 
     def metrics_text(self, timeout: float = 2.0) -> str:
         if not self.metrics_listen:
-            raise ProcError("sidecar started without --metrics-listen")
+            raise ProcError("sidecar metrics endpoint disabled")
         host, port = _split_hostport(self.metrics_listen)
         status, body = _http("GET", f"http://{host}:{port}/metrics", timeout=timeout)
         if status != 200:
