@@ -36,7 +36,11 @@ class Scheduler:
                 # The slot was handed to us just as we were cancelled: pass it on.
                 self.release()
             else:
-                self._waiters.remove(fut)
+                # A release() may already have popped (and skipped) our cancelled future.
+                try:
+                    self._waiters.remove(fut)
+                except ValueError:
+                    pass
             raise
 
     def release(self) -> None:
