@@ -32,6 +32,7 @@ LMCACHE_VENV_BIN = REPO / ".lmcache-venv" / "bin"
 ENVOY_CONFIG = REPO / "envoy" / "envoy.yaml"
 ENVOY_PASSTHROUGH_CONFIG = REPO / "envoy" / "envoy-passthrough.yaml"
 TINY_TOKENIZER = REPO / "sim" / "assets" / "tiny-model"
+DEFAULT_LOG_DIR = REPO / "out" / "logs"  # /out/ is git-ignored
 
 # Ports baked into the shipped Envoy configs (envoy/*.yaml).
 ENVOY_LISTEN_PORT = 10000
@@ -156,11 +157,9 @@ class ManagedProc:
         proc = self.proc
         if proc is None:
             return
-        try:
-            pgid = os.getpgid(proc.pid)
-        except ProcessLookupError:
-            pgid = None
-        if pgid is not None and proc.poll() is None:
+        # start_new_session made the child a group leader: its pid is the group id, even after it exited.
+        pgid = proc.pid
+        if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGTERM)
             try:
@@ -168,9 +167,8 @@ class ManagedProc:
             except subprocess.TimeoutExpired:
                 pass
         # Even if the leader exited, stragglers in its group must not outlive the test.
-        if pgid is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(self.stop_grace)
 
@@ -228,7 +226,7 @@ class EnvoyProc(ManagedProc):
     name = "envoy"
 
     def __init__(self, config_path: str | os.PathLike[str] = ENVOY_CONFIG,
-                 log_dir: str | os.PathLike[str] = "out/logs", base_id: int | None = None, *,
+                 log_dir: str | os.PathLike[str] = DEFAULT_LOG_DIR, base_id: int | None = None, *,
                  log_level: str = "warn", concurrency: int | None = None,
                  listen_port: int | None = None, admin_port: int | None = None,
                  sidecar_port: int | None = None, extra_args: Sequence[str] = ()) -> None:
@@ -407,7 +405,7 @@ class SidecarProc(ManagedProc):
     name = "sidecar"
 
     def __init__(self, args: Sequence[str], env: Mapping[str, str] | None = None,
-                 log_dir: str | os.PathLike[str] = "out/logs") -> None:
+                 log_dir: str | os.PathLike[str] = DEFAULT_LOG_DIR) -> None:
         self.args = [str(a) for a in args]
         full_env = dict(os.environ)
         full_env.update(env or {})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -46,13 +47,15 @@ class Upstreams:
     hits: collections.Counter[str] = field(default_factory=collections.Counter)
     spoofed: int = 0  # requests that reached an engine still carrying the routing header
     delay: float = 0.0
+    runners: dict[str, web.AppRunner] = field(default_factory=dict)
+
+    async def kill(self, ip: str) -> None:
+        await self.runners.pop(ip).cleanup()
 
 
 @pytest.fixture
 async def upstreams() -> AsyncIterator[Upstreams]:
     state = Upstreams()
-    runners: list[web.AppRunner] = []
-
     def make_handler(ip: str):  # noqa: ANN202 - aiohttp handler factory
         async def handle(request: web.Request) -> web.Response:
             body = await request.read()
@@ -70,11 +73,11 @@ async def upstreams() -> AsyncIterator[Upstreams]:
             app.router.add_route("*", "/{tail:.*}", make_handler(ip))
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
-            runners.append(runner)
+            state.runners[ip] = runner
             await web.TCPSite(runner, ip, ENGINE_PORT).start()
         yield state
     finally:
-        for runner in runners:
+        for runner in state.runners.values():
             await runner.cleanup()
 
 
@@ -209,6 +212,28 @@ async def test_sidecar_choice_is_honoured_and_spoof_never_reaches_it(
     assert sum(upstreams.hits.values()) == 21 and upstreams.hits["127.0.0.4"] >= 20, upstreams.hits
     assert all(ROUTING_HEADER not in names for names in fake_sidecar.header_names)
     assert len(fake_sidecar.header_names) == 21 and len(fake_sidecar.body_lens) == 20
+
+
+async def test_dead_chosen_engine_is_retried_elsewhere(
+        upstreams: Upstreams, fake_sidecar: FakeSidecar, envoy: EnvoyProc) -> None:
+    # The sidecar's view can lag an engine's death; a connect failure is retried on another host
+    # (previous_hosts predicate), so a stale choice costs a retry, not an error.
+    await upstreams.kill("127.0.0.4")
+    fake_sidecar.choice = "127.0.0.4:8000"
+    async with ClientSession() as s:
+        for _ in range(5):
+            status, payload, _ = await _post(s, f"{envoy.url}/v1/completions", b'{"prompt":"hi"}')
+            assert status == 200 and payload["upstream"] != "127.0.0.4:8000"
+    assert envoy.stats()["cluster.engines.upstream_rq_retry_success"] >= 5
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
+async def test_h2c_prior_knowledge_is_served(upstreams: Upstreams, envoy: EnvoyProc) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        "curl", "-sS", "--http2-prior-knowledge", "-o", "/dev/null", "-w", "%{http_code} %{http_version}",
+        "-d", '{"prompt":"hi"}', f"{envoy.url}/v1/completions", stdout=asyncio.subprocess.PIPE)
+    out, _ = await asyncio.wait_for(proc.communicate(), 10)
+    assert out.decode().split() == ["200", "2"]
 
 
 async def test_body_limit_boundary_and_deliberate_413(
