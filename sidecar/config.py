@@ -1,0 +1,260 @@
+"""The one settings object: command-line flag > environment variable > default, validated at start.
+
+A bad flag value is refused with a message naming the flag. A bad environment value falls back to the
+default with a warning (DESIGN.md §1: an unparsable LOADAWARE_BETA must not take the gateway down).
+Every value remembers where it came from, so the effective configuration can be explained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from .policies import POLICY_NAMES
+
+log = logging.getLogger(__name__)
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message names the flag."""
+
+
+# ---- value parsers: each raises ValueError with a short reason ----
+
+def parse_hostport(text: str) -> tuple[str, int]:
+    host, sep, port_text = text.strip().rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    host = host.strip("[]")
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port {port} out of range")
+    return host, port
+
+
+def parse_endpoint(text: str) -> str:
+    host, port = parse_hostport(text)
+    if port == 0:
+        raise ValueError(f"{text!r}: an endpoint needs a real port")
+    return f"{host}:{port}"
+
+
+def parse_endpoint_list(text: str) -> tuple[str, ...]:
+    items = [t.strip() for t in text.replace("\n", ",").split(",") if t.strip()]
+    out: list[str] = []
+    for item in items:
+        ep = parse_endpoint(item)
+        if ep not in out:
+            out.append(ep)
+    return tuple(out)
+
+
+def parse_instance_map(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        instance_id, sep, endpoint = item.partition("=")
+        if not sep or not instance_id.strip():
+            raise ValueError(f"{item!r} is not INSTANCE_ID=HOST:PORT")
+        out[instance_id.strip()] = parse_endpoint(endpoint)
+    return out
+
+
+def parse_beta(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{text!r}: beta must be a finite number >= 0")
+    return value
+
+
+def parse_positive(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{text!r} must be a positive number")
+    return value
+
+
+def parse_policy(text: str) -> str:
+    if text not in POLICY_NAMES:
+        raise ValueError(f"{text!r}: expected one of {', '.join(POLICY_NAMES)}")
+    return text
+
+
+def parse_url(text: str) -> str:
+    text = text.strip().rstrip("/")
+    if not text.startswith(("http://", "https://")):
+        raise ValueError(f"{text!r} is not an http(s) URL")
+    return text
+
+
+def parse_header_name(text: str) -> str:
+    name = text.strip().lower()
+    if not name or any(c.isspace() or c == ":" for c in name):
+        raise ValueError(f"{text!r} is not a valid header name")
+    return name
+
+
+def parse_log_level(text: str) -> str:
+    level = text.strip().upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ValueError(f"{text!r}: expected debug, info, warning or error")
+    return level
+
+
+def parse_path(text: str) -> str:
+    if not text.strip():
+        raise ValueError("empty path")
+    return text.strip()
+
+
+def parse_optional_hostport(text: str) -> str:
+    if text.strip().lower() in ("", "off", "none"):
+        return ""
+    host, port = parse_hostport(text)
+    return f"{host}:{port}"
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # attribute on Settings
+    flag: str
+    env: str
+    default: Any
+    parse: Callable[[str], Any]
+    help: str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("listen", "--listen", "LOADAWARE_LISTEN", "127.0.0.1:9002", parse_optional_hostport,
+            "gRPC address for ext_proc, health and reflection"),
+    Setting("endpoints", "--endpoints", "LOADAWARE_ENDPOINTS", (), parse_endpoint_list,
+            "engines as Envoy's cluster names them: HOST:PORT,..."),
+    Setting("endpoints_file", "--endpoints-file", "LOADAWARE_ENDPOINTS_FILE", "", parse_path,
+            "file of HOST:PORT lines or commas, re-read when it changes"),
+    Setting("policy", "--policy", "LOADAWARE_POLICY", "loadaware", parse_policy,
+            "loadaware | kvaware | roundrobin | leastload"),
+    Setting("loadaware_beta", "--loadaware-beta", "LOADAWARE_BETA", 1.0, parse_beta,
+            "exchange rate between prefix benefit and relative load (>= 0)"),
+    Setting("lmcache_url", "--lmcache-url", "LOADAWARE_LMCACHE_URL", "", parse_url,
+            "LMCache controller HTTP API, e.g. http://127.0.0.1:9000"),
+    Setting("lmcache_instance_map", "--lmcache-instance-map", "LOADAWARE_LMCACHE_INSTANCE_MAP", {},
+            parse_instance_map, "explicit LMCache instance ids: ID=HOST:PORT,..."),
+    Setting("lmcache_timeout_ms", "--lmcache-timeout-ms", "LOADAWARE_LMCACHE_TIMEOUT_MS", 100.0,
+            parse_positive, "time box for one LMCache lookup"),
+    Setting("instance_refresh_s", "--instance-refresh-s", "LOADAWARE_INSTANCE_REFRESH_S", 30.0,
+            parse_positive, "period of the LMCache worker-info refresh (sooner when stale)"),
+    Setting("tokenizer", "--tokenizer", "LOADAWARE_TOKENIZER", "", parse_path,
+            "tokenizer.json, or a model folder holding it and tokenizer_config.json"),
+    Setting("tokenizer_timeout_ms", "--tokenizer-timeout-ms", "LOADAWARE_TOKENIZER_TIMEOUT_MS", 200.0,
+            parse_positive, "time box for one tokenization"),
+    Setting("metrics_listen", "--metrics-listen", "LOADAWARE_METRICS_LISTEN", "127.0.0.1:9102",
+            parse_optional_hostport, "Prometheus /metrics and /debug address ('off' to disable)"),
+    Setting("destination_header", "--destination-header", "LOADAWARE_DESTINATION_HEADER",
+            "x-gateway-destination-endpoint", parse_header_name, "header Envoy's override_host reads"),
+    Setting("scrape_interval_s", "--scrape-interval-s", "LOADAWARE_SCRAPE_INTERVAL_S", 1.0, parse_positive,
+            "period of the engines' /metrics scrape"),
+    Setting("scrape_timeout_ms", "--scrape-timeout-ms", "LOADAWARE_SCRAPE_TIMEOUT_MS", 500.0,
+            parse_positive, "time box for one engine scrape"),
+    Setting("scrape_stale_s", "--scrape-stale-s", "LOADAWARE_SCRAPE_STALE_S", 5.0, parse_positive,
+            "a scrape older than this is ignored"),
+    Setting("shutdown_grace_s", "--shutdown-grace-s", "LOADAWARE_SHUTDOWN_GRACE_S", 10.0, parse_positive,
+            "how long SIGTERM waits for open streams"),
+    Setting("log_level", "--log-level", "LOADAWARE_LOG_LEVEL", "INFO", parse_log_level,
+            "debug logs every decision"),
+)
+
+SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+@dataclass(frozen=True)
+class Settings:
+    listen: str = "127.0.0.1:9002"
+    endpoints: tuple[str, ...] = ()
+    endpoints_file: str = ""
+    policy: str = "loadaware"
+    loadaware_beta: float = 1.0
+    lmcache_url: str = ""
+    lmcache_instance_map: Mapping[str, str] = field(default_factory=dict)
+    lmcache_timeout_ms: float = 100.0
+    instance_refresh_s: float = 30.0
+    tokenizer: str = ""
+    tokenizer_timeout_ms: float = 200.0
+    metrics_listen: str = "127.0.0.1:9102"
+    destination_header: str = "x-gateway-destination-endpoint"
+    scrape_interval_s: float = 1.0
+    scrape_timeout_ms: float = 500.0
+    scrape_stale_s: float = 5.0
+    shutdown_grace_s: float = 10.0
+    log_level: str = "INFO"
+    # where each value came from: "flag", "env" or "default"
+    origins: Mapping[str, str] = field(default_factory=dict)
+
+    def describe(self) -> list[dict[str, Any]]:
+        """The effective configuration with each value's origin (for GetConfig and logs)."""
+        out = []
+        for s in SETTINGS:
+            value = getattr(self, s.name)
+            if isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            out.append({"name": s.name, "flag": s.flag, "env": s.env, "value": value,
+                        "origin": self.origins.get(s.name, "default")})
+        return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    for s in SETTINGS:
+        # default None so "not given" is distinguishable from "given the default"
+        parser.add_argument(s.flag, dest=s.name, default=None, metavar="VALUE",
+                            help=f"{s.help} (env {s.env}; default {s.default!r})")
+
+
+def resolve(flags: Mapping[str, str | None], environ: Mapping[str, str] | None = None) -> Settings:
+    """flags > environment > defaults. Raises ConfigError naming the flag for a bad flag value."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    for s in SETTINGS:
+        raw_flag = flags.get(s.name)
+        if raw_flag is not None:
+            try:
+                values[s.name] = s.parse(raw_flag)
+            except ValueError as exc:
+                raise ConfigError(f"{s.flag}: {exc}") from None
+            origins[s.name] = "flag"
+            continue
+        raw_env = environ.get(s.env)
+        if raw_env is not None and raw_env.strip() != "":
+            try:
+                values[s.name] = s.parse(raw_env)
+                origins[s.name] = "env"
+                continue
+            except ValueError as exc:
+                log.warning("ignoring %s=%r (%s); using the default %r", s.env, raw_env, exc, s.default)
+        values[s.name] = s.default
+        origins[s.name] = "default"
+    settings = Settings(**values, origins=origins)
+    _check_combination(settings)
+    return settings
+
+
+def _check_combination(settings: Settings) -> None:
+    if not settings.listen:
+        raise ConfigError("--listen: the gRPC server needs an address")
+    if settings.endpoints and settings.endpoints_file:
+        raise ConfigError("--endpoints-file: give either --endpoints or --endpoints-file, not both")
+    if settings.scrape_stale_s < settings.scrape_interval_s:
+        raise ConfigError("--scrape-stale-s: must be at least --scrape-interval-s")
+
+
+def from_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+    parser = argparse.ArgumentParser(prog="loadaware-sidecar serve")
+    add_arguments(parser)
+    ns = parser.parse_args(argv)
+    return resolve(vars(ns), environ)

@@ -1,0 +1,48 @@
+"""What every routing policy sees and returns. Pure data: no I/O, no clocks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One endpoint as the policy sees it for one request."""
+
+    endpoint: str
+    matched_tokens: int  # prompt tokens this endpoint already holds (prefix match)
+    load: float  # requests in flight on it (own count, refined by scraped metrics)
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    index: int  # into the candidate sequence
+    scores: tuple[float, ...]  # one per candidate, higher is better (for explanations)
+
+
+class Policy(Protocol):
+    name: str
+    uses_prefix: bool  # False lets the pipeline skip tokenization and lookups entirely
+
+    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:
+        """Pick one candidate; None only for an empty fleet."""
+        ...
+
+
+def argmax_with_tiebreak(scores: Sequence[float], candidates: Sequence[Candidate]) -> int:
+    """Highest score; ties go to the lower load, then the lexically smaller endpoint.
+
+    Deterministic whatever order discovery returned the endpoints in, so two sidecar replicas that see
+    the same facts make the same choice. Scores closer than 1e-9 count as equal (float noise).
+    """
+    best = 0
+    for i in range(1, len(scores)):
+        diff = scores[i] - scores[best]
+        if diff > 1e-9:
+            best = i
+        elif diff >= -1e-9:
+            c, b = candidates[i], candidates[best]
+            if (c.load, c.endpoint) < (b.load, b.endpoint):
+                best = i
+    return best

@@ -1,0 +1,81 @@
+"""The ext_proc replies the sidecar sends, built and serialized once where they do not vary.
+
+The gRPC method is registered with an identity serializer, so the stream writes these bytes as they are:
+the hot path does no protobuf serialization (DESIGN.md §2: per-message overhead is the cost to beat).
+"""
+
+from __future__ import annotations
+
+import json
+
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.type.v3 import http_status_pb2
+
+Mode = processing_mode_pb2.ProcessingMode
+
+# For requests we do not route: skip the body round trip entirely.
+PASSTHROUGH_MODE = Mode(request_header_mode=Mode.SEND, response_header_mode=Mode.SKIP,
+                        request_body_mode=Mode.NONE, response_body_mode=Mode.NONE,
+                        request_trailer_mode=Mode.SKIP, response_trailer_mode=Mode.SKIP)
+
+
+class Replies:
+    def __init__(self, destination_header: str) -> None:
+        self.header = destination_header
+        strip = pb.HeaderMutation(remove_headers=[destination_header])
+        # Headers of a request we will route: continue, and make sure no client value survives.
+        self.headers_continue = pb.ProcessingResponse(
+            request_headers=pb.HeadersResponse(response=pb.CommonResponse(header_mutation=strip))
+        ).SerializeToString()
+        self.headers_passthrough = pb.ProcessingResponse(
+            request_headers=pb.HeadersResponse(response=pb.CommonResponse(header_mutation=strip)),
+            mode_override=PASSTHROUGH_MODE,
+        ).SerializeToString()
+        self.body_no_destination = pb.ProcessingResponse(
+            request_body=pb.BodyResponse(response=pb.CommonResponse(header_mutation=strip))
+        ).SerializeToString()
+        self.response_headers_continue = pb.ProcessingResponse(
+            response_headers=pb.HeadersResponse()).SerializeToString()
+        self.response_body_continue = pb.ProcessingResponse(response_body=pb.BodyResponse()).SerializeToString()
+        self.request_trailers_continue = pb.ProcessingResponse(
+            request_trailers=pb.TrailersResponse()).SerializeToString()
+        self.response_trailers_continue = pb.ProcessingResponse(
+            response_trailers=pb.TrailersResponse()).SerializeToString()
+        self._route_body: dict[str, bytes] = {}
+        self._route_headers: dict[str, bytes] = {}
+
+    def _set(self, endpoint: str) -> pb.HeaderMutation:
+        return pb.HeaderMutation(set_headers=[base_pb2.HeaderValueOption(
+            header=base_pb2.HeaderValue(key=self.header, raw_value=endpoint.encode()),
+            append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD)])
+
+    def body_route(self, endpoint: str) -> bytes:
+        """Body reply naming the endpoint; one cached byte string per endpoint."""
+        cached = self._route_body.get(endpoint)
+        if cached is None:
+            cached = pb.ProcessingResponse(request_body=pb.BodyResponse(
+                response=pb.CommonResponse(header_mutation=self._set(endpoint)))).SerializeToString()
+            if len(self._route_body) < 4096:
+                self._route_body[endpoint] = cached
+        return cached
+
+    def headers_route(self, endpoint: str) -> bytes:
+        """Headers reply naming the endpoint (a body-less POST is decided on its headers)."""
+        cached = self._route_headers.get(endpoint)
+        if cached is None:
+            cached = pb.ProcessingResponse(request_headers=pb.HeadersResponse(
+                response=pb.CommonResponse(header_mutation=self._set(endpoint)))).SerializeToString()
+            if len(self._route_headers) < 4096:
+                self._route_headers[endpoint] = cached
+        return cached
+
+    @staticmethod
+    def immediate_error(status: int, message: str, error_type: str = "invalid_request_error") -> bytes:
+        body = json.dumps({"error": {"message": message, "type": error_type, "code": status}}).encode()
+        return pb.ProcessingResponse(immediate_response=pb.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=status),
+            headers=pb.HeaderMutation(set_headers=[base_pb2.HeaderValueOption(
+                header=base_pb2.HeaderValue(key="content-type", raw_value=b"application/json"))]),
+            body=body, details=f"loadaware_{error_type}")).SerializeToString()

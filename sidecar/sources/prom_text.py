@@ -1,0 +1,46 @@
+"""Pure parsing of the few vLLM gauges we need from Prometheus text exposition."""
+
+from __future__ import annotations
+
+WANTED = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_usage",
+    "vllm:gpu_cache_usage_perc": "kv_usage_legacy",  # deprecated name, still served by older engines
+}
+
+
+def parse_vllm_gauges(text: str) -> dict[str, float]:
+    """Sum each wanted gauge over its label sets (a multi-engine server reports one series per engine).
+
+    Returns keys among running, waiting, kv_usage; a metric absent from the text is absent from the result.
+    kv_usage is averaged over series rather than summed, since it is a fraction.
+    """
+    sums: dict[str, float] = {}
+    series: dict[str, int] = {}
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        name_end = len(line)
+        for i, ch in enumerate(line):
+            if ch == "{" or ch == " ":
+                name_end = i
+                break
+        key = WANTED.get(line[:name_end])
+        if key is None:
+            continue
+        value_text = line.rsplit("}", 1)[-1].split()
+        if not value_text:
+            continue
+        try:
+            value = float(value_text[0])
+        except ValueError:
+            continue
+        sums[key] = sums.get(key, 0.0) + value
+        series[key] = series.get(key, 0) + 1
+    if "kv_usage" not in sums and "kv_usage_legacy" in sums:
+        sums["kv_usage"], series["kv_usage"] = sums["kv_usage_legacy"], series["kv_usage_legacy"]
+    sums.pop("kv_usage_legacy", None)
+    if "kv_usage" in sums:
+        sums["kv_usage"] /= series["kv_usage"]
+    return sums

@@ -1,0 +1,110 @@
+"""Every Prometheus metric the sidecar exports, declared in one place.
+
+Label children are cached: the hot path pays a dictionary lookup and an increment, not a label parse.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    from ..sources.loads import EngineStats
+
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+STAGES = ("parse", "tokenize", "lookup", "score")
+
+
+class Metrics:
+    def __init__(self, policy: str) -> None:
+        self.policy = policy
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.decisions = Counter("loadaware_decisions", "Routing decisions by policy, endpoint and outcome "
+                                 "(routed, fallback_load_only, no_endpoints, passthrough, rejected)",
+                                 ["policy", "endpoint", "outcome"], registry=r)
+        self.fallbacks = Counter("loadaware_fallbacks", "Decisions that lost a helper and fell back to the load "
+                                 "term alone (or to Envoy's own fallback), by reason", ["reason"], registry=r)
+        self.decision_seconds = Histogram("loadaware_decision_seconds", "Wall time of one routing decision",
+                                          buckets=LATENCY_BUCKETS, registry=r)
+        self.stage_seconds = Histogram("loadaware_decision_stage_seconds", "Wall time of each decision stage",
+                                       ["stage"], buckets=LATENCY_BUCKETS, registry=r)
+        self.lookups = Counter("loadaware_prefix_lookups", "Prefix lookups by result (match, empty, failed)",
+                               ["result"], registry=r)
+        self.match_fraction = Gauge("loadaware_prefix_match_fraction",
+                                    "Share of prefix lookups since start that credited some endpoint; "
+                                    "near 0 under real traffic usually means a broken instance-id map",
+                                    registry=r)
+        self.unmapped_holders = Counter("loadaware_lmcache_unmapped_holders",
+                                        "LMCache holders that mapped to no live endpoint", ["kind"], registry=r)
+        self.inflight = Gauge("loadaware_inflight_requests", "Requests this sidecar has in flight per endpoint",
+                              ["endpoint"], registry=r)
+        self.scraped_running = Gauge("loadaware_engine_running", "Scraped vllm:num_requests_running",
+                                     ["endpoint"], registry=r)
+        self.scraped_waiting = Gauge("loadaware_engine_waiting", "Scraped vllm:num_requests_waiting",
+                                     ["endpoint"], registry=r)
+        self.scraped_kv = Gauge("loadaware_engine_kv_cache_usage", "Scraped vllm:kv_cache_usage_perc",
+                                ["endpoint"], registry=r)
+        self.scrape_failures = Counter("loadaware_scrape_failures", "Failed engine scrapes",
+                                       ["endpoint", "reason"], registry=r)
+        self.streams = Counter("loadaware_extproc_streams", "ext_proc streams by how they ended",
+                               ["end"], registry=r)
+        self.open_streams = Gauge("loadaware_extproc_open_streams", "ext_proc streams open now", registry=r)
+        self.endpoints = Gauge("loadaware_endpoints", "Endpoints in the fleet", registry=r)
+        self._decision_children: dict[tuple[str, str], Counter] = {}
+        self._fallback_children: dict[str, Counter] = {}
+        self._stage_children = {s: self.stage_seconds.labels(stage=s) for s in STAGES}
+        self._lookup_children = {k: self.lookups.labels(result=k) for k in ("match", "empty", "failed")}
+        self._lookup_seen = 0
+        self._lookup_matched = 0
+
+    # ---- hot path ----
+    def decided(self, endpoint: str, outcome: str) -> None:
+        key = (endpoint, outcome)
+        child = self._decision_children.get(key)
+        if child is None:
+            child = self._decision_children[key] = self.decisions.labels(self.policy, endpoint, outcome)
+        child.inc()
+
+    def fallback(self, reason: str) -> None:
+        child = self._fallback_children.get(reason)
+        if child is None:
+            child = self._fallback_children[reason] = self.fallbacks.labels(reason=reason)
+        child.inc()
+
+    def stage(self, stage: str, seconds: float) -> None:
+        self._stage_children[stage].observe(seconds)
+
+    def lookup_result(self, result: str) -> None:
+        self._lookup_children[result].inc()
+        if result != "failed":
+            self._lookup_seen += 1
+            self._lookup_matched += result == "match"
+
+    # ---- background ----
+    def scraped(self, endpoint: str, stats: "EngineStats") -> None:
+        self.scraped_running.labels(endpoint).set(stats.running)
+        self.scraped_waiting.labels(endpoint).set(stats.waiting)
+        if stats.kv_usage is not None:
+            self.scraped_kv.labels(endpoint).set(stats.kv_usage)
+
+    def scrape_failure(self, endpoint: str, reason: str) -> None:
+        self.scrape_failures.labels(endpoint, reason).inc()
+
+    def forget_endpoint(self, endpoint: str) -> None:
+        for gauge in (self.inflight, self.scraped_running, self.scraped_waiting, self.scraped_kv):
+            try:
+                gauge.remove(endpoint)
+            except KeyError:
+                pass
+
+    def render(self, inflight_snapshot: Callable[[], dict[str, int]], endpoints: tuple[str, ...]) -> bytes:
+        """Exposition text; gauges that are cheap to compute on demand are set here, not per request."""
+        counts = inflight_snapshot()
+        for endpoint in endpoints:
+            self.inflight.labels(endpoint).set(counts.get(endpoint, 0))
+        self.endpoints.set(len(endpoints))
+        if self._lookup_seen:
+            self.match_fraction.set(self._lookup_matched / self._lookup_seen)
+        return generate_latest(self.registry)
