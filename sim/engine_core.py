@@ -20,7 +20,7 @@ from sim.lmcache_reporter import LMCacheReporter
 from sim.metrics import EngineMetrics
 from sim.prefix_cache import PrefixCache
 from sim.scheduler import Scheduler
-from sim.service_model import ServiceModel, split_prompt
+from sim.service_model import PrefillLane, ServiceModel, split_prompt
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,7 @@ class EngineCore:
         self.stats = EngineStats()
         self.metrics = EngineMetrics(model_id, self.gauges)
         self._private_blocks = 0  # KV blocks held by running requests beyond the shared prefix cache
+        self._prefill_lane = PrefillLane()
 
     # ---- reported state --------------------------------------------------------------------------------
     def gauges(self) -> dict[str, float]:
@@ -111,7 +112,11 @@ class EngineCore:
             produced = 0
             finished = False
             try:
-                await asyncio.sleep(svc.prefill_seconds(computed, loaded))
+                duration = svc.prefill_seconds(computed, loaded)
+                if svc.serialize_prefill:
+                    now = loop.time()
+                    duration = self._prefill_lane.reserve(now, duration) - now
+                await asyncio.sleep(duration)
                 self._cache_prompt(prompt)
                 self.metrics.prompt_tokens += n
                 # Full prompt blocks now live in the shared cache; the partial tail and the output stay private.

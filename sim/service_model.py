@@ -22,6 +22,10 @@ class ServiceModel:
     kv_capacity_tokens: int = 262_144  # GPU KV cache; prefix-cache capacity = this / block_size
     block_size: int = 16
     lmcache_capacity_chunks: int = 4096  # LMCache CPU store, in 256-token chunks (1 Mi tokens)
+    # Prefill throughput is one shared resource per engine (the GPU), so concurrent prefills queue behind
+    # each other; without this a burst of cache misses would cost no more than one, and cache locality
+    # would not matter for throughput. 0 lets prefills overlap freely.
+    serialize_prefill: int = 1
 
     def __post_init__(self) -> None:
         if self.prefill_tokens_per_s <= 0 or self.lmcache_load_tokens_per_s <= 0:
@@ -46,6 +50,19 @@ class ServiceModel:
     def decode_step_seconds(self, running: int) -> float:
         """One decode step when `running` sequences share the batch."""
         return (self.decode_base_ms + self.decode_per_seq_ms * max(1, running)) / 1000.0
+
+
+class PrefillLane:
+    """The engine's prefill compute as a FIFO lane: each prefill starts when the previous one ends."""
+
+    def __init__(self) -> None:
+        self.free_at = 0.0
+
+    def reserve(self, now: float, duration: float) -> float:
+        """Book `duration` seconds of prefill; returns when it finishes."""
+        start = max(now, self.free_at)
+        self.free_at = start + duration
+        return self.free_at
 
 
 def split_prompt(prompt_tokens: int, gpu_hit: int, lmcache_hit: int) -> tuple[int, int]:

@@ -45,6 +45,10 @@ def _content_text(content: Any) -> str:
     raise PromptError("message content must be a string or a list of text parts")
 
 
+def _raise_template_error(message: str) -> None:
+    raise PromptError(message)
+
+
 class SimTokenizer:
     def __init__(self, model_dir: str | Path) -> None:
         model_dir = Path(model_dir)
@@ -55,6 +59,7 @@ class SimTokenizer:
         self.max_model_len: int = int(config.get("model_max_length", 32768))
         # The same environment options transformers' apply_chat_template uses.
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+        env.globals["raise_exception"] = _raise_template_error  # templates call it on bad input, as in HF
         self._template = env.from_string(config["chat_template"])
 
     def render_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> str:

@@ -263,3 +263,21 @@ def test_cli_prints_ready_and_exits_cleanly_on_sigterm() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_concurrent_cold_prefills_share_the_engine(tok: SimTokenizer, http: aiohttp.ClientSession) -> None:
+    f = await start_fleet(1, base_ip="127.0.0.37", port=0, tokenizer=tok,
+                          service=ServiceModel(prefill_tokens_per_s=20_000, prefill_overhead_ms=0))
+    try:
+        url = f.engines[0].url
+
+        async def ttft(i: int) -> float:
+            t0 = time.monotonic()
+            async with http.post(url + "/v1/completions", json={"prompt": f"{i} " + PROMPT, "max_tokens": 1}) as r:
+                assert r.status == 200
+            return time.monotonic() - t0
+
+        times = sorted(await asyncio.gather(ttft(1), ttft(2)))  # ~80 ms of prefill each
+        assert times[0] < 0.13 and times[1] > 0.15, times
+    finally:
+        await f.stop()

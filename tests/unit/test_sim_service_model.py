@@ -43,3 +43,12 @@ def test_cli_flags_override_defaults() -> None:
 def test_invalid_parameters_rejected() -> None:
     with pytest.raises(ValueError):
         ServiceModel(max_num_seqs=0)
+
+
+def test_prefill_lane_queues_overlapping_prefills() -> None:
+    from sim.service_model import PrefillLane
+
+    lane = PrefillLane()
+    assert lane.reserve(now=1.0, duration=0.5) == 1.5
+    assert lane.reserve(now=1.1, duration=0.5) == 2.0  # waits for the first
+    assert lane.reserve(now=5.0, duration=0.1) == 5.1  # idle lane: starts at once
