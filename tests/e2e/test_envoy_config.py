@@ -330,6 +330,11 @@ async def test_whole_stack_serves_a_completion(log_dir: Path) -> None:
                               json={"model": "tiny-model", "prompt": "hello world", "max_tokens": 4}) as resp:
                 assert resp.status == 200, await resp.text()
         assert stack.sidecar.metrics_text().strip()  # Prometheus text is served
+        stats = stack.envoy.stats()
+        # Served through the sidecar, not via the fail-open path.
+        assert stats.get("http.ingress_http.ext_proc.streams_started", 0) >= 1
+        assert stats.get("http.ingress_http.ext_proc.failure_mode_allowed", 0) == 0
+        assert stats.get("http.ingress_http.ext_proc.stream_msgs_received", 0) >= 2
         assert stack.sidecar.cpu_seconds() > 0.0
 
 
