@@ -163,6 +163,8 @@ class Engine:
         if len(prompt) + max_tokens > self.tokenizer.max_model_len:
             raise _BadRequest(400, f"prompt ({len(prompt)}) + max_tokens exceeds max_model_len "
                                    f"{self.tokenizer.max_model_len}")
+        # Filler output never emits EOS, so every request runs to max_tokens: `ignore_eos` is accepted and
+        # is effectively always true (finish_reason "length"), which keeps service times deterministic.
         request_id = new_request_id(chat)
         if body.get("stream"):
             abort_after = request.headers.get("x-sim-abort-after")

@@ -145,3 +145,35 @@ async def test_engine_serves_without_a_controller(tok: SimTokenizer) -> None:
                 assert r.status == 200 and (await r.json())["usage"]["completion_tokens"] == 2
     finally:
         await f.stop()
+
+
+def test_cli_fleet_registers_and_deregisters(controller: ControllerProcess) -> None:
+    import json
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    names = ["cli-engine-x", "cli-engine-y"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sim.fleet", "--engines", "2", "--base-ip", "127.0.0.48", "--port", "0",
+         "--names", ",".join(names), "--lmcache-host", controller.host,
+         "--lmcache-pull-port", str(controller.pull_port), "--lmcache-reply-port", str(controller.reply_port)],
+        cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        assert line.startswith("READY ")
+        engines = json.loads(line[len("READY "):])
+        assert [e["lmcache_instance_id"] for e in engines] == names
+        for e in engines:
+            info = controller.post("/query_worker_info", {"instance_id": e["name"]})
+            # The controller knows each engine by its own loopback ip (its port is the LMCache worker port).
+            assert [(w["ip"], w["port"]) for w in info["worker_infos"]] == [(e["ip"], e["lmcache_worker_port"])]  # type: ignore[index]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        for name in names:
+            assert controller.post("/query_worker_info", {"instance_id": name})["worker_infos"] == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
