@@ -11,6 +11,7 @@ This module is tooling: the sidecar package never imports it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -18,6 +19,8 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -42,6 +45,44 @@ SIDECAR_PORT = 9002
 
 class ProcError(RuntimeError):
     """A managed process died or did not become ready; the message carries its log tail."""
+
+
+LOOPBACK_LOCK_PATH = Path(tempfile.gettempdir()) / "loadaware-loopback.lock"
+_lock_guard = threading.Lock()
+_lock_depth = 0
+_lock_file: Any = None
+
+
+@contextlib.contextmanager
+def loopback_lock(timeout: float = 300.0) -> Iterator[None]:
+    """Serialize, across processes, everything that binds the shipped fixed addresses (Envoy :10000/:9901,
+    sidecar :9002, engines 127.0.0.2-4:8000): two test runs at once would otherwise steal each other's
+    ports and fail confusingly. Reentrant within a process, so a test holding it can start a Stack."""
+    global _lock_depth, _lock_file
+    with _lock_guard:
+        if _lock_depth == 0:
+            f = open(LOOPBACK_LOCK_PATH, "a+")
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        f.close()
+                        raise ProcError(f"{LOOPBACK_LOCK_PATH} still held after {timeout:.0f}s by another run")
+                    time.sleep(0.1)
+            _lock_file = f
+        _lock_depth += 1
+    try:
+        yield
+    finally:
+        with _lock_guard:
+            _lock_depth -= 1
+            if _lock_depth == 0 and _lock_file is not None:
+                fcntl.flock(_lock_file, fcntl.LOCK_UN)
+                _lock_file.close()
+                _lock_file = None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -494,6 +535,7 @@ class Stack:
 
     def start(self) -> Self:
         try:
+            self._exit.enter_context(loopback_lock())  # released last, after every process is gone
             if self.use_lmcache:
                 self.lmcache = self._exit.enter_context(LMCacheControllerProc(self.log_dir))
             self.fleet = self._exit.enter_context(

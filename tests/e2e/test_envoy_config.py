@@ -25,7 +25,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from sim.stack import (ENVOY_CONFIG, ENVOY_PASSTHROUGH_CONFIG, REPO, SIDECAR_PORT, EnvoyProc, FleetProc,
-                       LMCacheControllerProc, ManagedProc, ProcError, SidecarProc, Stack, _venv_tool)
+                       LMCacheControllerProc, ManagedProc, ProcError, SidecarProc, Stack, _venv_tool,
+                       loopback_lock)
 
 pytestmark = pytest.mark.e2e
 
@@ -40,6 +41,14 @@ TOO_LARGE_JSON = {"error": {"message": "request body exceeds the gateway limit o
 # ---------------------------------------------------------------------------------------------------------
 # fixtures: upstreams, a stand-in ext_proc server, Envoy
 # ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _exclusive_loopback() -> Iterator[None]:
+    # The shipped configs use fixed addresses; wait for any other run (another checkout's tests, a demo)
+    # that holds them instead of failing on a bind conflict.
+    with loopback_lock():
+        yield
 
 
 @dataclass
