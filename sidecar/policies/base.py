@@ -31,7 +31,8 @@ class Policy(Protocol):
 
 
 def argmax_with_tiebreak(scores: Sequence[float], candidates: Sequence[Candidate]) -> int:
-    """Highest score; ties go to the lower load, then the lexically smaller endpoint.
+    """Highest score; ties go to the longer prefix match (a hit saves compute that a tie says nothing
+    about), then the lower load, then the lexically smaller endpoint.
 
     Deterministic whatever order discovery returned the endpoints in, so two sidecar replicas that see
     the same facts make the same choice. Scores closer than 1e-9 count as equal (float noise).
@@ -43,6 +44,6 @@ def argmax_with_tiebreak(scores: Sequence[float], candidates: Sequence[Candidate
             best = i
         elif diff >= -1e-9:
             c, b = candidates[i], candidates[best]
-            if (c.load, c.endpoint) < (b.load, b.endpoint):
+            if (-c.matched_tokens, c.load, c.endpoint) < (-b.matched_tokens, b.load, b.endpoint):
                 best = i
     return best

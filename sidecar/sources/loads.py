@@ -1,10 +1,12 @@
 """Per-endpoint load as the policies see it: own in-flight counts refined by scraped engine metrics.
 
-load(i) = max(inflight(i), running(i) + waiting(i) + decided_since_snapshot(i))   with a fresh scrape
-load(i) = inflight(i)                                                            otherwise
+load(i) = max(inflight(i), running(i) + waiting(i) + correction(i))   with a fresh scrape
+load(i) = inflight(i)                                               otherwise
 
-The scrape sees traffic from other gateway replicas; our own decisions since that snapshot are added so a
-burst decided on one snapshot does not herd onto one engine (DESIGN.md §5). A stale scrape is ignored.
+correction(i) = own requests decided since the scrape and still open - own requests the scrape counted
+that have ended since. The scrape sees traffic from other gateway replicas; the correction keeps a burst
+decided on one snapshot from herding onto one engine (DESIGN.md §5) and lets a finished request stop
+weighing at once. A stale scrape is ignored.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class LoadView:
         stats = self._stats.get(endpoint)
         if stats is None or now - stats.at > self.stale_s:
             return float(own)
-        scraped = stats.running + stats.waiting + self.inflight.since_snapshot(endpoint)
+        scraped = stats.running + stats.waiting + self.inflight.snapshot_correction(endpoint)
         return float(own) if own > scraped else scraped
 
     def loads(self, endpoints: tuple[str, ...]) -> list[float]:

@@ -33,9 +33,9 @@ def _raise(message: str) -> None:
 
 
 def _message_content(content: Any) -> Any:
-    # OpenAI content parts: the engine joins the text parts before templating.
+    # OpenAI content parts: vLLM joins the text parts with newlines before templating.
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
     return content
 
 

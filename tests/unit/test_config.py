@@ -1,0 +1,70 @@
+"""Configuration: flag > env > default, 0 is valid, garbage env falls back, bad flags are refused."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from sidecar.config import ConfigError, from_args, parse_instance_map
+
+
+def test_beta_default() -> None:
+    s = from_args([], environ={})
+    assert s.loadaware_beta == 1.0 and s.origins["loadaware_beta"] == "default"
+
+
+def test_beta_env_over_default_and_flag_over_env() -> None:
+    assert from_args([], environ={"LOADAWARE_BETA": "0.5"}).loadaware_beta == 0.5
+    s = from_args(["--loadaware-beta", "2"], environ={"LOADAWARE_BETA": "0.5"})
+    assert s.loadaware_beta == 2.0 and s.origins["loadaware_beta"] == "flag"
+
+
+def test_beta_zero_is_valid_everywhere() -> None:
+    assert from_args(["--loadaware-beta", "0"], environ={}).loadaware_beta == 0.0
+    s = from_args([], environ={"LOADAWARE_BETA": "0"})
+    assert s.loadaware_beta == 0.0 and s.origins["loadaware_beta"] == "env"
+
+
+@pytest.mark.parametrize("garbage", ["abc", "nan", "-1", "inf", "1,5"])
+def test_beta_env_garbage_falls_back_with_warning(garbage: str, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        s = from_args([], environ={"LOADAWARE_BETA": garbage})
+    assert s.loadaware_beta == 1.0 and s.origins["loadaware_beta"] == "default"
+    assert "LOADAWARE_BETA" in caplog.text
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--loadaware-beta", "abc"], "--loadaware-beta"),
+    (["--loadaware-beta", "-0.5"], "--loadaware-beta"),
+    (["--policy", "random"], "--policy"),
+    (["--listen", "nohost"], "--listen"),
+    (["--endpoints", "10.0.0.1"], "--endpoints"),
+    (["--endpoints", "10.0.0.1:99999"], "--endpoints"),
+    (["--lmcache-url", "ftp://x"], "--lmcache-url"),
+    (["--lmcache-instance-map", "engine-a"], "--lmcache-instance-map"),
+    (["--metrics-listen", "x:y"], "--metrics-listen"),
+    (["--destination-header", "bad header"], "--destination-header"),
+    (["--scrape-interval-s", "0"], "--scrape-interval-s"),
+    (["--endpoints", "1.2.3.4:80", "--endpoints-file", "/tmp/x"], "--endpoints-file"),
+])
+def test_bad_flags_are_refused_naming_the_flag(argv: list[str], flag: str) -> None:
+    with pytest.raises(ConfigError, match=flag):
+        from_args(argv, environ={})
+
+
+def test_endpoints_and_maps_parse() -> None:
+    s = from_args(["--endpoints", "127.0.0.2:8000, 127.0.0.3:8000,127.0.0.2:8000"], environ={})
+    assert s.endpoints == ("127.0.0.2:8000", "127.0.0.3:8000")
+    assert parse_instance_map("engine-a=127.0.0.2:8000,engine-b=127.0.0.3:8000") == {
+        "engine-a": "127.0.0.2:8000", "engine-b": "127.0.0.3:8000"}
+    s = from_args([], environ={"LOADAWARE_POLICY": "kvaware", "LOADAWARE_ENDPOINTS": "1.1.1.1:1"})
+    assert s.policy == "kvaware" and s.endpoints == ("1.1.1.1:1",)
+    assert {d["name"]: d["origin"] for d in s.describe()}["policy"] == "env"
+
+
+def test_defaults_match_the_contract() -> None:
+    s = from_args([], environ={})
+    assert s.listen == "127.0.0.1:9002"
+    assert s.policy == "loadaware"
+    assert s.destination_header == "x-gateway-destination-endpoint"

@@ -1,0 +1,66 @@
+"""In-flight leases and the scraped-load refinement."""
+
+from __future__ import annotations
+
+from sidecar.sources.inflight import InflightTracker
+from sidecar.sources.loads import EngineStats, LoadView
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_lease_release_is_idempotent() -> None:
+    t = InflightTracker()
+    a, b = t.acquire("e1"), t.acquire("e1")
+    assert t.count("e1") == 2
+    t.release(a)
+    t.release(a)
+    t.release(None)
+    assert t.count("e1") == 1
+    t.release(b)
+    assert t.count("e1") == 0 and t.total() == 0
+
+
+def test_dropped_endpoint_leases_become_noops() -> None:
+    t = InflightTracker()
+    old = t.acquire("e1")
+    t.drop("e1")
+    assert t.count("e1") == 0
+    new = t.acquire("e1")  # the endpoint came back
+    t.release(old)  # must not eat the new request's count
+    assert t.count("e1") == 1
+    t.release(new)
+    assert t.count("e1") == 0
+
+
+def test_scraped_load_with_own_corrections() -> None:
+    clock = Clock()
+    t = InflightTracker()
+    view = LoadView(t, stale_s=5.0, clock=clock)
+    before = t.acquire("e1")
+    view.record("e1", EngineStats(running=10, waiting=2, kv_usage=0.5, at=clock.now))
+    # the scrape (12) already includes `before`; nothing decided since
+    assert view.loads(("e1",)) == [12.0]
+    burst = [t.acquire("e1") for _ in range(3)]  # decided since the snapshot: the scrape cannot see them
+    assert view.loads(("e1",)) == [15.0]
+    t.release(burst[0])  # one of them finished
+    assert view.loads(("e1",)) == [14.0]
+    t.release(before)  # a request the scrape counted has ended
+    assert view.loads(("e1",)) == [13.0]
+    clock.now += 6  # stale: only our own count remains
+    assert view.loads(("e1",)) == [2.0]
+
+
+def test_own_count_is_a_floor_and_unscraped_endpoints_use_it() -> None:
+    clock = Clock()
+    t = InflightTracker()
+    view = LoadView(t, stale_s=5.0, clock=clock)
+    for _ in range(4):
+        t.acquire("e1")
+    view.record("e1", EngineStats(running=1, waiting=0, kv_usage=None, at=clock.now))
+    assert view.loads(("e1", "e2")) == [4.0, 0.0]

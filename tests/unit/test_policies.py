@@ -1,0 +1,136 @@
+"""The scoring arithmetic, exhaustively (DESIGN.md §8 rule 1)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from sidecar.policies import Candidate, KvAware, LeastLoad, LoadAware, RoundRobin, make_policy
+from sidecar.policies.loadaware import benefit, loadaware_scores, relative_loads
+
+
+def cands(*spec: tuple[str, int, float]) -> list[Candidate]:
+    return [Candidate(ep, m, load) for ep, m, load in spec]
+
+
+def chosen(policy, prompt_tokens, candidates) -> str:
+    choice = policy.choose(prompt_tokens, candidates)
+    assert choice is not None
+    return candidates[choice.index].endpoint
+
+
+def test_formula_values() -> None:
+    # loads 2, 4, 6: mean 4 -> relative -0.5, 0, +0.5; benefits 0, 0.5, 1
+    c = cands(("a", 0, 2), ("b", 500, 4), ("c", 1000, 6))
+    assert loadaware_scores(1000, c, 1.0) == pytest.approx([0.5, 0.5, 0.5])
+    assert loadaware_scores(1000, c, 0.5) == pytest.approx([0.25, 0.5, 0.75])
+    assert loadaware_scores(1000, c, 2.0) == pytest.approx([1.0, 0.5, 0.0])
+
+
+def test_scale_invariance_of_loads() -> None:
+    base = cands(("a", 900, 12), ("b", 300, 3), ("c", 0, 6))
+    policy = LoadAware(beta=1.0)
+    for factor in (1, 10, 100):
+        scaled = [Candidate(c.endpoint, c.matched_tokens, c.load * factor) for c in base]
+        assert chosen(policy, 1000, scaled) == chosen(policy, 1000, base)
+        assert loadaware_scores(1000, scaled, 1.0) == pytest.approx(loadaware_scores(1000, base, 1.0))
+
+
+def test_prompt_length_invariance() -> None:
+    policy = LoadAware(beta=0.7)
+    base = cands(("a", 800, 5), ("b", 200, 2), ("c", 0, 1))
+    for factor in (1, 3, 17):
+        longer = [Candidate(c.endpoint, c.matched_tokens * factor, c.load) for c in base]
+        assert loadaware_scores(1000 * factor, longer, 0.7) == pytest.approx(loadaware_scores(1000, base, 0.7))
+        assert chosen(policy, 1000 * factor, longer) == chosen(policy, 1000, base)
+
+
+def test_relative_load_is_fleet_relative_over_three_or_more() -> None:
+    assert relative_loads([10, 20, 30]) == pytest.approx([-0.5, 0.0, 0.5])
+    assert relative_loads([10, 20, 30, 40]) == pytest.approx([-0.6, -0.2, 0.2, 0.6])
+    # the same engine load means something else in a different fleet
+    assert relative_loads([20, 20, 20])[0] == 0.0
+    assert relative_loads([20, 40, 60])[0] == pytest.approx(-0.5)
+
+
+def test_near_idle_clamp() -> None:
+    # mean 1/3 < 1: the scale is clamped to 1 so one request is worth one unit, not 3
+    assert relative_loads([1, 0, 0]) == pytest.approx([2 / 3, -1 / 3, -1 / 3])
+    assert relative_loads([0, 0, 0]) == [0.0, 0.0, 0.0]
+    # a warm holder with one request in flight ties a cold idle engine at beta 1 (1 - 2/3 = 0 + 1/3);
+    # the tie goes to the cache hit
+    assert chosen(LoadAware(1.0), 1000, cands(("a", 1000, 1), ("b", 0, 0), ("c", 0, 0))) == "a"
+
+
+def test_benefit_cap_and_edges() -> None:
+    assert benefit(2000, 1000) == 1.0  # a lookup can report more than we tokenized (chat templates, BOS)
+    assert benefit(500, 1000) == 0.5
+    assert benefit(0, 1000) == 0.0
+    assert benefit(100, 0) == 0.0
+    c = cands(("a", 5000, 3), ("b", 1000, 3))
+    assert loadaware_scores(1000, c, 1.0) == pytest.approx([1.0, 1.0])
+
+
+def test_beta_zero_is_pure_affinity() -> None:
+    c = cands(("a", 600, 100), ("b", 500, 0), ("c", 0, 0))
+    assert chosen(LoadAware(0.0), 1000, c) == "a"
+    # with nothing matched, beta 0 ties everything: the tie-break (lowest load, then name) decides
+    c = cands(("a", 0, 5), ("b", 0, 1), ("c", 0, 1))
+    assert chosen(LoadAware(0.0), 1000, c) == "b"
+
+
+@pytest.mark.parametrize("beta", [0.25, 0.5, 1.0, 2.0])
+def test_beta_crossover_warm_saturated_vs_cold_idle(beta: float) -> None:
+    """Warm holder at load L vs two cold idle engines: the holder keeps the request exactly while
+    1 - beta*rel(L) >= -beta*rel(0), i.e. beta * (rel(L) - rel(0)) <= 1 (ties go to the match)."""
+    for load in range(0, 40):
+        c = cands(("warm", 1000, load), ("cold1", 0, 0), ("cold2", 0, 0))
+        rel = relative_loads([load, 0, 0])
+        expect_warm = 1 - beta * rel[0] >= -beta * rel[1] - 1e-9  # a tie goes to the match
+        got = chosen(LoadAware(beta), 1000, c)
+        assert (got == "warm") == expect_warm, (beta, load)
+    # The crossover exists only when beta * (rel_warm - rel_cold) can exceed 1. With 3 engines and the
+    # load all on the warm one, rel_warm - rel_cold = 3: below beta = 1/3 the warm engine never loses.
+    far_gone = chosen(LoadAware(beta), 1000, cands(("warm", 1000, 10**6), ("cold1", 0, 0), ("cold2", 0, 0)))
+    assert (far_gone == "warm") == (beta * 3 <= 1)
+
+
+def test_tie_break_is_deterministic_whatever_the_order() -> None:
+    specs = [("c", 0, 2), ("a", 0, 2), ("b", 0, 2), ("d", 0, 3)]
+    results = {chosen(LoadAware(1.0), 100, cands(*perm)) for perm in itertools.permutations(specs)}
+    assert results == {"a"}
+    results = {chosen(KvAware(), 100, cands(*perm)) for perm in itertools.permutations(specs)}
+    assert results == {"a"}
+
+
+def test_empty_fleet() -> None:
+    for name in ("loadaware", "kvaware", "roundrobin", "leastload"):
+        assert make_policy(name).choose(100, []) is None
+
+
+def test_missing_stats_mean_zero_credit() -> None:
+    # no lookup answer and no loads: everything ties, tie-break picks the smallest name
+    c = cands(("b", 0, 0), ("a", 0, 0))
+    assert chosen(LoadAware(1.0), 0, c) == "a"
+
+
+def test_kvaware_ignores_load_when_something_matches() -> None:
+    c = cands(("a", 1000, 50), ("b", 0, 0), ("c", 256, 0))
+    assert chosen(KvAware(), 1000, c) == "a"
+    # nothing matched: load only
+    c = cands(("a", 0, 5), ("b", 0, 2), ("c", 0, 3))
+    assert chosen(KvAware(), 1000, c) == "b"
+
+
+def test_leastload_and_roundrobin() -> None:
+    assert chosen(LeastLoad(), 0, cands(("a", 999, 4), ("b", 0, 1), ("c", 0, 2))) == "b"
+    rr = RoundRobin()
+    c = cands(("c", 0, 0), ("a", 0, 0), ("b", 0, 0))
+    assert [chosen(rr, 0, c) for _ in range(6)] == ["a", "b", "c", "a", "b", "c"]
+
+
+def test_make_policy_rejects_unknown() -> None:
+    with pytest.raises(ValueError, match="unknown policy"):
+        make_policy("random")
+    assert make_policy("loadaware", beta=0.5).beta == 0.5  # type: ignore[attr-defined]
