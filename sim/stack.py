@@ -70,7 +70,7 @@ def loopback_lock(timeout: float = 300.0) -> Iterator[None]:
                 except BlockingIOError:
                     if time.monotonic() >= deadline:
                         f.close()
-                        raise ProcError(f"{LOOPBACK_LOCK_PATH} still held after {timeout:.0f}s by another run")
+                        raise ProcError(f"{LOOPBACK_LOCK_PATH} still held after {timeout:.1f}s by another run")
                     time.sleep(0.1)
             _lock_file = f
         _lock_depth += 1
