@@ -20,6 +20,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from ..decision.pipeline import Decider
 from ..decision.request import BadRequest, inference_kind, parse_body
+from ..sources.inflight import Lease
 from ..telemetry.metrics import Metrics
 from .responses import Replies
 
@@ -70,10 +71,10 @@ class ExtProcServicer:
     async def process(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         self.open_streams += 1
         self._idle.clear()
-        lease = None
+        stream = StreamState()
         end = "eof"
         try:
-            lease = await self._converse(context)
+            await self._converse(context, stream)
         except asyncio.CancelledError:
             end = "cancelled"  # client abort, Envoy reset, or shutdown past its grace
             raise
@@ -81,22 +82,23 @@ class ExtProcServicer:
             end = "error"
             log.exception("ext_proc stream failed")
         finally:
-            self.decider.inflight.release(lease)
+            # The lease lives on the stream, not in a local of _converse: a cancellation landing in any
+            # await after the decision (a write, the wait for the end) must still release it.
+            self.decider.inflight.release(stream.lease)
             self.open_streams -= 1
             if self.open_streams == 0:
                 self._idle.set()
             self.metrics.streams.labels(end).inc()
 
-    async def _converse(self, context: grpc.aio.ServicerContext) -> Any:
+    async def _converse(self, context: grpc.aio.ServicerContext, stream: "StreamState") -> None:
         read, write = context.read, context.write
         replies = self.replies
-        lease = None
         kind: str | None = None
         request_id = ""
         while True:
             msg = await read()
             if msg is grpc.aio.EOF:
-                return lease
+                return
             which = msg.WhichOneof("request")
             if which == "request_headers":
                 method, path, request_id = _headers_of(msg.request_headers)
@@ -107,16 +109,17 @@ class ExtProcServicer:
                 elif msg.request_headers.end_of_stream:
                     # A POST without a body: nothing to score, decide on load alone now.
                     decision = await self.decider.decide(None, request_id or _new_id())
-                    lease = decision.lease
+                    stream.lease = decision.lease
                     await write(replies.headers_route(decision.endpoint) if decision.endpoint
                                 else replies.headers_continue)
                 else:
                     await write(replies.headers_continue)
             elif which == "request_body":
-                if kind is None or lease is not None:
+                if kind is None or stream.decided:
                     await write(replies.body_no_destination)
                     continue
-                lease, reply = await self._decide_body(kind, msg.request_body.body, request_id or _new_id())
+                stream.decided = True
+                reply = await self._decide_body(kind, msg.request_body.body, request_id or _new_id(), stream)
                 await write(reply)
             elif which == "response_headers":
                 await write(replies.response_headers_continue)
@@ -127,7 +130,7 @@ class ExtProcServicer:
             elif which == "response_trailers":
                 await write(replies.response_trailers_continue)
 
-    async def _decide_body(self, kind: str, body: bytes, request_id: str) -> tuple[Any, bytes]:
+    async def _decide_body(self, kind: str, body: bytes, request_id: str, stream: "StreamState") -> bytes:
         t = time.perf_counter()
         try:
             request = parse_body(kind, body)
@@ -137,12 +140,23 @@ class ExtProcServicer:
             log.info("request_id=%s rejected: %s", request_id, exc.message)
             reply = self._rejections.get(exc.reason)
             if reply is None:
-                reply = self._rejections[exc.reason] = Replies.immediate_error(400, exc.message)
-            return None, reply
+                reply = self._rejections[exc.reason] = Replies.immediate_error(400, exc.message, exc.reason)
+            return reply
         decision = await self.decider.decide(request, request_id, parse_s=time.perf_counter() - t)
+        stream.lease = decision.lease  # no await between the count and recording it on the stream
         if decision.endpoint is None:
-            return None, self.replies.body_no_destination
-        return decision.lease, self.replies.body_route(decision.endpoint)
+            return self.replies.body_no_destination
+        return self.replies.body_route(decision.endpoint)
+
+
+class StreamState:
+    """Per-stream state; shared fleet state lives in the decider's sources."""
+
+    __slots__ = ("lease", "decided")
+
+    def __init__(self) -> None:
+        self.lease: Lease | None = None
+        self.decided = False
 
 
 def _new_id() -> str:

@@ -6,8 +6,6 @@ the hot path does no protobuf serialization (DESIGN.md §2: per-message overhead
 
 from __future__ import annotations
 
-import json
-
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -72,10 +70,11 @@ class Replies:
         return cached
 
     @staticmethod
-    def immediate_error(status: int, message: str, error_type: str = "invalid_request_error") -> bytes:
-        body = json.dumps({"error": {"message": message, "type": error_type, "code": status}}).encode()
+    def immediate_error(status: int, message: str, details: str) -> bytes:
+        """A local reply. Envoy treats it like its own: the shipped config's local_reply_config wraps the
+        plain message into the OpenAI error JSON, so it is sent as text here (JSON would be nested)."""
         return pb.ProcessingResponse(immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=status),
             headers=pb.HeaderMutation(set_headers=[base_pb2.HeaderValueOption(
-                header=base_pb2.HeaderValue(key="content-type", raw_value=b"application/json"))]),
-            body=body, details=f"loadaware_{error_type}")).SerializeToString()
+                header=base_pb2.HeaderValue(key="content-type", raw_value=b"text/plain"))]),
+            body=message.encode(), details=f"loadaware_{details}")).SerializeToString()
