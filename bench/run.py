@@ -1,0 +1,117 @@
+"""`make bench`: Envoy alone vs Envoy + sidecar — CPU per request, added latency, highest sustained rate.
+
+    python -m bench.run [--duration S] [--rate R] [--quick] [--cases transport,decision,steps]
+
+Prints its figures (it does not pass or fail) and writes out/bench/results.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .cases import BenchConfig, CaseResults, as_dict, run_decision, run_transport
+from .report import TARGETS, case_table, steps_table, summary, summary_table
+
+REPO = Path(__file__).resolve().parents[1]
+CASES = ("transport", "decision", "steps")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
+    p.add_argument("--duration", type=float, default=None, help="measured seconds per arm (default 15)")
+    p.add_argument("--rate", type=float, default=None, help="fixed rate for cases 1-2, req/s (default 200)")
+    p.add_argument("--warmup", type=float, default=None, help="warm-up seconds before each arm (default 2)")
+    p.add_argument("--step-duration", type=float, default=None, help="seconds per rate step (default 8)")
+    p.add_argument("--step-rates", default=None, help="comma list of req/s for the rate steps")
+    p.add_argument("--quick", action="store_true", help="short durations: a CI smoke, not a measurement")
+    p.add_argument("--cases", default=",".join(CASES), help=f"comma list of {', '.join(CASES)}")
+    p.add_argument("--arrivals", choices=("poisson", "fixed"), default="poisson")
+    p.add_argument("--out", default=str(REPO / "out" / "bench"), help="output folder (default out/bench)")
+    return p.parse_args(argv)
+
+
+def build_config(args: argparse.Namespace) -> BenchConfig:
+    cases = tuple(c.strip() for c in args.cases.split(",") if c.strip())
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        raise SystemExit(f"unknown case(s) {unknown}; expected {CASES}")
+    cfg = BenchConfig(out_dir=Path(args.out), cases=cases, arrivals=args.arrivals)
+    if args.quick:
+        cfg.duration, cfg.warmup, cfg.step_duration, cfg.step_rates = 3.0, 0.5, 2.0, (200, 600)
+    if args.duration is not None:
+        cfg.duration = args.duration
+    if args.rate is not None:
+        cfg.rate = args.rate
+    if args.warmup is not None:
+        cfg.warmup = args.warmup
+    if args.step_duration is not None:
+        cfg.step_duration = args.step_duration
+    if args.step_rates:
+        cfg.step_rates = tuple(float(r) for r in args.step_rates.split(","))
+    return cfg
+
+
+def machine() -> dict[str, Any]:
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpus": os.cpu_count(), "usable_cpus": affinity, "platform": platform.platform(),
+            "python": platform.python_version()}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    cfg = build_config(args)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S",
+                        stream=sys.stderr)
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    results = CaseResults()
+    mach = machine()
+    results.notes.append(
+        f"{mach['usable_cpus']} usable CPU cores shared by the load generator, Envoy, the sidecar, the simulated "
+        "fleet and the LMCache controller: at high rates they compete, so the rate steps measure this box, "
+        "not the sidecar alone. CPU figures are per process (utime+stime).")
+    error: str | None = None
+    try:
+        if "transport" in cfg.cases:
+            run_transport(cfg, results)
+        if "decision" in cfg.cases or "steps" in cfg.cases:
+            run_decision(cfg, results)
+    except Exception as exc:  # noqa: BLE001 - still print and save what was measured
+        error = f"{type(exc).__name__}: {exc}"
+        logging.exception("benchmark aborted")
+    runtime = time.monotonic() - started
+    summ = summary(results)
+    doc = {"machine": mach, "config": as_dict(cfg), "targets": TARGETS, "runtime_s": runtime,
+           "summary": summ, "error": error, **results.to_dict()}
+    out_json = cfg.out_dir / "results.json"
+    out_json.write_text(json.dumps(doc, indent=2, default=str))
+
+    parts = [f"## loadaware sidecar benchmark ({'quick smoke' if args.quick else 'full'} run, "
+             f"{runtime:.0f} s, {mach['usable_cpus']} cores)\n"]
+    parts += [f"- {n}" for n in results.notes]
+    parts.append("")
+    parts.append(case_table(results, "transport", "1a/b. Transport: tiny /v1/completions, max_tokens 1 "
+                            "(sidecar policy leastload)", TARGETS["transport_sidecar_cpu_us"]))
+    parts.append(case_table(results, "models_get", "1c. GET /v1/models (pass-through, body skipped)", None))
+    parts.append(case_table(results, "decision", "2. Full decision: 1,578-token prompt, 64 shared prefixes "
+                            "(loadaware + LMCache)", TARGETS["decision_sidecar_cpu_us"]))
+    parts.append(steps_table(results.steps))
+    parts.append(summary_table(summ, cfg.rate))
+    if error:
+        parts.append(f"**Run aborted early:** {error}\n")
+    parts.append(f"JSON: {out_json}; logs: {cfg.log_dir}")
+    print("\n".join(p for p in parts if p is not None))
+    return 1 if error else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
