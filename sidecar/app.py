@@ -72,7 +72,9 @@ class Sidecar:
 
     # ---- readiness ----
     def ready(self) -> bool:
-        return self.registry.ready and bool(self.registry.snapshot()) and self.scraper.rounds > 0
+        """Endpoints known, loads scraped once, and the LMCache instance map tried once (when configured)."""
+        return (self.registry.ready and bool(self.registry.snapshot()) and self.scraper.rounds > 0
+                and (self.resolver is None or self.resolver.attempts > 0))
 
     async def _readiness_loop(self) -> None:
         status = None

@@ -97,6 +97,7 @@ class InstanceResolver:
         self._last_full = 0.0
         self._full_wanted = True
         self.refreshes = 0
+        self.attempts = 0  # readiness waits for the first attempt, successful or not (fail open)
 
     def report_unknown(self, instance_ids: Sequence[str]) -> None:
         now = time.monotonic()
@@ -147,6 +148,7 @@ class InstanceResolver:
                     await self.refresh_full()
             except Exception as exc:  # noqa: BLE001 - the controller being away only delays the bridge
                 log.warning("LMCache worker-info refresh failed: %s", exc)
+            self.attempts += 1
             if self._pending_ids or self._full_wanted:
                 await asyncio.sleep(self.min_gap_s / 4)  # a burst of unknowns is batched, not looped on
                 continue

@@ -260,6 +260,15 @@ def _assert_formula(decision: dict[str, Any], beta: float) -> None:
 def test_loaded_holder_loses_to_idle_engine_and_kvaware_does_not_move(h: Harness) -> None:
     prefix, holder = warm(h, 11)
     h.phantom(holder, 12)
+    # kvaware first: once loadaware has moved the prefix, a second engine holds it too (and stock LMCache
+    # credits only the first registered holder, which may then be the new one).
+    with h.sidecar("--policy", "kvaware"):
+        h.wait_scraped(holder, 12)
+        assert complete(h, prefix + " kvaware under load?") == holder
+        decision = h.last_decision()
+        assert decision["outcome"] == "routed"
+        assert max(decision["candidates"], key=lambda c: c["load"])["endpoint"] == h.engine_by_name[holder]
+
     h.wait_scraped(holder, 12)
     moved_to = complete(h, prefix + " under load?")
     decision = h.last_decision()
@@ -270,11 +279,6 @@ def test_loaded_holder_loses_to_idle_engine_and_kvaware_does_not_move(h: Harness
     assert holder_row["matched_tokens"] > 0 and holder_row["load"] >= 12
     # the formula's own numbers: benefit ~1 on the holder cannot pay for 12 requests over an idle fleet
     assert holder_row["score"] < by_ep[h.engine_by_name[moved_to]]["score"]
-
-    with h.sidecar("--policy", "kvaware"):
-        h.wait_scraped(holder, 12)
-        assert complete(h, prefix + " kvaware under load?") == holder
-        assert h.last_decision()["outcome"] == "routed"
 
 
 def test_mildly_loaded_holder_keeps_its_prefix_at_lower_beta(h: Harness) -> None:
