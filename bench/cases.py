@@ -35,7 +35,8 @@ class BenchConfig:
     rate: float = 200.0
     warmup: float = 2.0
     step_duration: float = 8.0
-    step_rates: tuple[float, ...] = (200, 400, 700, 1000, 1400, 2000, 2800)
+    step_rates: tuple[float, ...] = (200, 300, 400, 550, 700, 1000, 1400, 2000)
+    step_max_failures: int = 2  # steps stop after this many failed steps (bounded run time)
     step_p99_limit_ms: float = 50.0
     step_min_achieved: float = 0.95
     arrivals: str = "poisson"
@@ -180,7 +181,9 @@ def run_decision(cfg: BenchConfig, results: CaseResults) -> None:
                     reasons.append(f"p99 {arm.latency['p99_ms']:.1f} ms > {cfg.step_p99_limit_ms:g} ms")
                 results.steps.append(StepResult(rate, not reasons, arm, "; ".join(reasons)))
                 _log_arm(arm, "; ".join(reasons) or "sustained")
-                if reasons:
+                failed = sum(1 for st in results.steps if not st.ok)
+                # One more step after a latency-only failure shows where throughput itself gives out.
+                if failed >= cfg.step_max_failures or any(not r.startswith("p99") for r in reasons):
                     break
                 time.sleep(1.0)
 
