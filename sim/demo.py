@@ -35,7 +35,7 @@ import aiohttp
 
 from sim.make_tokenizer import WORDS
 from sim.stack import (ENVOY_ADMIN_PORT, ENVOY_LISTEN_PORT, REPO, SIDECAR_PORT, TINY_TOKENIZER,
-                       LMCacheControllerProc, ProcError, Stack, free_port)
+                       LMCacheControllerProc, ProcError, Stack, free_port, loopback_lock)
 from sim.tokenization import SimTokenizer
 
 DEFAULT_LOG_DIR = REPO / "out" / "demo" / "logs"
@@ -513,36 +513,38 @@ def start_stack(log_dir: Path, sidecar_args: list[str], attempts: int = 4, wait_
     A readiness probe that answers does not prove that *our* process answered (a foreign sidecar on :9002
     passes the health check), so after the start every process must still be alive."""
     for attempt in range(1, attempts + 1):
-        deadline = time.monotonic() + wait_s
-        announced = False
-        while busy := busy_fixed_addresses():
-            if time.monotonic() >= deadline:
-                raise ProcError(f"addresses still in use by another run after {wait_s:.0f}s: {', '.join(busy)}")
-            if not announced:
-                print(f"   waiting for another run to free {', '.join(busy)} ...", flush=True)
-                announced = True
-            time.sleep(1.0)
-        if announced:
-            print(f"   ports free after {wait_s - (deadline - time.monotonic()):.1f}s", flush=True)
-        stack = Stack(log_dir, engines=3, lmcache=True, sidecar_args=sidecar_args)
-        t0 = time.monotonic()
-        try:
-            stack.start()
-            time.sleep(0.3)
-            dead = [p for p in stack.procs() if not p.running]
-            if dead:
-                raise ProcError("exited right after start: " + ", ".join(p.name for p in dead) + "\n"
-                                + "\n".join(p.log_tail(8) for p in dead))
-        except ProcError as e:
-            stack.stop()
-            if "in use" in str(e) and attempt < attempts:
-                print(f"   start attempt {attempt} lost a port to another run; retrying ...", flush=True)
-                time.sleep(2.0)
-                continue
-            raise
-        except BaseException:
-            stack.stop()
-            raise
+        t_wait = time.monotonic()
+        # Runs that use sim.stack queue on its cross-process lock; others are seen by their listening ports.
+        with loopback_lock(timeout=600.0):
+            deadline = time.monotonic() + wait_s
+            while busy := busy_fixed_addresses():
+                if time.monotonic() >= deadline:
+                    raise ProcError(f"addresses still in use by another run after {wait_s:.0f}s: "
+                                    f"{', '.join(busy)}")
+                time.sleep(1.0)
+            waited = time.monotonic() - t_wait
+            if waited > 0.5:
+                print(f"   waited {waited:.1f}s for another run on this machine to free the shared ports",
+                      flush=True)
+            stack = Stack(log_dir, engines=3, lmcache=True, sidecar_args=sidecar_args)
+            t0 = time.monotonic()
+            try:
+                stack.start()  # takes the (reentrant) lock too and keeps it until stack.stop()
+                time.sleep(0.3)
+                dead = [p for p in stack.procs() if not p.running]
+                if dead:
+                    raise ProcError("exited right after start: " + ", ".join(p.name for p in dead) + "\n"
+                                    + "\n".join(p.log_tail(8) for p in dead))
+            except ProcError as e:
+                stack.stop()
+                if "in use" in str(e) and attempt < attempts:
+                    print(f"   start attempt {attempt} lost a port to another run; retrying ...", flush=True)
+                    time.sleep(2.0)
+                    continue
+                raise
+            except BaseException:
+                stack.stop()
+                raise
         print(f"stack up in {time.monotonic() - t0:.1f}s", flush=True)
         return stack
     raise ProcError("could not start the stack")
