@@ -20,7 +20,7 @@ from .server.extproc import SERVICE_NAME, ExtProcServicer
 from .sources.endpoints import EndpointRegistry, EndpointsFileWatcher
 from .sources.inflight import InflightTracker
 from .sources.instance_bridge import InstanceBridge
-from .sources.lmcache import InstanceResolver, LMCacheClient
+from .sources.lmcache import InstanceResolver, LMCacheClient, LMCachePrefixSource
 from .sources.loads import LoadView
 from .sources.scraper import MetricsScraper
 from .sources.tokenizer import AsyncTokenizer, PromptTokenizer
@@ -42,8 +42,10 @@ class Sidecar:
             if s.tokenizer else None
         self.lmcache = LMCacheClient(s.lmcache_url, s.lmcache_timeout_ms / 1e3) if s.lmcache_url else None
         self.resolver = InstanceResolver(self.lmcache, self.bridge, s.instance_refresh_s) if self.lmcache else None
+        self.prefix_source = LMCachePrefixSource(self.lmcache, self.bridge, self.resolver, self.metrics) \
+            if self.lmcache else None
         self.decider = Decider(make_policy(s.policy, s.loadaware_beta), self.registry, self.loads, self.inflight,
-                               self.metrics, self.tokenizer, self.lmcache, self.bridge, self.resolver)
+                               self.metrics, self.tokenizer, self.prefix_source)
         self.scraper = MetricsScraper(self.registry, self.loads, self.metrics, s.scrape_interval_s,
                                       s.scrape_timeout_ms / 1e3)
         self.file_watcher = EndpointsFileWatcher(s.endpoints_file, self.registry) if s.endpoints_file else None

@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..policies import Candidate, Policy
-from ..sources.inflight import InflightTracker, Lease
-from ..sources.instance_bridge import InstanceBridge
-from ..sources.lmcache import InstanceResolver, LMCacheClient, LookupFailed
 from ..sources.endpoints import EndpointRegistry
+from ..sources.inflight import InflightTracker, Lease
 from ..sources.loads import LoadView
+from ..sources.prefix import PrefixSource, PrefixUnavailable
 from ..sources.tokenizer import AsyncTokenizer
 from ..telemetry.metrics import Metrics
 from .request import InferenceRequest
@@ -52,18 +51,15 @@ class Decision:
 
 class Decider:
     def __init__(self, policy: Policy, registry: EndpointRegistry, loads: LoadView, inflight: InflightTracker,
-                 metrics: Metrics, tokenizer: AsyncTokenizer | None = None, lmcache: LMCacheClient | None = None,
-                 bridge: InstanceBridge | None = None, resolver: InstanceResolver | None = None,
-                 recent: int = 256) -> None:
+                 metrics: Metrics, tokenizer: AsyncTokenizer | None = None,
+                 prefix_source: PrefixSource | None = None, recent: int = 256) -> None:
         self.policy = policy
         self.registry = registry
         self.loads = loads
         self.inflight = inflight
         self.metrics = metrics
         self.tokenizer = tokenizer
-        self.lmcache = lmcache
-        self.bridge = bridge or InstanceBridge()
-        self.resolver = resolver
+        self.prefix_source = prefix_source
         self.recent: deque[Decision] = deque(maxlen=recent)
         self._last_fallback_log: dict[str, float] = {}
 
@@ -80,24 +76,14 @@ class Decider:
         return await self.tokenizer.encode_prompt(request.prompt or "")
 
     async def prefix_matches(self, tokens: list[int], reasons: list[str]) -> dict[str, int]:
-        if self.lmcache is None:
+        if self.prefix_source is None:
             reasons.append("no_prefix_source")
             return {}
         try:
-            layout = await self.lmcache.lookup(tokens)
-        except LookupFailed as exc:
+            return await self.prefix_source.matches(tokens, self.registry.snapshot())
+        except PrefixUnavailable as exc:
             reasons.append(exc.reason)
-            self.metrics.lookup_result("failed")
             return {}
-        credit = self.bridge.credit(layout, self.registry.snapshot())
-        if credit.unknown_ids:
-            self.metrics.unmapped_holders.labels("unknown").inc(len(credit.unknown_ids))
-            if self.resolver is not None:
-                self.resolver.report_unknown(credit.unknown_ids)
-        if credit.ignored_ids:
-            self.metrics.unmapped_holders.labels("dead_or_outside").inc(len(credit.ignored_ids))
-        self.metrics.lookup_result("match" if credit.matches else "empty")
-        return credit.matches
 
     async def decide(self, request: InferenceRequest | None, request_id: str = "", count: bool = True,
                      parse_s: float | None = None) -> Decision:

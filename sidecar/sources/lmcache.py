@@ -11,15 +11,13 @@ from typing import Any, Sequence
 
 import aiohttp
 
+from ..telemetry.metrics import Metrics
 from .instance_bridge import InstanceBridge, WorkerRecord
+from .prefix import PrefixUnavailable
 
 log = logging.getLogger(__name__)
 
-
-class LookupFailed(Exception):
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason  # a short metric label: lmcache_timeout, lmcache_error, lmcache_bad_reply
+LookupFailed = PrefixUnavailable  # reasons: lmcache_timeout, lmcache_error, lmcache_bad_reply
 
 
 def parse_layout(body: Any) -> dict[str, int]:
@@ -156,3 +154,32 @@ class InstanceResolver:
                 await asyncio.wait_for(self._wake.wait(), self.period_s)
             except (TimeoutError, asyncio.TimeoutError):
                 pass
+
+
+class LMCachePrefixSource:
+    """Prefix matches from the LMCache controller, credited to live endpoints through the instance bridge."""
+
+    name = "lmcache"
+
+    def __init__(self, client: LMCacheClient, bridge: InstanceBridge, resolver: InstanceResolver | None,
+                 metrics: Metrics) -> None:
+        self.client = client
+        self.bridge = bridge
+        self.resolver = resolver
+        self.metrics = metrics
+
+    async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...]) -> dict[str, int]:
+        try:
+            layout = await self.client.lookup(tokens)
+        except PrefixUnavailable:
+            self.metrics.lookup_result("failed")
+            raise
+        credit = self.bridge.credit(layout, endpoints)
+        if credit.unknown_ids:
+            self.metrics.unmapped_holders.labels("unknown").inc(len(credit.unknown_ids))
+            if self.resolver is not None:
+                self.resolver.report_unknown(credit.unknown_ids)
+        if credit.ignored_ids:
+            self.metrics.unmapped_holders.labels("dead_or_outside").inc(len(credit.ignored_ids))
+        self.metrics.lookup_result("match" if credit.matches else "empty")
+        return credit.matches

@@ -1,0 +1,127 @@
+"""The decision pipeline with in-process sources: fallbacks, counting, and the endpoint set moving under it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Sequence
+
+import pytest
+
+from sidecar.decision.pipeline import Decider
+from sidecar.decision.request import InferenceRequest
+from sidecar.policies import make_policy
+from sidecar.sources.endpoints import EndpointRegistry
+from sidecar.sources.inflight import InflightTracker
+from sidecar.sources.loads import LoadView
+from sidecar.sources.prefix import PrefixUnavailable
+from sidecar.sources.tokenizer import AsyncTokenizer, PromptTokenizer
+from sidecar.telemetry.metrics import Metrics
+
+TOKENIZER = "sim/assets/tiny-model"
+FLEET = ("127.0.0.2:8000", "127.0.0.3:8000", "127.0.0.4:8000")
+
+
+class FixedSource:
+    name = "fixed"
+
+    def __init__(self, answer: dict[str, int] | None = None, error: str | None = None, delay: float = 0.0,
+                 registry: EndpointRegistry | None = None) -> None:
+        self.answer = answer or {}
+        self.error = error
+        self.delay = delay
+        self.registry = registry
+        self.calls = 0
+
+    async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...]) -> dict[str, int]:
+        self.calls += 1
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.registry is not None:  # the fleet changes while we wait
+            self.registry.set(FLEET[1:])
+        if self.error:
+            raise PrefixUnavailable(self.error)
+        return dict(self.answer)
+
+
+def make(policy: str = "loadaware", source: FixedSource | None = None, tokenizer: bool = True,
+         fleet: Sequence[str] = FLEET) -> Decider:
+    inflight = InflightTracker()
+    registry = EndpointRegistry(fleet)
+    tok = AsyncTokenizer(PromptTokenizer(TOKENIZER), timeout_s=2.0) if tokenizer else None
+    return Decider(make_policy(policy), registry, LoadView(inflight, stale_s=5), inflight, Metrics(policy),
+                   tok, source)
+
+
+PROMPT = InferenceRequest("completions", prompt="the engine cache prefix token " * 100)
+
+
+async def test_routes_to_the_holder_and_counts_it() -> None:
+    d = make(source=FixedSource({"127.0.0.3:8000": 10_000}))
+    decision = await d.decide(PROMPT, "r1")
+    assert decision.endpoint == "127.0.0.3:8000" and decision.outcome == "routed"
+    assert decision.prompt_tokens > 100 and decision.reasons == ()
+    assert d.inflight.count("127.0.0.3:8000") == 1 and decision.lease is not None
+    assert set(decision.stages) == {"tokenize", "lookup", "score"}
+    # matched tokens are capped at the prompt length
+    assert max(c.matched_tokens for c in decision.candidates) == decision.prompt_tokens
+
+
+async def test_explain_does_not_count() -> None:
+    d = make(source=FixedSource({"127.0.0.3:8000": 512}))
+    decision = await d.decide(PROMPT, "r1", count=False)
+    assert decision.endpoint == "127.0.0.3:8000" and decision.lease is None
+    assert d.inflight.total() == 0 and len(d.recent) == 0
+
+
+@pytest.mark.parametrize("error", ["lmcache_error", "lmcache_timeout"])
+async def test_prefix_failure_falls_back_to_load(error: str) -> None:
+    d = make(source=FixedSource(error=error))
+    d.inflight.acquire("127.0.0.2:8000")
+    decision = await d.decide(PROMPT)
+    assert decision.outcome == "fallback_load_only" and decision.reasons == (error,)
+    assert decision.endpoint != "127.0.0.2:8000"  # the load term still acts
+
+
+async def test_tokenizer_missing_or_failing() -> None:
+    d = make(source=FixedSource({"127.0.0.3:8000": 512}), tokenizer=False)
+    decision = await d.decide(PROMPT)
+    assert decision.reasons == ("no_tokenizer",) and decision.endpoint is not None
+    # pre-tokenized prompts need no tokenizer
+    decision = await d.decide(InferenceRequest("completions", prompt=list(range(600))))
+    assert decision.reasons == () and decision.endpoint == "127.0.0.3:8000"
+    d = make(source=FixedSource())
+    bad_chat = InferenceRequest("chat", messages=[{"role": "user", "content": {"odd": 1}}])
+    decision = await d.decide(bad_chat)
+    assert decision.endpoint is not None  # whatever the template made of it, the request is routed
+
+
+async def test_tokenizer_timeout_is_time_boxed() -> None:
+    d = make(source=FixedSource())
+    assert d.tokenizer is not None
+    d.tokenizer.timeout_s = 1e-6
+    decision = await d.decide(InferenceRequest("completions", prompt="word " * 20000))
+    assert "tokenizer_timeout" in decision.reasons and decision.endpoint is not None
+
+
+async def test_no_prompt_and_empty_fleet() -> None:
+    d = make(source=FixedSource())
+    decision = await d.decide(None)
+    assert decision.reasons == ("no_prompt",) and decision.endpoint is not None
+    d = make(source=FixedSource(), fleet=())
+    decision = await d.decide(PROMPT)
+    assert decision.endpoint is None and decision.outcome == "no_endpoints" and d.inflight.total() == 0
+
+
+async def test_endpoint_vanishing_during_lookup_is_never_chosen() -> None:
+    d = make()
+    d.prefix_source = FixedSource({"127.0.0.2:8000": 10_000}, registry=d.registry)
+    decision = await d.decide(PROMPT)
+    assert decision.endpoint in FLEET[1:]
+    assert [c.endpoint for c in decision.candidates] == list(FLEET[1:])
+
+
+async def test_policies_without_prefix_skip_the_lookup() -> None:
+    source = FixedSource({"127.0.0.2:8000": 10_000})
+    d = make("leastload", source=source)
+    decision = await d.decide(PROMPT)
+    assert source.calls == 0 and "tokenize" not in decision.stages and decision.outcome == "routed"
