@@ -17,6 +17,13 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from .token_chunks import ChunkedEncoder
+
+# A load-time exactness probe for the piece cache: words, digits, punctuation, newlines, non-ASCII.
+_PROBE = " ".join(
+    f"Paragraph {i}: the quick brown fox, naïve café #{i * 37} jumps over 3 lazy dogs; it's "
+    f"done\n\n  - item {i}.\tEnd of line {i} — ok?" for i in range(120))
+
 
 class TokenizerError(Exception):
     """The prompt could not be tokenized (bad template input, missing template, ...)."""
@@ -48,6 +55,13 @@ class PromptTokenizer:
         self._specials: dict[str, str | None] = {}
         self._load_config(folder)
         self._template: jinja2.Template | None = None
+        self._plain = lambda text: self._tokenizer.encode(text, add_special_tokens=False).ids
+        self.pieces = ChunkedEncoder(self._plain)
+        self.pieces.self_check(_PROBE)
+        # Completions add the tokenizer's special tokens; the piece cache only serves when that adds none.
+        self._specials_noop = self._tokenizer.encode(_PROBE[:200], add_special_tokens=True).ids == \
+            self._plain(_PROBE[:200])
+        self._encoded = 0
         if self.chat_template_source:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                                 extensions=["jinja2.ext.loopcontrols"])
@@ -73,8 +87,16 @@ class PromptTokenizer:
         for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
             self._specials[key] = _token_text(config.get(key))
 
+    def _encode_plain(self, text: str) -> list[int]:
+        self._encoded += 1
+        if self._encoded % 64 == 0:  # keep checking exactness on live prompts, at ~1/64 of a full encode
+            self.pieces.self_check(text)
+        return self.pieces.encode(text)
+
     def encode_prompt(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
+            if self._specials_noop:
+                return self._encode_plain(prompt)
             return self._tokenizer.encode(prompt, add_special_tokens=True).ids
         return list(prompt)  # pre-tokenized prompts go to the engine as they are
 
@@ -90,7 +112,7 @@ class PromptTokenizer:
             raise TokenizerError(f"chat template failed: {exc}") from exc
 
     def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        return self._tokenizer.encode(self.render_chat(messages), add_special_tokens=False).ids
+        return self._encode_plain(self.render_chat(messages))
 
 
 class AsyncTokenizer:

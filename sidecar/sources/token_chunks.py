@@ -1,0 +1,109 @@
+"""Exact, cached tokenization of long prompts that share prefixes.
+
+For byte-level BPE tokenizers (GPT-2, Qwen, Llama-3 style), pre-tokenization never joins across a point
+where a letter or digit is followed by a single space and a letter: the space starts the next word's
+pre-token. Encoding the pieces between such points separately and concatenating gives the same ids as
+encoding the whole text, so the pieces of a shared prefix can be cached and only the new tail encoded.
+
+Piece boundaries are found by scanning from the start (the first safe point at or after every
+`piece_chars` characters), so two prompts sharing a prefix cut it identically up to where they differ.
+Exactness is not assumed: `ChunkedEncoder.self_check` compares against the whole-text encoding on load
+and on a sample of live prompts; any mismatch turns the cache off for good.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Callable
+
+Encode = Callable[[str], list[int]]
+
+
+def split_points(text: str, piece_chars: int) -> list[int]:
+    """Offsets where `text` may be cut: text[p] == ' ', text[p-1] alphanumeric, text[p+1] a letter."""
+    points: list[int] = []
+    n = len(text)
+    pos = piece_chars
+    while pos < n - 1:
+        p = text.find(" ", pos)
+        if p < 0 or p >= n - 1:
+            break
+        if text[p - 1].isalnum() and text[p + 1].isalpha() and not text[p - 1].isspace():
+            points.append(p)
+            pos = p + piece_chars
+        else:
+            pos = p + 1
+    return points
+
+
+class ChunkedEncoder:
+    def __init__(self, encode: Encode, max_cached_tokens: int = 4_000_000, piece_chars: int = 1024,
+                 min_chars: int = 4096) -> None:
+        self._encode = encode
+        self.piece_chars = piece_chars
+        self.min_chars = min_chars  # below this a whole encode is as cheap as the bookkeeping
+        self.max_cached_tokens = max_cached_tokens
+        self._cache: OrderedDict[str, list[int]] = OrderedDict()
+        self._cached_tokens = 0
+        self._lock = threading.Lock()
+        self.enabled = True
+        self.hits = 0
+        self.misses = 0
+
+    def encode(self, text: str) -> list[int]:
+        if not self.enabled or len(text) < self.min_chars:
+            return self._encode(text)
+        cuts = split_points(text, self.piece_chars)
+        if not cuts:
+            return self._encode(text)
+        ids: list[int] = []
+        start = 0
+        last = len(cuts)
+        for i, end in enumerate([*cuts, len(text)]):
+            piece = text[start:end]
+            if i == last:  # the tail is where prompts differ: never worth caching
+                ids.extend(self._encode(piece))
+                break
+            with self._lock:
+                cached = self._cache.get(piece)
+                if cached is not None:
+                    self._cache.move_to_end(piece)
+                    self.hits += 1
+            if cached is None:
+                cached = self._encode(piece)
+                self._remember(piece, cached)
+            ids.extend(cached)
+            start = end
+        return ids
+
+    def _remember(self, piece: str, ids: list[int]) -> None:
+        with self._lock:
+            self.misses += 1
+            if piece in self._cache:
+                return
+            self._cache[piece] = ids
+            self._cached_tokens += len(ids)
+            while self._cached_tokens > self.max_cached_tokens and self._cache:
+                _, old = self._cache.popitem(last=False)
+                self._cached_tokens -= len(old)
+
+    def self_check(self, text: str) -> bool:
+        """Pieces vs the whole text; a mismatch disables the cache (exactness over speed)."""
+        if not self.enabled or len(text) < self.min_chars:
+            return self.enabled
+        saved, self.min_chars = self.min_chars, 0
+        try:
+            ok = self.encode(text) == self._encode(text)
+        finally:
+            self.min_chars = saved
+        if not ok:
+            self.enabled = False
+            with self._lock:
+                self._cache.clear()
+                self._cached_tokens = 0
+        return ok
+
+    @property
+    def cached_tokens(self) -> int:
+        return self._cached_tokens

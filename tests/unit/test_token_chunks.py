@@ -1,0 +1,70 @@
+"""The piece cache must give exactly the whole-text token ids, or switch itself off."""
+
+from __future__ import annotations
+
+import random
+
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+from sidecar.sources.token_chunks import ChunkedEncoder, split_points
+from sidecar.sources.tokenizer import PromptTokenizer
+
+TINY = "sim/assets/tiny-model"
+WORDS = ["the", "engine", "cache", "naïve", "café", "x1", "42", "it's", "end.", "(a)", "—", "\n", "\t", "  ", "ok?"]
+
+
+def random_text(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def test_split_points_are_only_word_starts() -> None:
+    text = "alpha beta  gamma, delta 12 epsilon\nzeta eta"
+    for p in split_points(text, 1):
+        assert text[p] == " " and text[p - 1].isalnum() and text[p + 1].isalpha()
+    assert split_points("short", 100) == []
+
+
+def test_pieces_equal_whole_encoding_on_varied_text() -> None:
+    tok = PromptTokenizer(TINY)
+    plain = tok._plain
+    encoder = ChunkedEncoder(plain, piece_chars=64, min_chars=0)
+    rng = random.Random(5)
+    shared = random_text(rng, 600)
+    for i in range(40):
+        text = shared + " " + random_text(rng, rng.randint(1, 80)) if i % 2 else random_text(rng, 700)
+        assert encoder.encode(text) == plain(text), i
+    assert encoder.hits > 0 and encoder.enabled
+
+
+def test_cache_is_bounded() -> None:
+    encoder = ChunkedEncoder(lambda s: [len(w) for w in s.split()], max_cached_tokens=50, piece_chars=20, min_chars=0)
+    rng = random.Random(1)
+    for _ in range(30):
+        encoder.encode(" ".join(rng.choice(["alpha", "beta", "gamma"]) + str(rng.randint(0, 9)) for _ in range(60)))
+    assert encoder.cached_tokens <= 50
+
+
+def test_a_non_compositional_tokenizer_switches_the_cache_off() -> None:
+    # A tokenizer whose output for a piece depends on where the piece sits (here: a marker on the first
+    # word, as a BOS-adding post-processor or a "first"-only prefix space would) must not be cut up.
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.train_from_iterator(["alpha beta gamma delta"] * 10, trainer=trainers.WordLevelTrainer(special_tokens=["[UNK]"]))
+    plain = lambda s: [99] + tok.encode(s, add_special_tokens=False).ids  # noqa: E731
+    encoder = ChunkedEncoder(plain, piece_chars=10, min_chars=0)
+    text = " ".join(["alpha", "beta", "gamma", "delta"] * 50)
+    assert encoder.self_check(text) is False
+    assert encoder.enabled is False
+    assert encoder.encode(text) == plain(text)
+
+
+def test_prompt_tokenizer_uses_pieces_for_long_shared_prompts() -> None:
+    tok = PromptTokenizer(TINY)
+    assert tok.pieces.enabled
+    prefix = random_text(random.Random(9), 1500)
+    for i in range(5):
+        text = f"{prefix} question {i}?"
+        assert tok.encode_prompt(text) == tok._tokenizer.encode(text, add_special_tokens=True).ids
+    assert tok.pieces.hits > 0
+    chat = [{"role": "system", "content": prefix}, {"role": "user", "content": "hi"}]
+    assert tok.encode_chat(chat) == tok._tokenizer.encode(tok.render_chat(chat), add_special_tokens=False).ids
