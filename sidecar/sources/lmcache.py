@@ -10,13 +10,16 @@ import time
 from typing import Any, Sequence
 
 import aiohttp
+from yarl import URL
 
 from ..telemetry.metrics import Metrics
+from .http1 import HttpError, KeepAliveClient
 from .instance_bridge import InstanceBridge, WorkerRecord
 from .prefix import PrefixUnavailable
 
 log = logging.getLogger(__name__)
 
+LMCACHE_CHUNK_TOKENS = 256  # the controller's ChunkedTokenDatabase default (DESIGN.md §3)
 LookupFailed = PrefixUnavailable  # reasons: lmcache_timeout, lmcache_error, lmcache_bad_reply
 
 
@@ -38,6 +41,12 @@ class LMCacheClient:
         self.url = url
         self.timeout_s = timeout_s
         self._session: aiohttp.ClientSession | None = None
+        parsed = URL(url)
+        # the hot-path lookup uses a lean keep-alive client; https (rare for an in-cluster controller)
+        # and the background worker-info queries use aiohttp
+        self._fast = KeepAliveClient(parsed.host or "127.0.0.1", parsed.port or 80) \
+            if parsed.scheme == "http" else None
+        self._lookup_path = (parsed.path.rstrip("/") or "") + "/lookup"
 
     def _ensure(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -58,14 +67,25 @@ class LMCacheClient:
         return json.loads(raw)
 
     async def lookup(self, tokens: Sequence[int]) -> dict[str, int]:
-        payload = b'{"tokens":[' + ",".join(map(str, tokens)).encode() + b"]}"
+        # A partial trailing 256-token chunk never matches: sending only full chunks saves encoding work.
+        full = len(tokens) - len(tokens) % LMCACHE_CHUNK_TOKENS
+        if full == 0:
+            return {}
+        payload = b'{"tokens":' + json.dumps(tokens[:full] if full < len(tokens) else tokens).encode() + b"}"
         try:
-            body = await self._post("/lookup", payload, self.timeout_s)
+            if self._fast is not None:
+                async with asyncio.timeout(self.timeout_s):
+                    status, raw = await self._fast.post(self._lookup_path, payload)
+                if status != 200:
+                    raise LookupFailed("lmcache_error", f"HTTP {status}")
+                body = json.loads(raw)
+            else:
+                body = await self._post("/lookup", payload, self.timeout_s)
         except (TimeoutError, asyncio.TimeoutError):
             raise LookupFailed("lmcache_timeout") from None
         except LookupFailed:
             raise
-        except (aiohttp.ClientError, OSError, ValueError) as exc:
+        except (aiohttp.ClientError, HttpError, OSError, ValueError) as exc:
             raise LookupFailed("lmcache_error", str(exc)) from None
         return parse_layout(body)
 
@@ -75,6 +95,8 @@ class LMCacheClient:
         return [WorkerRecord.from_json(w) for w in body.get("worker_infos", [])]
 
     async def close(self) -> None:
+        if self._fast is not None:
+            self._fast.close()
         if self._session is not None:
             await self._session.close()
 

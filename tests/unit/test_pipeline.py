@@ -99,7 +99,7 @@ async def test_tokenizer_timeout_is_time_boxed() -> None:
     d = make(source=FixedSource())
     assert d.tokenizer is not None
     d.tokenizer.timeout_s = 1e-6
-    decision = await d.decide(InferenceRequest("completions", prompt="word " * 20000))
+    decision = await d.decide(InferenceRequest("completions", prompt=" ".join(str(i) for i in range(50000))))
     assert "tokenizer_timeout" in decision.reasons and decision.endpoint is not None
 
 
