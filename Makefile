@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LMCACHE_STAMP := $(LMCACHE_VENV)/.installed
 
-.PHONY: help install lmcache demo test test-unit bench proto clean
+.PHONY: help install lmcache demo test test-unit bench proto proto-check clean
 
 help:
 	@echo "make demo   - Envoy + sidecar + simulated engines + LMCache controller on loopback, with traffic"
@@ -34,7 +34,7 @@ lmcache: $(LMCACHE_STAMP)
 demo: $(STAMP) $(LMCACHE_STAMP)
 	$(PY) -m sim.demo
 
-test: $(STAMP) $(LMCACHE_STAMP)
+test: $(STAMP) $(LMCACHE_STAMP) proto-check
 	$(PY) -m pytest -q -ra
 
 test-unit: $(STAMP)
@@ -42,6 +42,14 @@ test-unit: $(STAMP)
 
 bench: $(STAMP) $(LMCACHE_STAMP)
 	$(PY) -m bench.run
+
+# The project's own gRPC API: proto/loadaware/v1 -> sidecar/api/v1 (checked in).
+proto: $(STAMP)
+	$(PY) proto/generate.py
+
+# Fails when the checked-in generated code no longer matches the .proto (also a unit test).
+proto-check: $(STAMP)
+	$(PY) proto/generate.py --check
 
 clean:
 	rm -rf $(VENV) $(LMCACHE_VENV) build *.egg-info

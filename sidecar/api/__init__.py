@@ -1,0 +1,1 @@
+"""The sidecar's own gRPC API (loadaware.v1): Explain, ListEndpoints, GetConfig."""
