@@ -1,0 +1,164 @@
+"""The ext_proc conversation, spoken directly to a real sidecar over gRPC (no Envoy in between)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from pathlib import Path
+from typing import AsyncIterator
+
+import grpc
+import pytest
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from sidecar.app import Sidecar
+from sidecar.config import from_args
+from sim.stack import SidecarProc, free_port
+
+FLEET = "127.0.0.2:18000,127.0.0.3:18000"
+HEADER = "x-gateway-destination-endpoint"
+
+
+def headers(method: str, path: str, end: bool = False, spoof: str | None = None) -> pb.ProcessingRequest:
+    hs = [(":method", method), (":path", path), ("x-request-id", "test-1")] + ([(HEADER, spoof)] if spoof else [])
+    return pb.ProcessingRequest(request_headers=pb.HttpHeaders(
+        headers=base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in hs]),
+        end_of_stream=end))
+
+
+def body(data: bytes) -> pb.ProcessingRequest:
+    return pb.ProcessingRequest(request_body=pb.HttpBody(body=data, end_of_stream=True))
+
+
+@pytest.fixture
+async def sidecar() -> AsyncIterator[tuple[Sidecar, str]]:
+    port = free_port()
+    app = Sidecar(from_args(["--listen", f"127.0.0.1:{port}", "--endpoints", FLEET, "--metrics-listen", "off",
+                             "--policy", "leastload", "--shutdown-grace-s", "1"], environ={}))
+    await app.start()
+    yield app, f"127.0.0.1:{port}"
+    await app.stop()
+
+
+async def converse(addr: str, *messages: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+    async with grpc.aio.insecure_channel(addr) as channel:
+        call = pb_grpc.ExternalProcessorStub(channel).Process()
+        replies = []
+        for msg in messages:
+            await call.write(msg)
+            replies.append(await call.read())
+        await call.done_writing()
+        return replies
+
+
+def set_headers(mutation: pb.HeaderMutation) -> dict[str, str]:
+    return {h.header.key: h.header.raw_value.decode() for h in mutation.set_headers}
+
+
+async def test_get_passes_through_and_skips_the_body(sidecar: tuple[Sidecar, str]) -> None:
+    app, addr = sidecar
+    (reply,) = await converse(addr, headers("GET", "/v1/models", end=True, spoof="127.0.0.3:18000"))
+    assert reply.WhichOneof("response") == "request_headers"
+    assert HEADER in reply.request_headers.response.header_mutation.remove_headers
+    assert reply.mode_override.request_body_mode == processing_mode_pb2.ProcessingMode.NONE
+    assert app.inflight.total() == 0
+
+
+async def test_post_is_decided_on_its_body(sidecar: tuple[Sidecar, str]) -> None:
+    app, addr = sidecar
+    r1, r2 = await converse(addr, headers("POST", "/v1/completions", spoof="127.0.0.3:18000"),
+                            body(json.dumps({"prompt": "hi"}).encode()))
+    assert HEADER in r1.request_headers.response.header_mutation.remove_headers  # the spoof is dropped first
+    chosen = set_headers(r2.request_body.response.header_mutation)[HEADER]
+    assert chosen in FLEET.split(",")
+    assert app.decider.recent[-1].request_id == "test-1"
+    for _ in range(50):  # the stream ended: the count is released
+        if app.inflight.total() == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert app.inflight.total() == 0
+
+
+async def test_bad_json_is_answered_locally(sidecar: tuple[Sidecar, str]) -> None:
+    _, addr = sidecar
+    _, r2 = await converse(addr, headers("POST", "/v1/chat/completions"), body(b"{nope"))
+    assert r2.WhichOneof("response") == "immediate_response"
+    assert r2.immediate_response.status.code == 400
+    assert r2.immediate_response.body == b"request body is not valid JSON"
+
+
+async def test_bodyless_post_is_decided_on_headers(sidecar: tuple[Sidecar, str]) -> None:
+    app, addr = sidecar
+    (reply,) = await converse(addr, headers("POST", "/v1/completions", end=True))
+    assert set_headers(reply.request_headers.response.header_mutation)[HEADER] in FLEET.split(",")
+    assert app.decider.recent[-1].reasons == ("no_prompt",)
+
+
+async def test_open_stream_holds_its_count_until_it_ends(sidecar: tuple[Sidecar, str]) -> None:
+    app, addr = sidecar
+    async with grpc.aio.insecure_channel(addr) as channel:
+        call = pb_grpc.ExternalProcessorStub(channel).Process()
+        await call.write(headers("POST", "/v1/completions"))
+        await call.read()
+        await call.write(body(b'{"prompt": "x"}'))
+        reply = await call.read()
+        endpoint = set_headers(reply.request_body.response.header_mutation)[HEADER]
+        assert app.inflight.count(endpoint) == 1  # the HTTP request is still running upstream
+        call.cancel()  # Envoy resets the stream (client abort)
+    for _ in range(100):
+        if app.inflight.total() == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert app.inflight.total() == 0
+
+
+def test_sigterm_drains_open_streams(tmp_path: Path) -> None:
+    port = free_port()
+    proc = SidecarProc(["--listen", f"127.0.0.1:{port}", "--endpoints", FLEET, "--metrics-listen", "off",
+                        "--policy", "leastload", "--shutdown-grace-s", "3"], log_dir=tmp_path)
+    proc._is_ready = lambda: True  # type: ignore[method-assign]  # no engines to scrape: not SERVING by design
+    proc.start(timeout=20)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # wait for the port
+        try:
+            grpc.channel_ready_future(grpc.insecure_channel(f"127.0.0.1:{port}")).result(timeout=0.5)
+            break
+        except grpc.FutureTimeoutError:
+            pass
+
+    async def run() -> float:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = pb_grpc.ExternalProcessorStub(channel).Process()
+            await call.write(headers("POST", "/v1/completions"))
+            await call.read()
+            await call.write(body(b'{"prompt": "x"}'))
+            await call.read()
+            assert proc.proc is not None
+            proc.proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.5)
+            # the open stream is still served during the grace period...
+            assert proc.running
+            # ...and new streams are refused
+            with pytest.raises(grpc.aio.AioRpcError):
+                other = pb_grpc.ExternalProcessorStub(channel).Process()
+                await other.write(headers("GET", "/x", end=True))
+                await asyncio.wait_for(other.read(), 2)
+            started = time.monotonic()
+            await call.done_writing()
+            return started
+
+    started = asyncio.run(run())
+    deadline = time.monotonic() + 10
+    while proc.running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not proc.running
+    assert time.monotonic() - started < 3  # it left as soon as the stream ended, not at the end of the grace
+    log = proc.log_tail(20)
+    assert "draining 1 open streams" in log
+    assert "released 0 in-flight counts" in log  # the stream's own end released it, before shutdown
+    proc.stop()
