@@ -38,8 +38,8 @@ def split_points(text: str, piece_chars: int) -> list[int]:
 
 
 class ChunkedEncoder:
-    def __init__(self, encode: Encode, max_cached_tokens: int = 4_000_000, piece_chars: int = 1024,
-                 min_chars: int = 4096) -> None:
+    def __init__(self, encode: Encode, max_cached_tokens: int = 4_000_000, piece_chars: int = 512,
+                 min_chars: int = 1024) -> None:
         self._encode = encode
         self.piece_chars = piece_chars
         self.min_chars = min_chars  # below this a whole encode is as cheap as the bookkeeping
