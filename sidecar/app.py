@@ -22,6 +22,7 @@ from .sources.inflight import InflightTracker
 from .sources.instance_bridge import InstanceBridge
 from .sources.lmcache import InstanceResolver, LMCacheClient, LMCachePrefixSource
 from .sources.loads import LoadView
+from .sources.prefix_combined import PrefixWiring
 from .sources.scraper import MetricsScraper
 from .sources.tokenizer import AsyncTokenizer, PromptTokenizer
 from .telemetry.metrics import Metrics
@@ -42,10 +43,16 @@ class Sidecar:
             if s.tokenizer else None
         self.lmcache = LMCacheClient(s.lmcache_url, s.lmcache_timeout_ms / 1e3) if s.lmcache_url else None
         self.resolver = InstanceResolver(self.lmcache, self.bridge, s.instance_refresh_s) if self.lmcache else None
-        self.prefix_source = LMCachePrefixSource(self.lmcache, self.bridge, self.resolver, self.metrics) \
+        lmcache_source = LMCachePrefixSource(self.lmcache, self.bridge, self.resolver, self.metrics) \
             if self.lmcache else None
+        # --prefix-source: LMCache, the KV-events index, the approximate index, or a combination.
+        self.prefixes = PrefixWiring(s, self.metrics, self.registry.snapshot, lmcache_source,
+                                     lambda eps: {ep for ep in eps if self.bridge.instance_for(ep)})
+        self.prefix_source = self.prefixes.source
+        tokenizer = self.tokenizer or self.prefixes.text_units_tokenizer(self.tokenizer is not None)
         self.decider = Decider(make_policy(s.policy, s.loadaware_beta), self.registry, self.loads, self.inflight,
-                               self.metrics, self.tokenizer, self.prefix_source)
+                               self.metrics, tokenizer, self.prefix_source,  # type: ignore[arg-type]
+                               on_routed=self.prefixes.on_routed)
         self.scraper = MetricsScraper(self.registry, self.loads, self.metrics, s.scrape_interval_s,
                                       s.scrape_timeout_ms / 1e3)
         self.file_watcher = EndpointsFileWatcher(s.endpoints_file, self.registry) if s.endpoints_file else None
@@ -65,6 +72,7 @@ class Sidecar:
     def _endpoint_removed(self, endpoint: str) -> None:
         self.inflight.drop(endpoint)
         self.loads.drop(endpoint)
+        self.prefixes.endpoint_removed(endpoint)
         self.metrics.forget_endpoint(endpoint)
 
     def _endpoints_changed(self) -> None:
@@ -117,6 +125,8 @@ class Sidecar:
             self._tasks.append(asyncio.create_task(self.file_watcher.run(), name="endpoints-file"))
         if self.resolver:
             self._tasks.append(asyncio.create_task(self.resolver.run(), name="lmcache-instances"))
+        for name, run in self.prefixes.tasks():
+            self._tasks.append(asyncio.create_task(run(), name=name))  # type: ignore[arg-type]
         self._tasks.append(asyncio.create_task(self._track_additions(), name="endpoint-additions"))
         self._tasks.append(asyncio.create_task(self._readiness_loop(), name="readiness"))
         log.info("serving ext_proc on %s (port %s), policy=%s beta=%s endpoints=%s lmcache=%s tokenizer=%s",
@@ -142,6 +152,7 @@ class Sidecar:
         await web.TCPSite(self.http_runner, host.strip("[]"), int(port)).start()
 
     async def _http_metrics(self, _request: web.Request) -> web.Response:
+        self.prefixes.refresh_gauges()
         body = self.metrics.render(self.inflight.snapshot, self.registry.snapshot())
         return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
@@ -163,6 +174,7 @@ class Sidecar:
                                self.loads.fresh_stats(ep))}
                           for ep, load in zip(endpoints, loads)],
             "instance_map": self.bridge.mapping(), "config": self.settings.describe(),
+            "prefix": self.prefixes.state(),
         }
         return web.json_response(state)
 
@@ -182,6 +194,7 @@ class Sidecar:
             await self.http_runner.cleanup()
         if self.lmcache is not None:
             await self.lmcache.close()
+        await self.prefixes.close()
         if self.tokenizer is not None:
             self.tokenizer.close()
         leaked = self.inflight.total()

@@ -119,6 +119,51 @@ def parse_optional_hostport(text: str) -> str:
     return f"{host}:{port}"
 
 
+PREFIX_SOURCES = ("lmcache", "kv-events", "approx")
+
+
+def parse_prefix_sources(text: str) -> tuple[str, ...]:
+    """`lmcache`, `kv-events`, `approx`, or a comma combination; `auto` (or empty) = the default."""
+    items = [t.strip().lower() for t in text.split(",") if t.strip()]
+    if not items or items == ["auto"]:
+        return ()
+    unknown = [t for t in items if t not in PREFIX_SOURCES]
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)}: expected a comma list of {', '.join(PREFIX_SOURCES)}")
+    return tuple(s for s in PREFIX_SOURCES if s in items)  # canonical order, no duplicates
+
+
+def parse_port(text: str) -> int:
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port {port} out of range (0 = off)")
+    return port
+
+
+def parse_positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"{text!r} must be a positive integer")
+    return value
+
+
+def parse_kv_events_map(text: str) -> dict[str, str]:
+    """`ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT],...` -> {endpoint: "HOST:PUB_PORT[/REPLAY_PORT]"}."""
+    out: dict[str, str] = {}
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        endpoint, sep, target = item.partition("=")
+        pub, _, replay = target.strip().partition("/")
+        if not sep:
+            raise ValueError(f"{item!r} is not ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT]")
+        host, port = parse_hostport(pub)
+        if port == 0 or (replay and not 0 < parse_port(replay)):
+            raise ValueError(f"{item!r}: ports must be real")
+        out[parse_endpoint(endpoint)] = target.strip()
+    return out
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str  # attribute on Settings
@@ -164,6 +209,25 @@ SETTINGS: tuple[Setting, ...] = (
             "a scrape older than this is ignored"),
     Setting("shutdown_grace_s", "--shutdown-grace-s", "LOADAWARE_SHUTDOWN_GRACE_S", 10.0, parse_positive,
             "how long SIGTERM waits for open streams"),
+    Setting("prefix_source", "--prefix-source", "LOADAWARE_PREFIX_SOURCE", (), parse_prefix_sources,
+            "lmcache | kv-events | approx, or a comma combination (default: lmcache with --lmcache-url, "
+            "else approx)"),
+    Setting("kv_events_port", "--kv-events-port", "LOADAWARE_KV_EVENTS_PORT", 5557, parse_port,
+            "port of each engine's vLLM KV-event PUB socket, on the endpoint's host (0 = explicit map only)"),
+    Setting("kv_events_replay_port", "--kv-events-replay-port", "LOADAWARE_KV_EVENTS_REPLAY_PORT", 5558,
+            parse_port, "port of each engine's KV-event replay (ROUTER) socket (0 = none)"),
+    Setting("kv_events_endpoints", "--kv-events-endpoints", "LOADAWARE_KV_EVENTS_ENDPOINTS", {},
+            parse_kv_events_map, "explicit publishers: ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT],..."),
+    Setting("kv_events_topic", "--kv-events-topic", "LOADAWARE_KV_EVENTS_TOPIC", "", str,
+            "KV-event topic to subscribe to (vLLM's default is empty)"),
+    Setting("kv_events_max_blocks", "--kv-events-max-blocks", "LOADAWARE_KV_EVENTS_MAX_BLOCKS", 4_000_000,
+            parse_positive_int, "memory bound of the KV-events index, in blocks over all engines (~300 B each)"),
+    Setting("kv_events_replay_timeout_ms", "--kv-events-replay-timeout-ms",
+            "LOADAWARE_KV_EVENTS_REPLAY_TIMEOUT_MS", 2000.0, parse_positive, "time box for one replay"),
+    Setting("approx_capacity_tokens", "--approx-capacity-tokens", "LOADAWARE_APPROX_CAPACITY_TOKENS", 100_000,
+            parse_positive_int, "approximate source: each engine's prefix-cache capacity, in tokens"),
+    Setting("approx_ttl_s", "--approx-ttl-s", "LOADAWARE_APPROX_TTL_S", 300.0, parse_positive,
+            "approximate source: a guessed block not routed to for this long is forgotten"),
     Setting("log_level", "--log-level", "LOADAWARE_LOG_LEVEL", "INFO", parse_log_level,
             "debug logs every decision"),
 )
@@ -190,9 +254,23 @@ class Settings:
     scrape_timeout_ms: float = 500.0
     scrape_stale_s: float = 5.0
     shutdown_grace_s: float = 10.0
+    prefix_source: tuple[str, ...] = ()
+    kv_events_port: int = 5557
+    kv_events_replay_port: int = 5558
+    kv_events_endpoints: Mapping[str, str] = field(default_factory=dict)
+    kv_events_topic: str = ""
+    kv_events_max_blocks: int = 4_000_000
+    kv_events_replay_timeout_ms: float = 2000.0
+    approx_capacity_tokens: int = 100_000
+    approx_ttl_s: float = 300.0
     log_level: str = "INFO"
     # where each value came from: "flag", "env" or "default"
     origins: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def prefix_sources(self) -> tuple[str, ...]:
+        """The prefix sources in effect: the flag's, else LMCache when its URL is set, else approximate."""
+        return self.prefix_source or (("lmcache",) if self.lmcache_url else ("approx",))
 
     def describe(self) -> list[dict[str, Any]]:
         """The effective configuration with each value's origin (for GetConfig and logs)."""
@@ -245,6 +323,8 @@ def resolve(flags: Mapping[str, str | None], environ: Mapping[str, str] | None =
 
 
 def _check_combination(settings: Settings) -> None:
+    if "lmcache" in settings.prefix_source and not settings.lmcache_url:
+        raise ConfigError("--prefix-source: lmcache needs --lmcache-url")
     if not settings.listen:
         raise ConfigError("--listen: the gRPC server needs an address")
     if settings.endpoints and settings.endpoints_file:

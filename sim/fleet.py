@@ -2,12 +2,16 @@
 
     python -m sim.fleet --engines 3 --base-ip 127.0.0.2 --port 8000 --tokenizer sim/assets/tiny-model \\
         [--lmcache-host 127.0.0.1 --lmcache-pull-port A --lmcache-reply-port B] [--names a,b,c] [model flags]
+        [--kv-events [--kv-events-port 5557 --kv-events-replay-port 5558 --kv-events-hash int|bytes]]
 
 Engine i is named `engine-<i>` (or the i-th of --names; the name is also its LMCache instance id) and
 listens on base-ip + i (every 127/8 address is bindable on Linux), all on the same port. Once every engine
 listens and has tried to register with LMCache, exactly one line goes to stdout:
 
     READY [{"name": "engine-0", "url": "http://127.0.0.2:8000", "ip": "127.0.0.2", "port": 8000, ...}, ...]
+
+With --kv-events each engine also publishes its prefix cache as vLLM KV events (sim/kv_events_publisher.py)
+on <its ip>:5557, replay on :5558, alongside its LMCache reporting: one fleet drives either prefix source.
 
 SIGTERM / SIGINT deregister from LMCache, close the listeners and exit 0.
 """
@@ -27,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.engine import Engine, EngineConfig
+from sim.kv_events_publisher import KvEventsPublisher
 from sim.lmcache_reporter import ControllerAddress
 from sim.service_model import ServiceModel, add_cli_flags, from_cli_args
 from sim.tokenization import SimTokenizer
@@ -36,12 +41,29 @@ log = logging.getLogger(__name__)
 DEFAULT_TOKENIZER = Path(__file__).parent / "assets" / "tiny-model"
 
 
+@dataclass(frozen=True)
+class KvEventsOptions:
+    """Publish vLLM KV events from every engine on <engine ip>:port, replay ROUTER on <engine ip>:replay_port."""
+
+    port: int = 5557
+    replay_port: int | None = 5558
+    topic: str = ""
+    hash_format: str = "int"  # "bytes" as newer vLLM versions send
+
+
 @dataclass
 class Fleet:
     engines: list[Engine] = field(default_factory=list)
+    kv_events: dict[str, KvEventsPublisher] = field(default_factory=dict)  # engine name -> its publisher
 
     def describe(self) -> list[dict[str, Any]]:
-        return [e.describe() for e in self.engines]
+        out = []
+        for e in self.engines:
+            d = e.describe()
+            if e.name in self.kv_events:
+                d.update(self.kv_events[e.name].describe())
+            out.append(d)
+        return out
 
     def by_name(self, name: str) -> Engine:
         for e in self.engines:
@@ -50,6 +72,8 @@ class Fleet:
         raise KeyError(name)
 
     async def stop(self) -> None:
+        for publisher in self.kv_events.values():
+            await publisher.stop()
         # Deregister and close every engine even if one of them fails to.
         results = await asyncio.gather(*(e.stop() for e in self.engines), return_exceptions=True)
         for engine, result in zip(self.engines, results):
@@ -71,6 +95,7 @@ async def start_fleet(
     service: ServiceModel | None = None,
     names: Sequence[str] | None = None,
     model_id: str = "tiny-model",
+    kv_events: KvEventsOptions | None = None,
 ) -> Fleet:
     """Start `engines` engines (port 0: each picks a free port) and register them with LMCache if given."""
     if names is not None and len(names) != engines:
@@ -88,6 +113,17 @@ async def start_fleet(
     if failures:
         await fleet.stop()
         raise failures[0]
+    if kv_events is not None:
+        try:
+            for engine in fleet.engines:
+                publisher = KvEventsPublisher(engine.ip, kv_events.port, kv_events.replay_port,
+                                              service.block_size, kv_events.topic, hash_format=kv_events.hash_format)
+                publisher.start()
+                fleet.kv_events[engine.name] = publisher
+                engine.core.prefix_cache.add_observer(publisher)
+        except BaseException:
+            await fleet.stop()
+            raise
     return fleet
 
 
@@ -102,6 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lmcache-host", default=None)
     p.add_argument("--lmcache-pull-port", type=int, default=None)
     p.add_argument("--lmcache-reply-port", type=int, default=None)
+    p.add_argument("--kv-events", action="store_true", help="publish vLLM KV events from every engine")
+    p.add_argument("--kv-events-port", type=int, default=5557, help="PUB port on each engine's ip (0: random)")
+    p.add_argument("--kv-events-replay-port", type=int, default=5558,
+                   help="replay ROUTER port on each engine's ip (0: random, -1: none)")
+    p.add_argument("--kv-events-topic", default="")
+    p.add_argument("--kv-events-hash", choices=("int", "bytes"), default="int",
+                   help="block hash encoding (newer vLLM versions send bytes)")
     p.add_argument("--log-level", default="WARNING")
     add_cli_flags(p)
     return p
@@ -119,8 +162,11 @@ async def _amain(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    kv_events = KvEventsOptions(args.kv_events_port,
+                                None if args.kv_events_replay_port < 0 else args.kv_events_replay_port,
+                                args.kv_events_topic, args.kv_events_hash) if args.kv_events else None
     fleet = await start_fleet(args.engines, args.base_ip, args.port, args.tokenizer, lmcache,
-                              from_cli_args(args), names, args.model_id)
+                              from_cli_args(args), names, args.model_id, kv_events)
     sys.stdout.write("READY " + json.dumps(fleet.describe()) + "\n")
     sys.stdout.flush()
     await stop.wait()

@@ -10,7 +10,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from ..policies import Candidate, Policy
 from ..sources.endpoints import EndpointRegistry
@@ -52,7 +52,8 @@ class Decision:
 class Decider:
     def __init__(self, policy: Policy, registry: EndpointRegistry, loads: LoadView, inflight: InflightTracker,
                  metrics: Metrics, tokenizer: AsyncTokenizer | None = None,
-                 prefix_source: PrefixSource | None = None, recent: int = 256) -> None:
+                 prefix_source: PrefixSource | None = None, recent: int = 256,
+                 on_routed: Callable[[Sequence[int], str], None] | None = None) -> None:
         self.policy = policy
         self.registry = registry
         self.loads = loads
@@ -61,6 +62,7 @@ class Decider:
         self.tokenizer = tokenizer
         self.prefix_source = prefix_source
         self.recent: deque[Decision] = deque(maxlen=recent)
+        self.on_routed = on_routed  # hears (prompt tokens, endpoint) of each counted routing (approx source)
         self._last_fallback_log: dict[str, float] = {}
 
     async def prompt_tokens(self, request: InferenceRequest) -> list[int]:
@@ -128,8 +130,11 @@ class Decider:
         assert choice is not None  # candidates is non-empty here
         stages["score"] = time.perf_counter() - t
         outcome = "fallback_load_only" if reasons else "routed"
-        return self._finish(request_id, candidates[choice.index].endpoint, outcome, reasons, n_tokens,
-                            candidates, choice.scores, stages, started, count)
+        decision = self._finish(request_id, candidates[choice.index].endpoint, outcome, reasons, n_tokens,
+                                candidates, choice.scores, stages, started, count)
+        if self.on_routed is not None and count and tokens and decision.endpoint is not None:
+            self.on_routed(tokens, decision.endpoint)
+        return decision
 
     def _finish(self, request_id: str, endpoint: str | None, outcome: str, reasons: list[str], n_tokens: int,
                 candidates: tuple[Candidate, ...], scores: tuple[float, ...], stages: dict[str, float],

@@ -58,6 +58,48 @@ class Metrics:
         self._lookup_children = {k: self.lookups.labels(result=k) for k in ("match", "empty", "failed")}
         self._lookup_seen = 0
         self._lookup_matched = 0
+        self._declare_prefix_index_metrics(r)
+
+    def _declare_prefix_index_metrics(self, r: CollectorRegistry) -> None:
+        """The KV-events index (exact, from the engines' own events) and the approximate index (from our
+        own decisions). Every approximate figure says so in its name: it is a guess, never a fact."""
+        self.prefix_source_info = Gauge("loadaware_prefix_source_info", "Prefix sources in use; exact=false "
+                                        "marks a source that guesses from its own routing decisions",
+                                        ["source", "exact"], registry=r)
+        self.kv_events = Counter("loadaware_kv_events_received", "KV events received, by kind "
+                                 "(block_stored, block_removed, all_blocks_cleared, skipped)", ["kind"], registry=r)
+        self.kv_event_blocks = Counter("loadaware_kv_events_blocks", "Block hashes carried by KV events, by "
+                                       "what they did to the index (stored, removed, cleared, orphan, evicted)",
+                                       ["op"], registry=r)
+        self.kv_batches = Counter("loadaware_kv_events_batches", "KV-event batches applied, by endpoint and "
+                                  "path (live, replay)", ["endpoint", "path"], registry=r)
+        self.kv_gaps = Counter("loadaware_kv_events_gaps", "Sequence gaps seen on an engine's feed", ["endpoint"],
+                               registry=r)
+        self.kv_replays = Counter("loadaware_kv_events_replays", "Replay requests by reason (gap, join) and "
+                                  "result (ok, partial, timeout, error)", ["reason", "result"], registry=r)
+        self.kv_resets = Counter("loadaware_kv_events_index_resets", "Engine indexes dropped, by reason "
+                                 "(all_blocks_cleared, sequence_reset, vanished, gap_unrecovered, removed)",
+                                 ["reason"], registry=r)
+        self.kv_decode_errors = Counter("loadaware_kv_events_decode_errors", "KV-event messages that could not "
+                                        "be decoded", registry=r)
+        self.kv_connected = Gauge("loadaware_kv_events_connected", "1 while the engine's KV-event publisher is "
+                                  "connected", ["endpoint"], registry=r)
+        self.kv_index_blocks = Gauge("loadaware_kv_index_blocks", "Blocks the KV-events index holds per engine",
+                                     ["endpoint"], registry=r)
+        self.kv_index_bytes = Gauge("loadaware_kv_index_bytes", "Estimated memory of the KV-events index",
+                                    registry=r)
+        self.kv_index_limit = Gauge("loadaware_kv_index_max_blocks", "Bound on the KV-events index, in blocks "
+                                    "summed over engines", registry=r)
+        self.approx_blocks = Gauge("loadaware_approx_index_blocks", "APPROXIMATE: blocks the sidecar guesses each "
+                                   "engine holds, from its own routing decisions", ["endpoint"], registry=r)
+        self.approx_bytes = Gauge("loadaware_approx_index_bytes", "Estimated memory of the approximate index",
+                                  registry=r)
+        self.approx_evictions = Counter("loadaware_approx_index_evictions", "APPROXIMATE: guessed blocks "
+                                        "forgotten, by reason (capacity = the engine's KV is full, decay = too "
+                                        "old to trust, endpoint_removed)", ["reason"], registry=r)
+        self.approx_credited = Counter("loadaware_approx_credited_tokens", "APPROXIMATE: prompt tokens the "
+                                       "approximate index credited to the chosen engine; compare with the engines' "
+                                       "vllm:prefix_cache_hits_total to see how good the guess is", registry=r)
 
     # ---- hot path ----
     def decided(self, endpoint: str, outcome: str) -> None:
@@ -93,7 +135,8 @@ class Metrics:
         self.scrape_failures.labels(endpoint, reason).inc()
 
     def forget_endpoint(self, endpoint: str) -> None:
-        for gauge in (self.inflight, self.scraped_running, self.scraped_waiting, self.scraped_kv):
+        for gauge in (self.inflight, self.scraped_running, self.scraped_waiting, self.scraped_kv,
+                      self.kv_connected, self.kv_index_blocks, self.approx_blocks):
             try:
                 gauge.remove(endpoint)
             except KeyError:

@@ -1,0 +1,179 @@
+"""Publish one simulated engine's prefix-cache changes as vLLM KV events, on vLLM's wire format.
+
+Written from vLLM's `vllm/distributed/kv_events.py` (ZmqEventPublisher), independently of the sidecar's
+decoder so that tests of the pair catch a misread format:
+- PUB socket, three frames per message: topic, 8-byte big-endian sequence number (from 0), payload;
+- payload = msgpack of `KVEventBatch` with msgspec's `array_like=True` layout: `[ts, [events...], dp_rank]`;
+  each event a tagged array: `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
+  lora_id, medium, lora_name]`, `["BlockRemoved", block_hashes, medium]`, `["AllBlocksCleared"]`;
+- ROUTER replay socket: a request `[identity, b"", start_seq(8 bytes)]` is answered with every buffered batch
+  from start_seq, `[identity, b"", seq, payload]`, then `[identity, b"", (-1 as 8 signed bytes), b""]`;
+- a bounded replay buffer (vLLM's `buffer_steps`).
+Like vLLM, one batch carries the events of one engine step (here: one event-loop iteration).
+
+Block hashes are the simulator's own chained keys (ints), or their 8-byte big-endian form with
+`hash_format="bytes"` (newer vLLM versions send bytes). Test hooks: `drop_next(n)` loses n batches on the
+PUB socket (they stay in the replay buffer, as a real network loss would), `restart()` starts the sequence
+over as a restarted engine does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from typing import Any
+
+import msgpack
+import zmq
+import zmq.asyncio
+
+from sim.prefix_cache import AllBlocksCleared, BlocksRemoved, BlocksStored, CacheEvent
+
+log = logging.getLogger(__name__)
+
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+
+class KvEventsPublisher:
+    def __init__(self, ip: str, port: int, replay_port: int | None, block_size: int, topic: str = "",
+                 medium: str = "GPU", hash_format: str = "int", buffer_steps: int = 10_000,
+                 data_parallel_rank: int = 0) -> None:
+        if hash_format not in ("int", "bytes"):
+            raise ValueError("hash_format must be 'int' or 'bytes'")
+        self.ip = ip
+        self.port = port
+        self.replay_port = replay_port
+        self.block_size = block_size
+        self.topic = topic.encode()
+        self.medium = medium
+        self.hash_format = hash_format
+        self.rank = data_parallel_rank
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
+        self._pending: list[list[Any]] = []
+        self._flush_scheduled = False
+        self._seq = 0
+        self._drop = 0
+        self._ctx = zmq.asyncio.Context.instance()
+        self._pub: zmq.asyncio.Socket | None = None
+        self._replay: zmq.asyncio.Socket | None = None
+        self._replay_task: asyncio.Task[None] | None = None
+        self.published = 0
+        self.replays_served = 0
+
+    # ---- lifecycle ----
+    def start(self) -> None:
+        pub = self._ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.setsockopt(zmq.SNDHWM, 100_000)
+        if self.port == 0:
+            self.port = pub.bind_to_random_port(f"tcp://{self.ip}")
+        else:
+            pub.bind(f"tcp://{self.ip}:{self.port}")
+        self._pub = pub
+        if self.replay_port is not None:
+            router = self._ctx.socket(zmq.ROUTER)
+            router.setsockopt(zmq.LINGER, 0)
+            if self.replay_port == 0:
+                self.replay_port = router.bind_to_random_port(f"tcp://{self.ip}")
+            else:
+                router.bind(f"tcp://{self.ip}:{self.replay_port}")
+            self._replay = router
+            self._replay_task = asyncio.create_task(self._serve_replays(), name=f"kv-replay-{self.ip}")
+
+    async def stop(self) -> None:
+        self.flush()
+        if self._replay_task is not None:
+            self._replay_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._replay_task
+        for sock in (self._pub, self._replay):
+            if sock is not None:
+                sock.close(linger=0)
+        self._pub = self._replay = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"kv_events_port": self.port, "kv_events_replay_port": self.replay_port}
+
+    # ---- the prefix cache's observer ----
+    def __call__(self, event: CacheEvent) -> None:
+        if isinstance(event, BlocksStored):
+            # One BlockStored per run of consecutive blocks whose parent chain is continuous, as vLLM does.
+            run: list[Any] = []
+            for block in event.blocks:
+                if run and block.parent != run[-1].key:
+                    self._pending.append(self._stored(run))
+                    run = []
+                run.append(block)
+            if run:
+                self._pending.append(self._stored(run))
+        elif isinstance(event, BlocksRemoved):
+            self._pending.append(["BlockRemoved", [self._hash(k) for k in event.keys], self.medium])
+        elif isinstance(event, AllBlocksCleared):
+            self._pending.append(["AllBlocksCleared"])
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            try:
+                asyncio.get_running_loop().call_soon(self.flush)
+            except RuntimeError:  # no loop (a pure unit test): publish at once
+                self.flush()
+
+    def _hash(self, key: int) -> int | bytes:
+        return key if self.hash_format == "int" else key.to_bytes(8, "big", signed=True)
+
+    def _stored(self, blocks: list[Any]) -> list[Any]:
+        parent = blocks[0].parent
+        tokens = [t for b in blocks for t in b.tokens]
+        return ["BlockStored", [self._hash(b.key) for b in blocks], None if parent is None else self._hash(parent),
+                tokens, self.block_size, None, self.medium, None]
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._pending:
+            return
+        events, self._pending = self._pending, []
+        payload = msgpack.packb([time.time(), events, self.rank], use_bin_type=True)
+        seq = self._seq
+        self._seq += 1
+        self._buffer.append((seq, payload))
+        if self._drop > 0:
+            self._drop -= 1
+            return
+        if self._pub is not None:
+            try:
+                self._pub.send_multipart([self.topic, seq.to_bytes(8, "big"), payload], flags=zmq.NOBLOCK)
+                self.published += 1
+            except zmq.ZMQError as exc:  # PUB drops at the high-water mark; the replay buffer still has it
+                log.warning("kv-events publish dropped seq %d: %r", seq, exc)
+
+    # ---- replay ----
+    async def _serve_replays(self) -> None:
+        assert self._replay is not None
+        while True:
+            frames = await self._replay.recv_multipart()
+            if len(frames) != 3:
+                log.warning("invalid replay request: %d frames", len(frames))
+                continue
+            identity, _, start_bytes = frames
+            start = int.from_bytes(start_bytes, "big", signed=True)
+            for seq, payload in list(self._buffer):
+                if seq >= start:
+                    await self._replay.send_multipart([identity, b"", seq.to_bytes(8, "big"), payload])
+            await self._replay.send_multipart([identity, b"", END_SEQ, b""])
+            self.replays_served += 1
+
+    # ---- test hooks ----
+    def drop_next(self, n: int) -> None:
+        self._drop += n
+
+    def restart(self) -> None:
+        """A new publisher: numbering from 0, an empty replay buffer (the cache's clear is separate)."""
+        self.flush()
+        self._seq = 0
+        self._buffer.clear()
+
+    @property
+    def next_seq(self) -> int:
+        return self._seq
