@@ -53,6 +53,22 @@ def parse_endpoint_list(text: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+DISCOVERY_MODES = ("static", "file", "envoy-admin", "kubernetes")
+
+
+def parse_discovery(text: str) -> str:
+    mode = text.strip().lower()
+    if mode not in DISCOVERY_MODES:
+        raise ValueError(f"{text!r}: expected one of {', '.join(DISCOVERY_MODES)}")
+    return mode
+
+
+def parse_name(text: str) -> str:
+    if not text.strip() or any(c.isspace() for c in text.strip()):
+        raise ValueError(f"{text!r} is not a name")
+    return text.strip()
+
+
 def parse_instance_map(text: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in (t.strip() for t in text.split(",")):
@@ -181,6 +197,23 @@ SETTINGS: tuple[Setting, ...] = (
             "engines as Envoy's cluster names them: HOST:PORT,..."),
     Setting("endpoints_file", "--endpoints-file", "LOADAWARE_ENDPOINTS_FILE", "", parse_path,
             "file of HOST:PORT lines or commas, re-read when it changes"),
+    # Endpoint discovery (sidecar/sources/discovery_*.py); the default follows --endpoints / --endpoints-file.
+    Setting("discovery", "--discovery", "LOADAWARE_DISCOVERY", "", parse_discovery,
+            "static | file | envoy-admin | kubernetes (default: file with --endpoints-file, else static)"),
+    Setting("envoy_admin_url", "--envoy-admin-url", "LOADAWARE_ENVOY_ADMIN_URL", "", parse_url,
+            "envoy-admin discovery: Envoy's admin API, e.g. http://127.0.0.1:9901"),
+    Setting("envoy_cluster", "--envoy-cluster", "LOADAWARE_ENVOY_CLUSTER", "engines", parse_name,
+            "envoy-admin discovery: the cluster whose hosts are the engines"),
+    Setting("discovery_interval_s", "--discovery-interval-s", "LOADAWARE_DISCOVERY_INTERVAL_S", 1.0,
+            parse_positive, "envoy-admin discovery: polling period"),
+    Setting("k8s_namespace", "--k8s-namespace", "LOADAWARE_K8S_NAMESPACE", "", parse_name,
+            "kubernetes discovery: the Service's namespace (default: the pod's own)"),
+    Setting("k8s_service", "--k8s-service", "LOADAWARE_K8S_SERVICE", "", parse_name,
+            "kubernetes discovery: the engines' Service (its EndpointSlices are watched)"),
+    Setting("k8s_port_name", "--k8s-port-name", "LOADAWARE_K8S_PORT_NAME", "", parse_name,
+            "kubernetes discovery: the Service port Envoy sends to (default: the only one)"),
+    Setting("kubeconfig", "--kubeconfig", "LOADAWARE_KUBECONFIG", "", parse_path,
+            "kubernetes discovery outside a cluster: kubeconfig file (default: in-cluster service account)"),
     Setting("policy", "--policy", "LOADAWARE_POLICY", "loadaware", parse_policy,
             "loadaware | kvaware | roundrobin | leastload"),
     Setting("loadaware_beta", "--loadaware-beta", "LOADAWARE_BETA", 1.0, parse_beta,
@@ -240,6 +273,14 @@ class Settings:
     listen: str = "127.0.0.1:9002"
     endpoints: tuple[str, ...] = ()
     endpoints_file: str = ""
+    discovery: str = ""
+    envoy_admin_url: str = ""
+    envoy_cluster: str = "engines"
+    discovery_interval_s: float = 1.0
+    k8s_namespace: str = ""
+    k8s_service: str = ""
+    k8s_port_name: str = ""
+    kubeconfig: str = ""
     policy: str = "loadaware"
     loadaware_beta: float = 1.0
     lmcache_url: str = ""
@@ -271,6 +312,11 @@ class Settings:
     def prefix_sources(self) -> tuple[str, ...]:
         """The prefix sources in effect: the flag's, else LMCache when its URL is set, else approximate."""
         return self.prefix_source or (("lmcache",) if self.lmcache_url else ("approx",))
+
+    @property
+    def discovery_mode(self) -> str:
+        """--discovery, or what --endpoints / --endpoints-file imply."""
+        return self.discovery or ("file" if self.endpoints_file else "static")
 
     def describe(self) -> list[dict[str, Any]]:
         """The effective configuration with each value's origin (for GetConfig and logs)."""
@@ -331,6 +377,21 @@ def _check_combination(settings: Settings) -> None:
         raise ConfigError("--endpoints-file: give either --endpoints or --endpoints-file, not both")
     if settings.scrape_stale_s < settings.scrape_interval_s:
         raise ConfigError("--scrape-stale-s: must be at least --scrape-interval-s")
+    _check_discovery(settings)
+
+
+def _check_discovery(settings: Settings) -> None:
+    mode = settings.discovery_mode
+    if mode == "file" and not settings.endpoints_file:
+        raise ConfigError("--discovery: file needs --endpoints-file")
+    if mode in ("envoy-admin", "kubernetes") and (settings.endpoints or settings.endpoints_file):
+        raise ConfigError(f"--discovery: {mode} finds the endpoints itself; drop --endpoints / --endpoints-file")
+    if mode == "static" and settings.endpoints_file:
+        raise ConfigError("--discovery: static takes --endpoints; use --discovery file for --endpoints-file")
+    if mode == "envoy-admin" and not settings.envoy_admin_url:
+        raise ConfigError("--envoy-admin-url: --discovery envoy-admin needs Envoy's admin address")
+    if mode == "kubernetes" and not settings.k8s_service:
+        raise ConfigError("--k8s-service: --discovery kubernetes needs the engines' Service name")
 
 
 def from_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Settings:
