@@ -13,10 +13,13 @@ from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from .api.servicer import SERVICE_NAME as API_SERVICE_NAME
+from .api.servicer import RouterServicer
 from .config import Settings
 from .decision.pipeline import Decider
 from .policies import make_policy
 from .server.extproc import SERVICE_NAME, ExtProcServicer
+from .sources.discovery_wiring import Discovery
 from .sources.endpoints import EndpointRegistry, EndpointsFileWatcher
 from .sources.inflight import InflightTracker
 from .sources.instance_bridge import InstanceBridge
@@ -28,6 +31,10 @@ from .sources.tokenizer import AsyncTokenizer, PromptTokenizer
 from .telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+# A health service name that is SERVING for as long as the process serves: the liveness probe's. Readiness
+# ("") is NOT_SERVING with an empty fleet, which must not get the pod restarted.
+LIVENESS_SERVICE = "liveness"
 
 
 class Sidecar:
@@ -60,6 +67,12 @@ class Sidecar:
             self.file_watcher.poll()  # the first set is in before the first stream
         self.registry.on_removed(self._endpoint_removed)
         self.registry.on_removed(lambda _ep: self._endpoints_changed())
+        # --discovery envoy-admin | kubernetes report through a catalog into the same registry.
+        self.discovery = Discovery(s, self.registry, self.bridge, self.metrics.registry)
+        self.api = RouterServicer(s, self.decider, self.registry, self.loads, self.inflight, self.bridge,
+                                  self.discovery.catalog, self.ready)
+        # The scrape round that must finish before readiness (see _scraped_since_fleet).
+        self._fleet_round: int | None = 1 if self.registry.snapshot() else None
         self.extproc = ExtProcServicer(self.decider, self.metrics, s.destination_header)
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
         self.server: grpc.aio.Server | None = None
@@ -83,8 +96,17 @@ class Sidecar:
     # ---- readiness ----
     def ready(self) -> bool:
         """Endpoints known, loads scraped once, and the LMCache instance map tried once (when configured)."""
-        return (self.registry.ready and bool(self.registry.snapshot()) and self.scraper.rounds > 0
+        return (self.registry.ready and bool(self.registry.snapshot()) and self._scraped_since_fleet()
                 and (self.resolver is None or self.resolver.attempts > 0))
+
+    def _scraped_since_fleet(self) -> bool:
+        """A scrape round over the fleet has finished. A fleet that discovery finds after start may arrive
+        while a round over the empty set is running; that round must not count, so wait for the next."""
+        if not self.registry.snapshot():
+            return False
+        if self._fleet_round is None:
+            self._fleet_round = self.scraper.rounds + 2
+        return self.scraper.rounds >= self._fleet_round
 
     async def _readiness_loop(self) -> None:
         status = None
@@ -111,18 +133,22 @@ class Sidecar:
                                                ("grpc.max_receive_message_length", 64 * 1024 * 1024)])
         self.server.add_generic_rpc_handlers((self.extproc.handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.api.add_to(self.server)
         reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server)
+            (SERVICE_NAME, API_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server)
         self.bound_port = self.server.add_insecure_port(s.listen)
         if not self.bound_port:
             raise OSError(f"--listen: cannot bind {s.listen}")
         await self._set_health("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self._set_health(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         await self.server.start()
         if s.metrics_listen:
             await self._start_http(s.metrics_listen)
         self._tasks.append(asyncio.create_task(self.scraper.run(), name="scraper"))
         if self.file_watcher:
             self._tasks.append(asyncio.create_task(self.file_watcher.run(), name="endpoints-file"))
+        for name, run in self.discovery.tasks():
+            self._tasks.append(asyncio.create_task(run(), name=name))
         if self.resolver:
             self._tasks.append(asyncio.create_task(self.resolver.run(), name="lmcache-instances"))
         for name, run in self.prefixes.tasks():
