@@ -1,0 +1,189 @@
+"""loadaware.v1.Router in process: Explain runs the real pipeline without counting, shows the formula's
+terms; ListEndpoints shows discovery health and scrapes; GetConfig shows origins."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+import grpc
+import pytest
+from google.protobuf import json_format
+
+from sidecar.api import explain
+from sidecar.api.servicer import RouterServicer
+from sidecar.api.v1 import loadaware_pb2 as pb
+from sidecar.api.v1 import loadaware_pb2_grpc as pb_grpc
+from sidecar.config import resolve
+from sidecar.decision.pipeline import Decider
+from sidecar.policies import make_policy
+from sidecar.policies.loadaware import loadaware_scores
+from sidecar.policies import Candidate
+from sidecar.sources.discovery_catalog import DiscoveredEndpoint, DiscoveryCatalog
+from sidecar.sources.endpoints import EndpointRegistry
+from sidecar.sources.inflight import InflightTracker
+from sidecar.sources.instance_bridge import InstanceBridge
+from sidecar.sources.loads import EngineStats, LoadView
+from sidecar.sources.tokenizer import AsyncTokenizer, PromptTokenizer
+from sidecar.telemetry.metrics import Metrics
+
+FLEET = ("127.0.0.2:8000", "127.0.0.3:8000", "127.0.0.4:8000")
+
+
+class FixedSource:
+    name = "fixed"
+
+    def __init__(self, answer: dict[str, int]) -> None:
+        self.answer = answer
+
+    async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...]) -> dict[str, int]:
+        return {ep: min(n, len(tokens)) for ep, n in self.answer.items()}
+
+
+class Clock:
+    now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def build(policy: str = "loadaware", answer: dict[str, int] | None = None,
+          discovered: list[DiscoveredEndpoint] | None = None) -> tuple[RouterServicer, Any]:
+    settings = resolve({"policy": policy, "loadaware_beta": "0.5", "endpoints": ",".join(FLEET)}, {})
+    registry = EndpointRegistry(FLEET)
+    inflight = InflightTracker()
+    clock = Clock()
+    loads = LoadView(inflight, stale_s=5.0, clock=clock)
+    metrics = Metrics(policy)
+    tokenizer = AsyncTokenizer(PromptTokenizer("sim/assets/tiny-model"), timeout_s=5.0)
+    decider = Decider(make_policy(policy, 0.5), registry, loads, inflight, metrics, tokenizer,
+                      FixedSource(answer or {}))
+    bridge = InstanceBridge({"engine-1": FLEET[1]})
+    bridge.set_endpoints(FLEET)
+    catalog = DiscoveryCatalog("static", registry)
+    if discovered is not None:
+        catalog = DiscoveryCatalog("kubernetes", registry)
+        catalog.apply(discovered)
+    servicer = RouterServicer(settings, decider, registry, loads, inflight, bridge, catalog, lambda: True)
+    return servicer, type("Parts", (), {"loads": loads, "inflight": inflight, "metrics": metrics,
+                                        "clock": clock, "decider": decider})
+
+
+def struct_request(body: dict[str, Any], path: str = "/v1/completions") -> pb.ExplainRequest:
+    request = pb.ExplainRequest(path=path)
+    json_format.ParseDict(body, request.body)
+    return request
+
+
+PROMPT = "the engine cache prefix token " * 60
+
+
+async def test_explain_shows_matches_loads_and_the_formula_without_counting() -> None:
+    servicer, parts = build(answer={FLEET[1]: 256})
+    parts.loads.record(FLEET[1], EngineStats(running=6, waiting=2, kv_usage=0.4, at=parts.clock.now - 1.5))
+    lease = parts.inflight.acquire(FLEET[0])
+    reply = await servicer.Explain(struct_request({"prompt": PROMPT, "max_tokens": 8}), None)
+    assert reply.outcome == "routed" and reply.kind == "completions" and reply.policy == "loadaware"
+    assert reply.beta == 0.5 and "relative_load" in reply.formula
+    by_ep = {e.endpoint: e for e in reply.endpoints}
+    holder = by_ep[FLEET[1]]
+    assert holder.matched_tokens == 256 and holder.lmcache_instance_id == "engine-1"
+    assert holder.benefit == pytest.approx(256 / reply.prompt_tokens)
+    assert holder.scraped.running == 6 and holder.scraped.waiting == 2 and holder.scraped.fresh
+    assert holder.scraped.age_seconds == pytest.approx(1.5)
+    assert by_ep[FLEET[0]].inflight == 1 and by_ep[FLEET[0]].load == 1
+    # the scores are the formula's, term by term
+    candidates = [Candidate(e.endpoint, e.matched_tokens, e.load) for e in reply.endpoints]
+    expected = loadaware_scores(reply.prompt_tokens, candidates, 0.5)
+    assert [e.score for e in reply.endpoints] == pytest.approx(expected)
+    mean = sum(e.load for e in reply.endpoints) / 3
+    assert reply.mean_load == pytest.approx(mean)
+    for e in reply.endpoints:
+        assert e.relative_load == pytest.approx((e.load - mean) / max(1.0, mean))
+        assert e.score == pytest.approx(e.benefit - 0.5 * e.relative_load)
+    best = max(reply.endpoints, key=lambda e: e.score)
+    assert best.chosen and reply.endpoint == best.endpoint
+    # nothing was counted: in-flight as before, no decision recorded, nothing in the recent list
+    assert parts.inflight.snapshot() == {FLEET[0]: 1}
+    assert not parts.decider.recent
+    decided = [s for m in parts.metrics.decisions.collect() for s in m.samples if s.name.endswith("_total")]
+    assert decided == []
+    parts.inflight.release(lease)
+
+
+async def test_explain_chat_passthrough_and_rejections() -> None:
+    servicer, _ = build()
+    chat = await servicer.Explain(struct_request({"messages": [{"role": "user", "content": "hi"}]},
+                                                 "/v1/chat/completions"), None)
+    assert chat.kind == "chat" and chat.prompt_tokens > 0 and chat.outcome == "routed"
+    other = await servicer.Explain(pb.ExplainRequest(path="/v1/models"), None)
+    assert other.outcome == "passthrough"
+    bad = await servicer.Explain(pb.ExplainRequest(raw_body="{not json"), None)
+    assert bad.outcome == "rejected" and bad.reasons == ["invalid_json"] and bad.message
+    no_prompt = await servicer.Explain(struct_request({"model": "m"}), None)
+    assert no_prompt.outcome == "fallback_load_only" and list(no_prompt.reasons) == ["no_prompt"]
+
+
+def test_struct_numbers_come_back_as_ints() -> None:
+    request = struct_request({"prompt": [1, 2, 3], "max_tokens": 8, "temperature": 0.5})
+    body = explain.body_bytes(request)
+    assert json.loads(body) == {"prompt": [1, 2, 3], "max_tokens": 8, "temperature": 0.5}
+    assert b'"max_tokens": 8,' in body  # an int on the wire, not 8.0
+    assert explain.body_bytes(pb.ExplainRequest(raw_body='{"prompt":"x"}')) == b'{"prompt":"x"}'
+
+
+async def test_explain_does_not_use_up_round_robins_turn() -> None:
+    servicer, parts = build(policy="roundrobin")
+    first = await servicer.Explain(struct_request({"prompt": "x"}), None)
+    again = await servicer.Explain(struct_request({"prompt": "x"}), None)
+    assert first.endpoint == again.endpoint == FLEET[0]
+    real = await parts.decider.decide(None, "r1")
+    assert real.endpoint == FLEET[0]  # the real next request still gets the turn Explain predicted
+    parts.inflight.release(real.lease)
+
+
+async def test_list_endpoints_shows_discovery_health_and_scrapes() -> None:
+    discovered = [DiscoveredEndpoint(FLEET[0], instance_id="vllm-0", pod="vllm-0", zone="a"),
+                  DiscoveredEndpoint(FLEET[1], instance_id="vllm-1", pod="vllm-1"),
+                  DiscoveredEndpoint("127.0.0.9:8000", "DRAINING", "terminating", instance_id="vllm-9",
+                                     pod="vllm-9")]
+    servicer, parts = build(discovered=discovered)
+    parts.loads.record(FLEET[0], EngineStats(running=3, waiting=1, kv_usage=None, at=parts.clock.now - 9))
+    reply = await servicer.ListEndpoints(pb.ListEndpointsRequest(), None)
+    assert reply.discovery == "kubernetes" and reply.ready
+    rows = {e.endpoint: e for e in reply.endpoints}
+    assert list(rows) == [FLEET[0], FLEET[1], "127.0.0.9:8000"]
+    assert rows[FLEET[0]].routable and rows[FLEET[0]].pod == "vllm-0" and rows[FLEET[0]].zone == "a"
+    assert rows[FLEET[0]].last_scrape.running == 3 and not rows[FLEET[0]].last_scrape.fresh  # 9 s > 5 s
+    assert not rows[FLEET[0]].last_scrape.HasField("kv_cache_usage")
+    assert rows[FLEET[1]].lmcache_instance_id == "engine-1"  # the bridge's live map wins
+    gone = rows["127.0.0.9:8000"]
+    assert not gone.routable and gone.health == pb.DRAINING and gone.health_detail == "terminating"
+
+
+async def test_get_config_reports_origins() -> None:
+    servicer, _ = build()
+    reply = await servicer.GetConfig(pb.GetConfigRequest(), None)
+    rows = {s.name: s for s in reply.settings}
+    assert rows["policy"].origin == "flag" and rows["policy"].value.string_value == "loadaware"
+    assert rows["loadaware_beta"].value.number_value == 0.5
+    assert rows["endpoints"].value.list_value.values[0].string_value == FLEET[0]
+    assert rows["discovery"].value.string_value == "static" and rows["discovery"].origin == "default"
+    assert rows["scrape_interval_s"].origin == "default"
+
+
+async def test_served_over_grpc() -> None:
+    servicer, _ = build()
+    server = grpc.aio.server()
+    servicer.add_to(server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.RouterStub(channel)
+            reply = await stub.Explain(struct_request({"prompt": "hello"}))
+            assert reply.outcome == "routed"
+            listed = await stub.ListEndpoints(pb.ListEndpointsRequest())
+            assert len(listed.endpoints) == 3
+    finally:
+        await server.stop(None)
