@@ -254,7 +254,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("kv_events_topic", "--kv-events-topic", "LOADAWARE_KV_EVENTS_TOPIC", "", str,
             "KV-event topic to subscribe to (vLLM's default is empty)"),
     Setting("kv_events_max_blocks", "--kv-events-max-blocks", "LOADAWARE_KV_EVENTS_MAX_BLOCKS", 4_000_000,
-            parse_positive_int, "memory bound of the KV-events index, in blocks over all engines (~300 B each)"),
+            parse_positive_int, "memory bound of the KV-events index, in blocks over all engines (~250-400 B each)"),
     Setting("kv_events_replay_timeout_ms", "--kv-events-replay-timeout-ms",
             "LOADAWARE_KV_EVENTS_REPLAY_TIMEOUT_MS", 2000.0, parse_positive, "time box for one replay"),
     Setting("approx_capacity_tokens", "--approx-capacity-tokens", "LOADAWARE_APPROX_CAPACITY_TOKENS", 100_000,

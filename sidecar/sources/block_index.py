@@ -32,8 +32,8 @@ _MEDIUM_BITS = {None: MEDIUM_GPU, "GPU": MEDIUM_GPU, "gpu": MEDIUM_GPU, "CPU": M
 # Rough CPython costs, calibrated with tracemalloc in tests/unit/test_kv_index.py: one engine entry
 # (a dict slot + the packed int + the engine hash object, bytes hashes being the larger) and one inverted-map
 # entry (a dict slot + the key int + the mask int). Reported, not enforced: the bound is in blocks.
-BYTES_PER_ENGINE_BLOCK = 190
-BYTES_PER_HELD_KEY = 110
+BYTES_PER_ENGINE_BLOCK = 255
+BYTES_PER_HELD_KEY = 130
 
 
 def medium_bit(medium: str | None) -> int:

@@ -1,0 +1,157 @@
+"""The approximate source: guesses from the sidecar's own decisions, LRU-bounded, decaying, and honest."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Sequence
+
+import pytest
+
+from sidecar.config import from_args
+from sidecar.decision.pipeline import Decider
+from sidecar.decision.request import InferenceRequest
+from sidecar.policies import make_policy
+from sidecar.sources.approx import ApproxIndex, ApproxPrefixSource, TextUnits
+from sidecar.sources.block_index import block_keys
+from sidecar.sources.endpoints import EndpointRegistry
+from sidecar.sources.inflight import InflightTracker
+from sidecar.sources.loads import LoadView
+from sidecar.sources.prefix import PrefixUnavailable
+from sidecar.sources.prefix_combined import CombinedPrefixSource, Member, PrefixWiring
+from sidecar.telemetry.metrics import Metrics
+
+A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
+P1 = list(range(320))
+P2 = list(range(10_000, 10_320))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_routed_prompts_are_credited_to_where_they_went() -> None:
+    index = ApproxIndex(capacity_blocks=1000, block_size=16, ttl_s=60)
+    index.record(A, index.keys(P1), now=0)
+    index.record(B, index.keys(P1[:160]), now=0)
+    assert index.match(index.keys(P1 + [1, 2, 3]), [A, B, C]) == {A: 320, B: 160}
+
+
+def test_lru_bounded_by_kv_capacity_evicts_tails_first() -> None:
+    index = ApproxIndex(capacity_blocks=30, block_size=16, ttl_s=60)
+    index.record(A, index.keys(P1), now=0)  # 20 blocks
+    evicted = index.record(A, index.keys(P2), now=1)  # 20 more: 10 of P1's must go
+    assert evicted == 10 and index.blocks(A) == 30 and index.evicted["capacity"] == 10
+    assert index.match(index.keys(P1), [A]) == {A: 160}  # its head survived, its tail went
+    assert index.match(index.keys(P2), [A]) == {A: 320}
+
+
+def test_guesses_decay() -> None:
+    index = ApproxIndex(capacity_blocks=1000, block_size=16, ttl_s=10)
+    index.record(A, index.keys(P1), now=0)
+    index.record(B, index.keys(P1), now=8)
+    assert index.expire(now=12) == 20  # A's are older than 10 s; B's are not
+    assert index.match(index.keys(P1), [A, B]) == {B: 320}
+    index.record(B, index.keys(P1[:32]), now=15)  # routed again: its head is fresh again
+    index.expire(now=20)
+    assert index.match(index.keys(P1), [A, B]) == {B: 32}
+
+
+def test_drop_frees_the_engine() -> None:
+    index = ApproxIndex(capacity_blocks=1000, block_size=16, ttl_s=10)
+    index.record(A, index.keys(P1), now=0)
+    assert index.drop(A) == 20 and index.match(index.keys(P1), [A]) == {} and index.approx_bytes() == 0
+
+
+def test_capacity_bounds_a_single_huge_prompt() -> None:
+    index = ApproxIndex(capacity_blocks=5, block_size=16, ttl_s=10)
+    assert index.keys(list(range(16 * 100))) == block_keys(list(range(80)), 16)
+
+
+async def test_text_units_share_prefixes() -> None:
+    units = TextUnits()
+    a = await units.encode_prompt("hello world, a long shared system prompt. question one")
+    b = await units.encode_prompt("hello world, a long shared system prompt. question two")
+    assert a[:40] == b[:40] and len(a) == len("hello world, a long shared system prompt. question one")
+    sys = {"role": "system", "content": "x" * 300}
+    c1 = await units.encode_chat([sys, {"role": "user", "content": "q1"}])
+    c2 = await units.encode_chat([sys, {"role": "user", "content": "q2"}])
+    assert c1[:300] == c2[:300]
+
+
+async def test_source_learns_from_the_pipeline_and_counts_its_credit() -> None:
+    metrics = Metrics("loadaware")
+    clock = Clock()
+    source = ApproxPrefixSource(ApproxIndex(1000, 16, 60), metrics, clock)
+    registry = EndpointRegistry((A, B, C))
+    inflight = InflightTracker()
+    decider = Decider(make_policy("loadaware", 1.0), registry, LoadView(inflight, stale_s=5), inflight, metrics,
+                      None, source, on_routed=source.routed)
+    first = await decider.decide(InferenceRequest("completions", prompt=P1), "r1")
+    holder = first.endpoint
+    assert holder is not None and all(c.matched_tokens == 0 for c in first.candidates)
+    inflight.release(first.lease)  # the first request finished
+    again = await decider.decide(InferenceRequest("completions", prompt=P1 + [7, 7]), "r2")
+    assert again.endpoint == holder
+    assert {c.endpoint: c.matched_tokens for c in again.candidates}[holder] == 320
+    assert metrics.approx_credited._value.get() == 320  # type: ignore[attr-defined]
+    explain = await decider.decide(InferenceRequest("completions", prompt=P2), "x", count=False)
+    assert source.index.match(source.index.keys(P2), [A, B, C]) == {}  # an uncounted decision is not routed
+    assert explain.endpoint is not None
+
+
+class Fixed:
+    def __init__(self, name: str, answer: dict[str, int] | None = None, error: str | None = None) -> None:
+        self.name = name
+        self.answer = answer or {}
+        self.error = error
+
+    async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...]) -> dict[str, int]:
+        if self.error:
+            raise PrefixUnavailable(self.error)
+        return {ep: n for ep, n in self.answer.items() if ep in endpoints}
+
+
+async def test_combined_takes_the_best_exact_answer_and_guesses_only_for_uncovered_engines() -> None:
+    lm = Fixed("lmcache", {A: 256})
+    kv = Fixed("kv-events", {A: 300, B: 300})
+    approx = Fixed("approx", {A: 320, B: 320, C: 320})
+    combined = CombinedPrefixSource([Member(lm, lambda eps: {A, B}), Member(kv, lambda eps: {A, B})], approx)
+    assert combined.name == "lmcache,kv-events,approx"
+    assert await combined.matches(P1, (A, B, C)) == {A: 300, B: 300, C: 320}
+    lm.error = "lmcache_timeout"
+    assert await combined.matches(P1, (A, B, C)) == {A: 300, B: 300, C: 320}  # one failure: the rest answer
+    kv.error = "boom"
+    alone = CombinedPrefixSource([Member(lm, lambda eps: set()), Member(kv, lambda eps: set())])
+    with pytest.raises(PrefixUnavailable):
+        await alone.matches(P1, (A, B, C))
+
+
+def test_flag_selects_the_sources() -> None:
+    cases = {
+        (): ("approx",),
+        ("--lmcache-url", "http://127.0.0.1:1"): ("lmcache",),
+        ("--prefix-source", "kv-events"): ("kv-events",),
+        ("--prefix-source", "approx,kv-events"): ("kv-events", "approx"),
+    }
+    for flags, expected in cases.items():
+        settings = from_args(["--endpoints", A, *flags])
+        assert settings.prefix_sources == expected
+        wiring = PrefixWiring(settings, Metrics("loadaware"), lambda: (A,), None, None)
+        assert wiring.names == expected and (wiring.source is not None or expected == ("lmcache",))
+        assert (wiring.on_routed is not None) == ("approx" in expected)
+        # text bytes stand in for tokens only for the approximate source alone
+        assert (wiring.text_units_tokenizer(False) is not None) == (expected == ("approx",))
+        if wiring.kv_feeds is not None:
+            asyncio.run(wiring.close())
+    from sidecar.config import ConfigError
+
+    with pytest.raises(ConfigError, match="--prefix-source"):
+        from_args(["--prefix-source", "lmcache"])
+    with pytest.raises(ConfigError, match="--prefix-source"):
+        from_args(["--prefix-source", "magic"])
+    with pytest.raises(ConfigError, match="--kv-events-endpoints"):
+        from_args(["--kv-events-endpoints", "10.0.0.1:8000"])
