@@ -18,11 +18,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from . import kv_events as kv_events_bench
 from .cases import BenchConfig, CaseResults, as_dict, run_decision, run_transport
 from .report import TARGETS, case_table, steps_table, summary, summary_table
 
 REPO = Path(__file__).resolve().parents[1]
-CASES = ("transport", "decision", "steps")
+CASES = ("transport", "decision", "steps", "kv_events")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -80,18 +81,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "fleet and the LMCache controller: at high rates they compete, so the rate steps measure this box, "
         "not the sidecar alone. CPU figures are per process (utime+stime).")
     error: str | None = None
+    kv_result: dict[str, Any] | None = None
     try:
         if "transport" in cfg.cases:
             run_transport(cfg, results)
         if "decision" in cfg.cases or "steps" in cfg.cases:
             run_decision(cfg, results)
+        if "kv_events" in cfg.cases:  # in-process: the index and the walk, no sockets
+            kv_result = kv_events_bench.run(args.quick)
     except Exception as exc:  # noqa: BLE001 - still print and save what was measured
         error = f"{type(exc).__name__}: {exc}"
         logging.exception("benchmark aborted")
     runtime = time.monotonic() - started
     summ = summary(results)
     doc = {"machine": mach, "config": as_dict(cfg), "targets": TARGETS, "runtime_s": runtime,
-           "summary": summ, "error": error, **results.to_dict()}
+           "summary": summ, "error": error, **results.to_dict(), "kv_events": kv_result}
     out_json = cfg.out_dir / "results.json"
     out_json.write_text(json.dumps(doc, indent=2, default=str))
 
@@ -105,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parts.append(case_table(results, "decision", "2. Full decision: 1,578-token prompt, 64 shared prefixes "
                             "(loadaware + LMCache)", TARGETS["decision_sidecar_cpu_us"]))
     parts.append(steps_table(results.steps))
+    if kv_result is not None:
+        parts.append(kv_events_bench.table(kv_result))
     parts.append(summary_table(summ, cfg.rate))
     if error:
         parts.append(f"**Run aborted early:** {error}\n")
