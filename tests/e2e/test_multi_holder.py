@@ -226,3 +226,22 @@ def test_killed_and_restarted_engine_loses_its_credit(rig: Rig) -> None:
     wait(lambda: rig.kv_engine("engine-2")["blocks"] > 100, "engine-2 indexed again")
     _, decision = rig.route(prefix + " after rewarming?")
     assert rig.matched(decision)["engine-2"] > 1900
+
+
+def test_approximate_source_follows_its_own_decisions_and_says_it_guesses(rig: Rig) -> None:
+    """No LMCache, no KV events consulted: the sidecar credits the engine it sent the prefix to."""
+    prefix = hot_prefix(3)
+    rig.start_sidecar("approx")
+    rig.phantom(**{"engine-0": 0, "engine-1": 0, "engine-2": 0})
+    first, decision = rig.route(prefix + " first?")
+    assert max(rig.matched(decision).values()) == 0
+    for q in range(3):
+        served, decision = rig.route(prefix + f" follow-up {q}?")
+        assert served == first
+        matched = rig.matched(decision)
+        assert matched[first] > 1900 and sum(matched.values()) == matched[first], matched
+    assert rig.sidecar is not None
+    text = rig.sidecar.metrics_text()
+    assert 'loadaware_prefix_source_info{exact="false",source="approx"} 1.0' in text
+    credited = [line for line in text.splitlines() if line.startswith("loadaware_approx_credited_tokens_total")]
+    assert credited and float(credited[0].split()[-1]) > 3 * 1900
