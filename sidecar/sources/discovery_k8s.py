@@ -149,6 +149,7 @@ class KubernetesDiscovery:
         self.resource_version: str | None = None
         self.lists = 0
         self.watches = 0
+        self._progress = False  # the current connection delivered something: its failure is not a pattern
 
     async def run(self) -> None:
         from kubernetes.aio import client
@@ -169,6 +170,8 @@ class KubernetesDiscovery:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # noqa: BLE001 - the API server being away keeps the last set
+                    if self._progress:
+                        delay = self.backoff_s[0]  # a working watch that dropped: back off from the start
                     self.metrics.error(SOURCE, type(exc).__name__)
                     log.warning("kubernetes discovery of %s/%s failed (%s: %s); retrying in %.1fs from "
                                 "resourceVersion %s", self.namespace, self.service, type(exc).__name__, exc,
@@ -195,6 +198,7 @@ class KubernetesDiscovery:
             if token is None:
                 break
         self.slices.replace(items)
+        self._progress = True
         self.resource_version = str(metadata.get("resourceVersion") or "") or None
         self.lists += 1
         self.metrics.watch_restart("relist")
@@ -205,6 +209,7 @@ class KubernetesDiscovery:
         from kubernetes.aio.watch import Watch
 
         self.watches += 1
+        self._progress = False
         if self.watches > 1:
             self.metrics.watch_restart("resume")
         watch = Watch()
@@ -216,6 +221,7 @@ class KubernetesDiscovery:
             async for event in stream:
                 if not isinstance(event, dict) or "type" not in event:
                     raise RuntimeError(f"unexpected watch line {str(event)[:200]!r}")
+                self._progress = True
                 if watch.resource_version:
                     self.resource_version = str(watch.resource_version)
                 if self.slices.apply(event["type"], event["raw_object"]):
