@@ -6,6 +6,8 @@ the hot path does no protobuf serialization (DESIGN.md §2: per-message overhead
 
 from __future__ import annotations
 
+from typing import Callable
+
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -51,22 +53,21 @@ class Replies:
 
     def body_route(self, endpoint: str) -> bytes:
         """Body reply naming the endpoint; one cached byte string per endpoint."""
-        cached = self._route_body.get(endpoint)
-        if cached is None:
-            cached = pb.ProcessingResponse(request_body=pb.BodyResponse(
-                response=pb.CommonResponse(header_mutation=self._set(endpoint)))).SerializeToString()
-            if len(self._route_body) < 4096:
-                self._route_body[endpoint] = cached
-        return cached
+        return self._cached(self._route_body, endpoint, lambda m: pb.ProcessingResponse(
+            request_body=pb.BodyResponse(response=pb.CommonResponse(header_mutation=m))))
 
     def headers_route(self, endpoint: str) -> bytes:
         """Headers reply naming the endpoint (a body-less POST is decided on its headers)."""
-        cached = self._route_headers.get(endpoint)
+        return self._cached(self._route_headers, endpoint, lambda m: pb.ProcessingResponse(
+            request_headers=pb.HeadersResponse(response=pb.CommonResponse(header_mutation=m))))
+
+    def _cached(self, cache: dict[str, bytes], endpoint: str,
+                build: Callable[[pb.HeaderMutation], pb.ProcessingResponse]) -> bytes:
+        cached = cache.get(endpoint)
         if cached is None:
-            cached = pb.ProcessingResponse(request_headers=pb.HeadersResponse(
-                response=pb.CommonResponse(header_mutation=self._set(endpoint)))).SerializeToString()
-            if len(self._route_headers) < 4096:
-                self._route_headers[endpoint] = cached
+            cached = build(self._set(endpoint)).SerializeToString()
+            if len(cache) < 4096:  # bounded even if discovery churns through many endpoints
+                cache[endpoint] = cached
         return cached
 
     @staticmethod
