@@ -14,6 +14,7 @@ benefit term stays a dimensionless fraction of the prompt.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections import OrderedDict
@@ -197,8 +198,6 @@ class ApproxPrefixSource:
                 "approx_bytes": self.index.approx_bytes(), "evicted": dict(self.index.evicted)}
 
     async def run(self, period_s: float = 1.0) -> None:
-        import asyncio
-
         while True:
             await asyncio.sleep(period_s)
             self.expire()

@@ -89,7 +89,7 @@ class EngineFeed:
         self._replayed = metrics.kv_batches.labels(endpoint, "replay")
 
     # ---- index changes ----
-    def _reset(self, reason: str) -> None:
+    def reset(self, reason: str) -> None:
         dropped = self.index.clear(self.endpoint)
         self.sync.reset()
         self.metrics.kv_resets.labels(reason).inc()
@@ -160,7 +160,7 @@ class EngineFeed:
             self.connected = False
             self.synced = False
             self.metrics.kv_connected.labels(self.endpoint).set(0)
-            self._reset("vanished")
+            self.reset("vanished")
 
     async def _on_message(self, frames: list[bytes]) -> None:
         if len(frames) < 3:
@@ -177,7 +177,7 @@ class EngineFeed:
         if verdict is Verdict.STALE:
             return
         if verdict is Verdict.RESTART:
-            self._reset("sequence_reset")
+            self.reset("sequence_reset")
             verdict = self.sync.classify(seq)
         if verdict is Verdict.GAP:
             self.metrics.kv_gaps.labels(self.endpoint).inc()
@@ -189,9 +189,8 @@ class EngineFeed:
         if verdict is Verdict.STALE:
             return
         if verdict is Verdict.GAP:
-            self._reset("gap_unrecovered")  # removals may be hidden in the hole: start from this batch
+            self.reset("gap_unrecovered")  # removals may be hidden in the hole: start from this batch
         self._apply(seq, batch, live=True)
-        self.synced = self.connected or self.synced
 
     async def _replay(self, reason: str, until: int | None = None) -> None:
         """Ask the replay socket for everything from the next expected number; apply it in order."""
@@ -220,7 +219,7 @@ class EngineFeed:
                         continue
                     if verdict is Verdict.GAP:
                         result = "partial"
-                        self._reset("gap_unrecovered")
+                        self.reset("gap_unrecovered")
                     self._apply(seq, decode_batch(frames[-1]), live=False)
                     applied += 1
                     if applied % 64 == 0:
@@ -282,7 +281,7 @@ class KvEventsFeeds:
                 raise
             except Exception:  # noqa: BLE001
                 log.exception("kv-events %s: feed failed; restarting", feed.endpoint)
-                feed._reset("feed_error")
+                feed.reset("feed_error")
                 feed.connected = feed.synced = False
                 await asyncio.sleep(1.0)
 
