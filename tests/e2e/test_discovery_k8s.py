@@ -89,9 +89,11 @@ def test_kubernetes_discovery_end_to_end(world: World, tmp_path: Path) -> None:
         def credited() -> dict[str, Any] | None:
             reply = g.call("loadaware.v1.Router/Explain", request)
             by_ep = {e["endpoint"]: e for e in reply["endpoints"]}
-            return reply if by_ep[world.endpoint["vllm-1"]]["matched_tokens"] > 0 else None
+            holder = by_ep[world.endpoint["vllm-1"]]
+            # credited, and the scrape no longer shows the warming request running (even loads)
+            return reply if holder["matched_tokens"] > 0 and holder["load"] == 0 else None
 
-        reply = wait_for(credited, what="LMCache credit for vllm-1")
+        reply = wait_for(credited, what="LMCache credit for vllm-1 at even loads")
         by_ep = {e["endpoint"]: e for e in reply["endpoints"]}
         assert by_ep[world.endpoint["vllm-1"]]["lmcache_instance_id"] == "vllm-1"
         assert reply["endpoint"] == world.endpoint["vllm-1"]

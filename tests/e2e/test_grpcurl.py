@@ -86,7 +86,8 @@ def test_explain_on_a_warm_prefix_shows_the_holder_and_the_formula(stack: Stack,
     def explained() -> dict[str, Any] | None:
         reply = grpcurl.call("loadaware.v1.Router/Explain", request)
         rows = {e["endpoint"]: e for e in reply["endpoints"]}
-        return reply if rows[holder]["matched_tokens"] > 0 else None
+        # credited, and no scrape still shows the warming request running (even loads)
+        return reply if rows[holder]["matched_tokens"] > 0 and all(r["load"] == 0 for r in rows.values()) else None
 
     decisions_before = stack.sidecar.metrics_text().count("loadaware_decisions_total{")
     reply = wait_for(explained, what="LMCache to credit the holder")
