@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LMCACHE_STAMP := $(LMCACHE_VENV)/.installed
 
-.PHONY: help install lmcache demo test test-unit bench proto proto-check clean
+.PHONY: help install lmcache demo test test-unit bench proto proto-check k8s-config clean
 
 help:
 	@echo "make demo   - Envoy + sidecar + simulated engines + LMCache controller on loopback, with traffic"
@@ -50,6 +50,10 @@ proto: $(STAMP)
 # Fails when the checked-in generated code no longer matches the .proto (also a unit test).
 proto-check: $(STAMP)
 	$(PY) proto/generate.py --check
+
+# The in-pod Envoy config in k8s/base (the ConfigMap) is derived from envoy/envoy.yaml.
+k8s-config: $(STAMP)
+	$(PY) k8s/envoy_config.py
 
 clean:
 	rm -rf $(VENV) $(LMCACHE_VENV) build *.egg-info
