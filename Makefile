@@ -12,6 +12,8 @@ help:
 	@echo "make demo   - Envoy + sidecar + simulated engines + LMCache controller on loopback, with traffic"
 	@echo "make test   - every test (unit, integration, end-to-end)"
 	@echo "make bench  - Envoy alone vs Envoy + sidecar: CPU, latency, rate"
+	@echo "make experiment       - the reference experiment in real time, all arms + peers (SEEDS=1-20)"
+	@echo "make experiment-quick - the same, 3 seeds and the arms the targets are judged on (< 15 min)"
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,5 +57,34 @@ proto-check: $(STAMP)
 k8s-config: $(STAMP)
 	$(PY) k8s/envoy_config.py
 
+# The peer routers (DESIGN.md 7), Rust wheels from PyPI, in their own environment (they pull their own deps).
+PEERS_VENV := .peers-venv
+PEERS_STAMP := $(PEERS_VENV)/.installed
+$(PEERS_STAMP):
+	test -x $(PEERS_VENV)/bin/python || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install --quiet sglang-router==0.3.2 vllm-router==0.1.17
+	touch $@
+
+peers: $(PEERS_STAMP)
+
+# The reference experiment in real time (experiment/realtime): every arm and both peers, then the report.
+# SEEDS, POINT, ARMS and EXPERIMENT_ARGS (e.g. --max-minutes 60 --resume) are overridable.
+SEEDS ?= 1-20
+POINT ?= reference
+ARMS ?= all
+EXPERIMENT_OUT ?= out/experiment/realtime-$(POINT)
+EXPERIMENT_ARGS ?=
+EXPERIMENT_STAMP := $(VENV)/.experiment-installed
+$(EXPERIMENT_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,experiment]'
+	touch $@
+
+experiment: $(EXPERIMENT_STAMP) $(LMCACHE_STAMP) $(PEERS_STAMP)
+	$(PY) -m experiment.realtime.driver --point $(POINT) --seeds $(SEEDS) --arms $(ARMS) --out $(EXPERIMENT_OUT) $(EXPERIMENT_ARGS)
+
+experiment-quick: $(EXPERIMENT_STAMP) $(LMCACHE_STAMP) $(PEERS_STAMP)
+	$(PY) -m experiment.realtime.driver --quick --out out/experiment/realtime-quick $(EXPERIMENT_ARGS)
+
 clean:
-	rm -rf $(VENV) $(LMCACHE_VENV) build *.egg-info
+	rm -rf $(VENV) $(LMCACHE_VENV) $(PEERS_VENV) build *.egg-info

@@ -1,0 +1,88 @@
+"""Operating points of the real-time experiment: fleet size, engine service model, workload shape.
+
+- `reference`: DESIGN.md 6 as published: 2 engines, 128 prefixes, Zipf 0.9, 1,578-token prompts, Poisson
+  16 req/s, 500 requests per seed, 64 output tokens; the engines run the calibrated service model.
+- `queueing`: the second operating point, where the fleet queues and placement can cut latency; its fleet
+  and workload come from `experiment.calibration` (the DES defines it; both modes run the same point).
+- `tiny`: 2 engines, a few seconds of traffic: the CI test and smoke runs.
+
+The service model is whatever `experiment.calibration` states (one place for the fitted numbers); if that
+module is absent (an old checkout) the simulator's defaults are used and the run says so in its config.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from experiment.workload import WorkloadSpec
+from sim.service_model import ServiceModel
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    name: str
+    engines: int
+    workload: WorkloadSpec
+    service: ServiceModel
+    source: str  # where the service model came from (calibration, or defaults)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "engines": self.engines, "workload": asdict(self.workload),
+                "service": asdict(self.service), "service_source": self.source}
+
+
+def _calibration() -> Any | None:
+    try:
+        return importlib.import_module("experiment.calibration")
+    except ImportError:
+        return None
+
+
+def _calibrated(attr: str) -> tuple[ServiceModel, str] | None:
+    cal = _calibration()
+    value = getattr(cal, attr, None) if cal is not None else None
+    return (value, f"experiment.calibration.{attr}") if isinstance(value, ServiceModel) else None
+
+
+def reference_point() -> OperatingPoint:
+    found = _calibrated("REFERENCE_SERVICE") or _calibrated("SERVICE")
+    svc, source = found or (ServiceModel(), "sim.service_model defaults (no experiment.calibration)")
+    return OperatingPoint("reference", 2, WorkloadSpec(), svc, source)
+
+
+def queueing_point() -> OperatingPoint:
+    """From experiment.calibration's QUEUEING_* names when present; else 4 engines with the reference's
+    service model at a rate near their capacity."""
+    cal = _calibration()
+    ref = reference_point()
+    svc, source = _calibrated("QUEUEING_SERVICE") or (ref.service, ref.source)
+    engines = int(getattr(cal, "QUEUEING_ENGINES", 4)) if cal is not None else 4
+    workload = getattr(cal, "QUEUEING_WORKLOAD", None) if cal is not None else None
+    if not isinstance(workload, WorkloadSpec):
+        workload = replace(WorkloadSpec(), rate=32.0)
+    return OperatingPoint("queueing", engines, workload, svc, source)
+
+
+def tiny_point() -> OperatingPoint:
+    """CI-sized: 2 engines, 16 prefixes, ~4 s of traffic, short prompts, fast engines."""
+    wl = WorkloadSpec(n_prefixes=16, prefix_tokens=520, suffix_tokens=24, rate=8.0, n_requests=24,
+                      max_tokens=8, warmup_passes=1, warmup_rate=16.0)
+    return OperatingPoint("tiny", 2, wl, ServiceModel(), "sim.service_model defaults (tiny CI point)")
+
+
+POINTS = {"reference": reference_point, "queueing": queueing_point, "tiny": tiny_point}
+
+
+def point_by_name(name: str, **workload_overrides: Any) -> OperatingPoint:
+    if name not in POINTS:
+        raise ValueError(f"unknown operating point {name!r}; known: {', '.join(POINTS)}")
+    p = POINTS[name]()
+    overrides = {k: v for k, v in workload_overrides.items() if v is not None}
+    engines = overrides.pop("engines", None)
+    if overrides:
+        p = replace(p, workload=replace(p.workload, **overrides))
+    if engines is not None:
+        p = replace(p, engines=int(engines))
+    return p

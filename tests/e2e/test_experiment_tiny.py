@@ -1,0 +1,71 @@
+"""A tiny real-time experiment run in CI: 2 simulated engines, a real LMCache controller, Envoy + the sidecar
+(LMCache and KV-events sources) and, when `make peers` has installed them, both peer routers; a few seconds
+of traffic per arm, then the same files the report reads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from experiment.realtime import outputs
+from experiment.realtime.arms import parse_arms
+from experiment.realtime.driver import DriverConfig, run_experiment
+from experiment.realtime.peers import peers_available
+from experiment.realtime.points import point_by_name
+from sim.stack import LMCacheControllerProc
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not LMCacheControllerProc.available(),
+                                                  reason="LMCache venv missing: run `make lmcache`")]
+
+SIDECAR_ARMS = "kvaware,loadaware-b0.5-kvev,roundrobin"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("rt-tiny")
+    arms = SIDECAR_ARMS + (",sglang-router,vllm-router" if peers_available() else "")
+    cfg = DriverConfig(point=point_by_name("tiny"), arms=parse_arms(arms), seeds=[1, 2], out=out)
+    infos = run_experiment(cfg)
+    assert len(infos) == 2 * len(cfg.arms)
+    return out
+
+
+def test_every_pair_has_its_metrics(run: Path) -> None:
+    per_seed = outputs.load_per_seed(run)
+    arms = SIDECAR_ARMS.split(",") + (["sglang-router", "vllm-router"] if peers_available() else [])
+    assert sorted(per_seed) == sorted(arms)
+    for arm, seeds in per_seed.items():
+        assert sorted(seeds) == [1, 2], arm
+        for m in seeds.values():
+            assert m.sent == 24 and m.errors == 0, (arm, m)
+            assert m.ttft_p95 < 1.0 and 0.0 < m.itl_p50 < 0.1, (arm, m)
+            # 16 prefixes of 512 tokens, warmed: most of each prompt is a prefix-cache hit on some engine
+            assert 0.5 < m.prefix_hit_rate <= 1.0, (arm, m)
+            assert m.throughput_req_s > 0
+
+
+def test_sidecar_decided_every_request_and_engines_were_reset(run: Path) -> None:
+    for arm in SIDECAR_ARMS.split(","):
+        for seed in (1, 2):
+            info = json.loads((outputs.run_dir(run, arm, seed) / "run.json").read_text())
+            sent = info["warmup_sent"] + info["metrics"]["sent"]
+            assert info["router_counters"]["decisions"] == {"routed": float(sent)}, info["router_counters"]
+            assert not info["router_counters"]["fallbacks"], info["router_counters"]
+    # the second run on the fleet found caches from the first and cleared them
+    infos = [json.loads(p.read_text()) for p in run.glob("runs/*/seed-*/run.json")]
+    assert sum(1 for i in infos if i["cache_blocks_cleared"] > 0) >= len(infos) - 1
+
+
+def test_records_are_complete(run: Path) -> None:
+    rec = outputs.load_run(run, "kvaware", 1)
+    assert len(rec.requests) == 24
+    assert all(r.engine in ("engine-0", "engine-1") for r in rec.requests)  # x-served-by through Envoy
+    assert all(len(r.itl) == r.output_tokens - 1 == 7 for r in rec.requests)
+    engines = {s.engine for s in rec.samples}
+    assert engines == {"engine-0", "engine-1"}
+    lo, hi = rec.window
+    assert lo <= min(r.send_t for r in rec.requests) and hi >= max(r.end_t or 0 for r in rec.requests)
+    config = outputs.load_config(run)
+    assert config["point"]["engines"] == 2 and config["seeds"] == [1, 2]
