@@ -145,3 +145,19 @@ def paired_comparison(metric: str, arm: str, base: str, arm_values: Sequence[flo
     return PairedComparison(metric, arm, base, float(np.median(arm_values)), float(np.median(base_values)),
                             median_relative_change(arm_values, base_values, seed=boot_seed),
                             wilcoxon_exact(arm_values, base_values, alternative), alternative)
+
+
+def median_difference(arm: Sequence[float], base: Sequence[float], *, n_boot: int = 10_000, seed: int = 0,
+                      confidence: float = 0.95) -> Effect:
+    """Median over seeds of arm - base (absolute, e.g. hit-rate points), with a seeded bootstrap CI."""
+    a, b = np.asarray(arm, dtype=float), np.asarray(base, dtype=float)
+    d = a - b
+    d = d[np.isfinite(d)]
+    n = len(d)
+    if n == 0:
+        return Effect(math.nan, math.nan, math.nan, 0)
+    rng = np.random.default_rng(seed)
+    boots = np.median(d[rng.integers(0, n, size=(n_boot, n))], axis=1)
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(boots, [tail, 100 - tail])
+    return Effect(float(np.median(d)), float(low), float(high), n)

@@ -64,6 +64,10 @@ class WorkloadSpec:
     mmpp_high_mean_s: float = 2.0  # mmpp: mean duration of a high period
     warmup_passes: int = 2
     warmup_rate: float | None = None  # warm-up arrivals (Poisson); None: same as `rate`
+    # "drained": each pass starts once the previous one has finished (a prefix's second visit always sees
+    # its first visit's cache entry); "continuous": the passes follow each other without a pause, as one
+    # open-loop stream (a hot-path race can then leave a prefix on two engines).
+    warmup_mode: Literal["drained", "continuous"] = "drained"
     corpus_seed: int = 0
     model: str = "tiny-model"
 
@@ -88,7 +92,7 @@ class WorkloadSpec:
 class Request:
     index: int  # position in its phase
     phase: Literal["warmup", "measure"]
-    send_at: float  # seconds from the start of its phase
+    send_at: float  # seconds from the start of its wave
     prefix: int  # 0-based popularity rank (0 = the most popular prefix)
     token_ids: tuple[int, ...]  # exactly what the engine's tokenizer produces for the body below
     prefix_text: str
@@ -96,6 +100,7 @@ class Request:
     max_tokens: int
     api: Api
     model: str
+    wave: int = 0  # warm-up wave: a driver sends wave k+1 once wave k has drained; 0 when measured
 
     @property
     def prompt_tokens(self) -> int:
@@ -189,24 +194,29 @@ class _Texts:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.tokenizer.encode(text, add_special_tokens=True).ids
 
-    def fit(self, head: str, target: int, rng: np.random.Generator) -> str:
-        """`head` + space-separated filler words, encoding to exactly `target` tokens (head trimmed if it
-        alone is too long). Words after a space are their own pre-tokens, so counts add up word by word."""
-        ids = self.encode(head)
-        while len(ids) > target and head:
+    def fit(self, head: str, target: int, rng: np.random.Generator, tail: str = "") -> str:
+        """`head` + space-separated filler words + `tail`, encoding to exactly `target` tokens (head trimmed
+        if head and tail alone are too long). Words after a space are their own pre-tokens, so counts add
+        up word by word."""
+        while len(self.encode(head + tail)) > target and head:
             head = head[:-1]
-            ids = self.encode(head)
-        words = rng.choice(len(self.fillers), max(0, target - len(ids)))
-        text = head + "".join(" " + self.fillers[w] for w in words)
-        for _ in range(8):  # converge on the exact count (a no-op with this tokenizer's one-token words)
-            n = len(self.encode(text))
-            if n == target:
-                return text
-            if n < target:
-                text += "".join(" " + self.fillers[w] for w in rng.choice(len(self.fillers), target - n))
+        if len(self.encode(head + tail)) > target:
+            raise ValueError(f"{tail!r} alone is longer than {target} tokens")
+        words = [" " + self.fillers[w] for w in rng.choice(len(self.fillers), target)]
+        guess = target - len(self.encode(head + tail))  # exact when every filler word is one token
+        if guess >= 0 and len(self.encode(head + "".join(words[:guess]) + tail)) == target:
+            return head + "".join(words[:guess]) + tail
+        lo, hi = 0, target  # otherwise the word count that hits the target, by bisection on measured lengths
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if len(self.encode(head + "".join(words[:mid]) + tail)) < target:
+                lo = mid + 1
             else:
-                text = text.rsplit(" ", n - target)[0]
-        raise RuntimeError(f"could not fit a text to {target} tokens")
+                hi = mid
+        text = head + "".join(words[:lo]) + tail
+        if len(self.encode(text)) != target:
+            raise RuntimeError(f"could not fit a text to {target} tokens")
+        return text
 
 
 @functools.lru_cache(maxsize=4)
@@ -263,27 +273,46 @@ def build(spec: WorkloadSpec, seed: int, tokenizer_dir: str | Path = DEFAULT_TOK
     if prefix_text_tokens < 8 or suffix_text_tokens < 1:
         raise ValueError("prefix/suffix too short for the chat template")
     prefixes = _prefix_texts(tdir, spec.corpus_seed, spec.n_prefixes, prefix_text_tokens)
-    prefix_ids = tuple(tuple(_encode_shared(texts, p, chat)) for p in prefixes)
+    prefix_ids = _prefix_ids(tdir, spec.corpus_seed, spec.n_prefixes, prefix_text_tokens, chat)
 
     ranks = prefix_sequence(spec, seed)
     times = measured_arrivals(spec, seed)
+    # Warm-up: each pass visits every prefix once in its own shuffled order, Poisson-paced. A pass starts
+    # only once the previous one has drained, so a prefix's second visit always sees its first visit's
+    # cache entry (a cache-aware router then keeps each prefix on one engine, as in the reference).
     wrng = np.random.default_rng([seed, _STREAM_WARMUP])
-    warm_order = np.concatenate([wrng.permutation(spec.n_prefixes) for _ in range(spec.warmup_passes)]) \
-        if spec.warmup_passes else np.zeros(0, dtype=int)
-    warm_times = arrival_times(replace(spec, arrival="poisson"), len(warm_order), wrng,
-                               rate=spec.warmup_rate or spec.rate)
+    warm: list[tuple[int, int, float]] = []
+    offset = 0.0
+    for k in range(spec.warmup_passes):
+        order = wrng.permutation(spec.n_prefixes)
+        at = arrival_times(replace(spec, arrival="poisson"), len(order), wrng, rate=spec.warmup_rate or spec.rate)
+        wave = k if spec.warmup_mode == "drained" else 0
+        if spec.warmup_mode == "continuous" and k > 0:
+            at = at + offset + wrng.exponential(1.0 / (spec.warmup_rate or spec.rate))
+        offset = float(at[-1]) if len(at) else offset
+        warm += [(wave, int(p), float(t)) for p, t in zip(order, at)]
     srng = np.random.default_rng([seed, _STREAM_SUFFIX])
 
-    def make(phase: Literal["warmup", "measure"], i: int, prefix: int, at: float) -> Request:
-        # The phase, seed and index in the opening make every suffix unique, across seeds too.
-        suffix = texts.fit(f" Question {phase[0]}{seed}.{i}:", suffix_text_tokens, srng)
+    def make(phase: Literal["warmup", "measure"], i: int, prefix: int, at: float, wave: int = 0) -> Request:
+        # Random words first: the suffix's first tokens share a 16-token block with the prefix's last 8,
+        # so they must differ between requests or that block would count as a (spurious) cache hit. The
+        # phase, seed and index at the end make every suffix unique for certain, across seeds too.
+        suffix = texts.fit("", suffix_text_tokens, srng, tail=f" (q {phase[0]}{seed}.{i})")
         ids = prefix_ids[prefix] + tuple(_encode_unique(texts, suffix, chat))
         return Request(i, phase, float(at), int(prefix), ids, prefixes[prefix], suffix, spec.max_tokens,
-                       spec.api, spec.model)
+                       spec.api, spec.model, wave)
 
-    warmup = tuple(make("warmup", i, int(p), t) for i, (p, t) in enumerate(zip(warm_order, warm_times)))
+    warmup = tuple(make("warmup", i, p, t, wave) for i, (wave, p, t) in enumerate(warm))
     requests = tuple(make("measure", i, int(p), t) for i, (p, t) in enumerate(zip(ranks, times)))
     return Workload(spec, seed, warmup, requests, prefix_ids)
+
+
+@functools.lru_cache(maxsize=8)
+def _prefix_ids(tokenizer_dir: str, corpus_seed: int, n: int, text_tokens: int,
+                chat: bool) -> tuple[tuple[int, ...], ...]:
+    texts = _texts(tokenizer_dir)
+    prefixes = _prefix_texts(tokenizer_dir, corpus_seed, n, text_tokens)
+    return tuple(tuple(_encode_shared(texts, p, chat)) for p in prefixes)
 
 
 def _encode_shared(texts: _Texts, prefix_text: str, chat: bool) -> list[int]:

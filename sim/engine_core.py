@@ -117,6 +117,9 @@ class EngineCore:
                     now = loop.time()
                     duration = self._prefill_lane.reserve(now, duration) - now
                 await asyncio.sleep(duration)
+                first = svc.first_token_seconds(self.scheduler.running)
+                if first:
+                    await asyncio.sleep(first)
                 self._cache_prompt(prompt)
                 self.metrics.prompt_tokens += n
                 # Full prompt blocks now live in the shared cache; the partial tail and the output stay private.
@@ -125,7 +128,8 @@ class EngineCore:
                 self._private_blocks += held
                 for i in range(max_tokens):
                     if i > 0:
-                        await asyncio.sleep(svc.decode_step_seconds(self.scheduler.running))
+                        pending = self._prefill_lane.free_at - loop.time() if svc.serialize_prefill else 0.0
+                        await asyncio.sleep(svc.decode_step_seconds(self.scheduler.running, pending))
                     produced += 1
                     self.metrics.generation_tokens += 1
                     if i == 0:

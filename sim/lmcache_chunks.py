@@ -55,6 +55,16 @@ class LMCacheStore:
             matched += self.chunk_size
         return matched
 
+    def match_keys(self, keys: Sequence[int]) -> int:
+        """`match` for chunk keys computed beforehand (see `chunk_keys`). Returns tokens."""
+        held = self._keys
+        matched = 0
+        for key in keys:
+            if key not in held:
+                break
+            matched += 1
+        return matched * self.chunk_size
+
     def admit(self, tokens: Sequence[int]) -> tuple[list[int], list[int]]:
         """Store the full chunks of `tokens`; returns (newly admitted keys, evicted keys)."""
         return self.admit_keys(chunk_keys(tokens, self.chunk_size))

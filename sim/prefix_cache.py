@@ -82,6 +82,17 @@ class PrefixCache:
         for observer in self._observers:
             observer(event)
 
+    def match_keys(self, keys: Sequence[int]) -> int:
+        """Like `match`, for a sequence whose chained block keys are already known (the discrete-event
+        experiment hashes each prompt once, not once per lookup). Returns tokens."""
+        blocks = self._blocks
+        matched = 0
+        for key in keys:
+            if key not in blocks:
+                break
+            matched += 1
+        return matched * self.block_size
+
     def match(self, tokens: Sequence[int]) -> int:
         """Cached prefix length in tokens: walks full blocks, stops at the first miss. Does not touch LRU."""
         bs = self.block_size
@@ -97,7 +108,11 @@ class PrefixCache:
 
     def insert(self, tokens: Sequence[int]) -> tuple[list[Block], list[Block]]:
         """Cache every full block of `tokens`; returns (newly stored blocks, evicted blocks)."""
-        blocks = iter_blocks(tokens, self.block_size)[: self.capacity_blocks]
+        return self.insert_blocks(iter_blocks(tokens, self.block_size))
+
+    def insert_blocks(self, blocks: Sequence[Block]) -> tuple[list[Block], list[Block]]:
+        """`insert` for a sequence's chained blocks computed beforehand (see `iter_blocks`)."""
+        blocks = list(blocks[: self.capacity_blocks])
         stored: list[Block] = []
         for block in blocks:
             if block.key not in self._blocks:

@@ -26,13 +26,22 @@ class ServiceModel:
     # each other; without this a burst of cache misses would cost no more than one, and cache locality
     # would not matter for throughput. 0 lets prefills overlap freely.
     serialize_prefill: int = 1
+    # vLLM runs a prefill inside an engine step together with every running decode, so a prompt's first
+    # token comes out only at the end of such a step: TTFT grows with the batch even on a full cache hit.
+    # This adds that many decode-step times (at the batch of the moment) after the prefill compute; 0 = off.
+    ttft_decode_steps: float = 0.0
+    # ...and decodes share the GPU with prefills (chunked prefill): a decode step that starts while prefill
+    # work is queued on the engine's lane also carries up to this many tokens of it (vLLM's token budget
+    # per step), so a burst of cache misses slows every running stream. 0 = off (decodes never wait).
+    prefill_chunk_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.prefill_tokens_per_s <= 0 or self.lmcache_load_tokens_per_s <= 0:
             raise ValueError("throughputs must be positive")
         if self.max_num_seqs < 1 or self.block_size < 1 or self.kv_capacity_tokens < self.block_size:
             raise ValueError("max_num_seqs, block_size and kv_capacity_tokens must be positive")
-        if min(self.prefill_overhead_ms, self.decode_base_ms, self.decode_per_seq_ms) < 0:
+        if min(self.prefill_overhead_ms, self.decode_base_ms, self.decode_per_seq_ms, self.ttft_decode_steps,
+               self.prefill_chunk_tokens) < 0:
             raise ValueError("times must be >= 0")
 
     @property
@@ -47,9 +56,17 @@ class ServiceModel:
             + max(0, loaded_tokens) / self.lmcache_load_tokens_per_s
         )
 
-    def decode_step_seconds(self, running: int) -> float:
-        """One decode step when `running` sequences share the batch."""
-        return (self.decode_base_ms + self.decode_per_seq_ms * max(1, running)) / 1000.0
+    def decode_step_seconds(self, running: int, pending_prefill_s: float = 0.0) -> float:
+        """One decode step when `running` sequences share the batch and `pending_prefill_s` seconds of
+        prefill work wait on the lane (the step carries up to one chunk of it, see prefill_chunk_tokens)."""
+        step = (self.decode_base_ms + self.decode_per_seq_ms * max(1, running)) / 1000.0
+        if self.prefill_chunk_tokens and pending_prefill_s > 0:
+            step += min(pending_prefill_s, self.prefill_chunk_tokens / self.prefill_tokens_per_s)
+        return step
+
+    def first_token_seconds(self, running: int) -> float:
+        """Latency between the end of a prefill's compute and its first token (see ttft_decode_steps)."""
+        return self.ttft_decode_steps * self.decode_step_seconds(running) if self.ttft_decode_steps else 0.0
 
 
 class PrefillLane:

@@ -1,0 +1,452 @@
+"""Discrete-event simulation of the reference experiment: no network, no clocks, seconds of CPU per seed.
+
+It runs the SAME engine model as the real-time simulated engines and the SAME decision code as the sidecar:
+
+- engine: `sim.engine_core.EngineCore`'s request life, event for event. FIFO admission up to
+  `max_num_seqs` (the rest wait: vllm:num_requests_waiting); at admission the GPU prefix cache
+  (`sim.prefix_cache.PrefixCache`, LRU over 16-token blocks, capacity `kv_capacity_tokens`) and the LMCache
+  CPU store (`sim.lmcache_chunks.LMCacheStore`, 256-token chunks) are matched and `split_prompt` decides
+  what is computed and what loaded; the prefill runs on the engine's FIFO prefill lane
+  (`sim.service_model.PrefillLane`, `ServiceModel.prefill_seconds`); at its end the prompt is cached, the
+  LMCache controller learns the new chunks, and the first token is out; every later token follows after
+  `decode_step_seconds(running)` with `running` read when that step starts (so decode slows as the batch
+  grows: the "decode-batch concentration" behind the reference's imbalance). Counters and gauges are
+  EngineCore's: prefix_cache_queries/hits in tokens (GPU hits only), running, waiting, kv_cache_usage.
+- router: `sidecar.policies.make_policy` scores `Candidate(endpoint, matched_tokens, load)` exactly as the
+  decision pipeline builds them; load is the sidecar's own `InflightTracker` count (taken at the decision,
+  released when the response ends), optionally refined through the sidecar's `LoadView` with engine scrapes
+  every `router_scrape_interval_s` that arrive `router_scrape_lag_s` late.
+- prefix credit: "single" = stock LMCache 0.5.6 (`KVController.lookup`): the walk over 256-token chunks
+  stops at the first chunk nobody holds and credits each chunk to the FIRST REGISTERED engine holding it
+  (registration order = engine index), an engine's match being the end of its last credited chunk;
+  "multi" = every holder credited with its own contiguous match, as the reference's patched lookup and a
+  KV-events index do (DESIGN.md section 3b).
+
+Each prompt is hashed once per workload (`prepare`), not once per lookup: that and the per-engine step-time
+table are what make 20 seeds x 7 arms run in seconds. See `experiment.des_run` for the CLI.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from experiment.records import EngineSample, RequestRecord, RunRecords
+from experiment.workload import Request, Workload
+from sidecar.policies import Policy, make_policy
+from sidecar.policies.base import Candidate
+from sidecar.sources.inflight import InflightTracker, Lease
+from sidecar.sources.loads import EngineStats, LoadView
+from sim.lmcache_chunks import LMCACHE_CHUNK_SIZE, LMCacheStore, chunk_keys
+from sim.prefix_cache import Block, PrefixCache, block_key, iter_blocks
+from sim.service_model import ServiceModel, split_prompt
+
+Credit = Literal["single", "multi"]
+
+
+# ---- arms ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Arm:
+    name: str  # as in the reference's cells: kvaware, loadaware-b0.5, roundrobin, ...
+    policy: str
+    beta: float = 1.0
+
+    def make(self) -> Policy:
+        return make_policy(self.policy, self.beta)
+
+
+def loadaware(beta: float) -> Arm:
+    return Arm(f"loadaware-b{beta:g}" if beta != int(beta) or beta == 0 else f"loadaware-b{beta:.1f}",
+               "loadaware", beta)
+
+
+SIDECAR_ARMS: tuple[Arm, ...] = (
+    Arm("kvaware", "kvaware"), loadaware(0.0), loadaware(0.5), loadaware(1.0), loadaware(2.0),
+    Arm("roundrobin", "roundrobin"), Arm("leastload", "leastload"),
+)
+ARMS_BY_NAME = {a.name: a for a in SIDECAR_ARMS}
+
+
+def arm_by_name(name: str) -> Arm:
+    """"kvaware", "roundrobin", "leastload", or "loadaware-b<beta>" for any beta."""
+    if name in ARMS_BY_NAME:
+        return ARMS_BY_NAME[name]
+    if name.startswith("loadaware-b"):
+        return loadaware(float(name.removeprefix("loadaware-b")))
+    raise ValueError(f"unknown arm {name!r}")
+
+
+# ---- configuration -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FleetConfig:
+    engines: int = 2
+    service: ServiceModel = field(default_factory=ServiceModel)
+    credit: Credit = "multi"  # the reference ran a multi-holder LMCache lookup patch
+    sample_interval_s: float = 0.5  # the driver's scrape interval for metrics (imbalance, hit rate, KV)
+    router_scrape_interval_s: float = 0.0  # 0: the router sees only its own in-flight counts (reference)
+    router_scrape_lag_s: float = 0.0  # age of a scrape when the router applies it
+    router_scrape_stale_s: float = 5.0  # the sidecar's --scrape-stale-s
+    settle_s: float = 1.0  # idle gap between the drained warm-up and the first measured send
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.engines <= 4096:
+            raise ValueError("engines must be in 1..4096")
+        if self.sample_interval_s <= 0:
+            raise ValueError("sample_interval_s must be > 0")
+
+    def endpoint(self, i: int) -> str:
+        # Zero-padded so the sidecar's lexical tie-breaks and round-robin order follow the engine index.
+        return f"engine-{i:03d}"
+
+
+# ---- workload prepared for the simulator (hash each prompt once) ---------------------------------------
+@dataclass(frozen=True, slots=True)
+class SimRequest:
+    index: int
+    send_at: float
+    wave: int
+    prefix: int
+    n_tokens: int
+    max_tokens: int
+    blocks: tuple[Block, ...]  # full 16-token blocks with chained keys (GPU prefix cache)
+    block_keys: tuple[int, ...]
+    chunks: tuple[int, ...]  # full 256-token LMCache chunk keys
+
+
+@dataclass(frozen=True)
+class Prepared:
+    warmup: tuple[SimRequest, ...]
+    requests: tuple[SimRequest, ...]
+    offered_rate: float
+
+
+def _blocks_from(tokens: Sequence[int], start: int, parent: int | None, bs: int) -> list[Block]:
+    out = []
+    for s in range(start, len(tokens) - bs + 1, bs):
+        chunk = tuple(tokens[s : s + bs])
+        key = block_key(parent, chunk)
+        out.append(Block(key, parent, chunk))
+        parent = key
+    return out
+
+
+def prepare(workload: Workload, block_size: int = 16) -> Prepared:
+    """Block and chunk keys of every request. A prefix's shared full blocks are hashed once and reused."""
+    shared_blocks = [tuple(iter_blocks(p, block_size)) for p in workload.prefix_ids]
+    shared_chunks = [tuple(chunk_keys(p)) for p in workload.prefix_ids]
+
+    def one(r: Request) -> SimRequest:
+        pb = shared_blocks[r.prefix]
+        parent = pb[-1].key if pb else None
+        blocks = pb + tuple(_blocks_from(r.token_ids, len(pb) * block_size, parent, block_size))
+        pc = shared_chunks[r.prefix]
+        tail_start = len(pc) * LMCACHE_CHUNK_SIZE
+        chunks = pc if len(r.token_ids) - tail_start < LMCACHE_CHUNK_SIZE else tuple(chunk_keys(r.token_ids))
+        return SimRequest(r.index, r.send_at, r.wave, r.prefix, len(r.token_ids), r.max_tokens, blocks,
+                          tuple(b.key for b in blocks), chunks)
+
+    reqs = workload.requests
+    span = reqs[-1].send_at - reqs[0].send_at if len(reqs) > 1 else 0.0
+    rate = (len(reqs) - 1) / span if span > 0 else workload.spec.rate
+    return Prepared(tuple(one(r) for r in workload.warmup), tuple(one(r) for r in reqs), rate)
+
+
+# ---- the simulation ------------------------------------------------------------------------------------
+_ARRIVE, _LANE_DONE, _PREFILL_DONE, _TOKEN, _SAMPLE, _SCRAPE, _APPLY = range(7)
+
+
+class _Engine:
+    __slots__ = ("name", "index", "cache", "lmcache", "lane_free", "running", "waiting", "active",
+                 "queries", "hits", "served")
+
+    def __init__(self, name: str, index: int, svc: ServiceModel) -> None:
+        self.name = name
+        self.index = index
+        self.cache = PrefixCache(svc.kv_capacity_blocks, svc.block_size)
+        self.lmcache = LMCacheStore(svc.lmcache_capacity_chunks)
+        self.lane_free = 0.0
+        self.running = 0
+        self.waiting: deque[_Req] = deque()
+        self.active: set[_Req] = set()  # admitted: in prefill or decoding
+        self.queries = 0
+        self.hits = 0
+        self.served = 0
+
+
+class _Req:
+    __slots__ = ("sim", "engine", "lease", "record", "produced", "last_t", "prefilled")
+
+    def __init__(self, sim: SimRequest, record: RequestRecord | None) -> None:
+        self.sim = sim
+        self.engine: _Engine | None = None
+        self.lease: Lease | None = None
+        self.record = record  # None for warm-up requests (not measured)
+        self.produced = 0
+        self.last_t = 0.0
+        self.prefilled = False
+
+
+@dataclass
+class EngineSeries:
+    """Per-engine time series beyond the scrapes (for plots): every sample of running per engine."""
+
+    t: list[float] = field(default_factory=list)
+    running: dict[str, list[float]] = field(default_factory=dict)
+
+
+class Simulation:
+    """One arm on one fleet for one seed's workload. `run()` once; it returns what a real run records."""
+
+    def __init__(self, prepared: Prepared, arm: Arm, config: FleetConfig, seed: int = 0) -> None:
+        self.prepared = prepared
+        self.arm = arm
+        self.config = config
+        self.seed = seed
+        self.svc = svc = config.service
+        self.policy = arm.make()
+        self.engines = [_Engine(config.endpoint(i), i, svc) for i in range(config.engines)]
+        self.endpoints = tuple(e.name for e in self.engines)
+        self.now = 0.0
+        self.inflight = InflightTracker()
+        self.loads = LoadView(self.inflight, config.router_scrape_stale_s, clock=lambda: self.now)
+        self._heap: list[tuple[float, int, int, object]] = []
+        self._seq = 0
+        # decode_step_seconds for every batch size the scheduler allows (+1 for safety); a step that starts
+        # while prefill work is queued on the lane also carries up to one chunk of it (`_gap`).
+        self._step = [svc.decode_step_seconds(k) for k in range(svc.max_num_seqs + 2)]
+        self._chunk_s = svc.prefill_chunk_tokens / svc.prefill_tokens_per_s if svc.serialize_prefill else 0.0
+        self._open = 0  # requests sent and not finished
+        self._pending = 0  # arrivals not yet processed
+        self.samples: list[EngineSample] = []
+        self.records: list[RequestRecord] = []
+        self._measuring = False
+        self._measured_open = 0
+
+    # ---- event queue ---------------------------------------------------------------------------------
+    def _push(self, t: float, kind: int, payload: object) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, payload))
+
+    def _busy(self) -> bool:
+        return self._open > 0 or self._pending > 0
+
+    def _loop(self) -> None:
+        heap = self._heap
+        pop, push = heapq.heappop, heapq.heappush
+        step, chunk_s = self._step, self._chunk_s
+        while heap:
+            t, _, kind, obj = pop(heap)
+            self.now = t
+            if kind == _TOKEN:  # the hot path: one event per output token
+                r: _Req = obj  # type: ignore[assignment]
+                r.produced += 1
+                rec = r.record
+                if rec is not None:
+                    rec.itl.append(t - r.last_t)
+                r.last_t = t
+                if r.produced >= r.sim.max_tokens:
+                    self._finish(r, t)
+                else:
+                    e = r.engine
+                    gap = step[e.running]  # type: ignore[union-attr]
+                    if chunk_s and e.lane_free > t:  # type: ignore[union-attr]
+                        pending = e.lane_free - t  # type: ignore[union-attr]
+                        gap += pending if pending < chunk_s else chunk_s
+                    self._seq += 1
+                    push(heap, (t + gap, self._seq, _TOKEN, r))
+            elif kind == _ARRIVE:
+                self._arrive(obj, t)  # type: ignore[arg-type]
+            elif kind == _LANE_DONE:
+                self._lane_done(obj, t)  # type: ignore[arg-type]
+            elif kind == _PREFILL_DONE:
+                self._prefill_done(obj, t)  # type: ignore[arg-type]
+            elif kind == _SAMPLE:
+                self._sample(t)
+                if self._measuring:
+                    self._push(t + self.config.sample_interval_s, _SAMPLE, None)
+            elif kind == _SCRAPE:
+                snap = [(e.name, EngineStats(float(e.running), float(len(e.waiting)), self._kv_usage(e), t))
+                        for e in self.engines]
+                self._push(t + self.config.router_scrape_lag_s, _APPLY, snap)
+                if self._busy():
+                    self._push(t + self.config.router_scrape_interval_s, _SCRAPE, None)
+            elif kind == _APPLY:
+                for name, stats in obj:  # type: ignore[attr-defined]
+                    # LoadView judges staleness by the scrape's age: the engine state is `lag` old.
+                    self.loads.record(name, stats)
+
+    # ---- one request ---------------------------------------------------------------------------------
+    def _arrive(self, r: _Req, t: float) -> None:
+        self._pending -= 1
+        self._open += 1
+        if r.record is not None:
+            r.record.send_t = t
+        engine = self._decide(r.sim)
+        r.engine = engine
+        r.lease = self.inflight.acquire(engine.name)  # counted at the decision (DESIGN.md section 8 rule 3)
+        if r.record is not None:
+            r.record.engine = engine.name
+        if engine.running < self.svc.max_num_seqs and not engine.waiting:
+            self._admit(engine, r, t)
+        else:
+            engine.waiting.append(r)
+
+    def _decide(self, s: SimRequest) -> _Engine:
+        matches = self._matches(s) if self.policy.uses_prefix else {}
+        loads = self.loads.loads(self.endpoints)
+        candidates = tuple(Candidate(ep, min(matches.get(ep, 0), s.n_tokens), load)
+                           for ep, load in zip(self.endpoints, loads))
+        choice = self.policy.choose(s.n_tokens, candidates)
+        assert choice is not None
+        return self.engines[choice.index]
+
+    def _matches(self, s: SimRequest) -> dict[str, int]:
+        chunks = s.chunks
+        if not chunks:
+            return {}
+        if self.config.credit == "multi":
+            out = {}
+            for e in self.engines:
+                m = e.lmcache.match_keys(chunks)
+                if m:
+                    out[e.name] = m
+            return out
+        # Stock LMCache: chunk by chunk, the first registered holder takes the credit; stop at a gap.
+        layout: dict[str, int] = {}
+        end = 0
+        for key in chunks:
+            end += LMCACHE_CHUNK_SIZE
+            for e in self.engines:
+                if key in e.lmcache:
+                    layout[e.name] = end
+                    break
+            else:
+                break
+        return layout
+
+    def _admit(self, e: _Engine, r: _Req, t: float) -> None:
+        svc, s = self.svc, r.sim
+        e.running += 1
+        e.active.add(r)
+        n = s.n_tokens
+        gpu_hit = e.cache.match_keys(s.block_keys)
+        lm_hit = e.lmcache.match_keys(s.chunks)
+        computed, loaded = split_prompt(n, gpu_hit, lm_hit)
+        e.queries += n
+        e.hits += min(gpu_hit, n - computed)
+        duration = svc.prefill_seconds(computed, loaded)
+        if svc.serialize_prefill:
+            start = e.lane_free if e.lane_free > t else t
+            done = e.lane_free = start + duration
+        else:
+            done = t + duration
+        self._push(done, _LANE_DONE, r)
+
+    def _lane_done(self, r: _Req, t: float) -> None:
+        e = r.engine
+        assert e is not None
+        first = self.svc.first_token_seconds(e.running)
+        if first:
+            self._push(t + first, _PREFILL_DONE, r)
+        else:
+            self._prefill_done(r, t)
+
+    def _prefill_done(self, r: _Req, t: float) -> None:
+        e, s = r.engine, r.sim
+        assert e is not None
+        e.cache.insert_blocks(s.blocks)
+        e.lmcache.admit_keys(s.chunks)  # the controller learns at once (ZMQ latency is ~ms, not modelled)
+        r.prefilled = True
+        r.produced = 1
+        r.last_t = t
+        if r.record is not None:
+            r.record.first_token_t = t
+        if s.max_tokens <= 1:
+            self._finish(r, t)
+        else:
+            self._push(t + self.svc.decode_step_seconds(e.running, e.lane_free - t if self._chunk_s else 0.0),
+                       _TOKEN, r)
+
+    def _finish(self, r: _Req, t: float) -> None:
+        e = r.engine
+        assert e is not None
+        e.active.discard(r)
+        e.served += 1
+        self.inflight.release(r.lease)
+        self._open -= 1
+        rec = r.record
+        if rec is not None:
+            rec.end_t = t
+            rec.ok = True
+            rec.output_tokens = r.produced
+            self._measured_open -= 1
+        if e.waiting:  # hand the slot straight to the next waiter, as sim.scheduler does
+            self._admit_next(e, t)
+        else:
+            e.running -= 1
+        if rec is not None and self._measured_open == 0 and self._pending == 0:
+            self._sample(t)  # the window's closing scrape
+            self._measuring = False
+
+    def _admit_next(self, e: _Engine, t: float) -> None:
+        nxt = e.waiting.popleft()
+        e.running -= 1  # _admit counts it again
+        self._admit(e, nxt, t)
+
+    # ---- observation ---------------------------------------------------------------------------------
+    def _kv_usage(self, e: _Engine) -> float:
+        bs = self.svc.block_size
+        private = 0
+        for r in e.active:
+            n = r.sim.n_tokens
+            private += math.ceil(((n % bs) + r.produced) / bs) if r.prefilled else math.ceil(n / bs)
+        return min(1.0, (len(e.cache) + private) / max(1, self.svc.kv_capacity_blocks))
+
+    def _sample(self, t: float) -> None:
+        if self.samples and self.samples[-1].t == t:
+            return
+        for e in self.engines:
+            self.samples.append(EngineSample(t, e.name, float(e.running), float(len(e.waiting)),
+                                             self._kv_usage(e), float(e.queries), float(e.hits)))
+
+    # ---- phases --------------------------------------------------------------------------------------
+    def _send(self, reqs: Iterable[SimRequest], t0: float, measured: bool) -> None:
+        for s in reqs:
+            rec = RequestRecord(s.index, t0 + s.send_at, prompt_tokens=s.n_tokens, prefix=s.prefix) \
+                if measured else None
+            if rec is not None:
+                self.records.append(rec)
+                self._measured_open += 1
+            self._pending += 1
+            self._push(t0 + s.send_at, _ARRIVE, _Req(s, rec))
+        if self.config.router_scrape_interval_s > 0:
+            self._push(t0, _SCRAPE, None)
+
+    def run(self) -> RunRecords:
+        # Warm-up through the router under test (the reference's two passes), each pass drained before
+        # the next and the last drained before measuring.
+        warm = self.prepared.warmup
+        for wave in sorted({s.wave for s in warm}):
+            self._send([s for s in warm if s.wave == wave], self.now, measured=False)
+            self._loop()
+        t0 = self.now + self.config.settle_s
+        reqs = self.prepared.requests
+        if reqs:
+            start = t0 + reqs[0].send_at
+            self._measuring = True
+            self._sample(start - 1e-9)  # the window's opening scrape, before the first send
+            self._push(start + self.config.sample_interval_s, _SAMPLE, None)
+            self._send(reqs, t0, measured=True)
+            self._loop()
+        window = (self.records[0].send_t - 1e-9, max(r.end_t or 0.0 for r in self.records)) \
+            if self.records else (0.0, 0.0)
+        return RunRecords(self.arm.name, self.seed, self.records, self.samples, window,
+                          self.prepared.offered_rate)
+
+
+def simulate(prepared: Prepared, arm: Arm, config: FleetConfig, seed: int = 0) -> RunRecords:
+    return Simulation(prepared, arm, config, seed).run()

@@ -1,0 +1,112 @@
+"""Discrete-event simulator: engine timing as sim.engine_core defines it, prefix credit modes, smoke run."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from experiment.calibration import CALIBRATED, fleet_flags
+from experiment.des import SIDECAR_ARMS, FleetConfig, Simulation, arm_by_name, prepare, simulate
+from experiment.metrics import seed_metrics
+from experiment.workload import WorkloadSpec, build
+from sim.service_model import ServiceModel
+
+TINY = WorkloadSpec(n_prefixes=8, n_requests=40, rate=8.0, max_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def tiny():  # type: ignore[no-untyped-def]
+    return prepare(build(TINY, 1))
+
+
+def test_one_request_follows_the_engine_models_timing() -> None:
+    svc = ServiceModel(prefill_tokens_per_s=10_000, prefill_overhead_ms=5, decode_base_ms=10,
+                       decode_per_seq_ms=1, ttft_decode_steps=1.0)
+    spec = replace(TINY, n_requests=1, warmup_passes=0)
+    prepared = prepare(build(spec, 1))
+    run = simulate(prepared, arm_by_name("kvaware"), FleetConfig(engines=2, service=svc))
+    (r,) = run.requests
+    n = r.prompt_tokens
+    prefill = svc.prefill_seconds(n)  # cold: everything computed
+    assert r.ttft == pytest.approx(prefill + svc.decode_step_seconds(1))
+    assert r.itl == pytest.approx([svc.decode_step_seconds(1)] * 7)
+    assert r.output_tokens == 8 and r.ok and r.engine == "engine-000"
+
+
+def test_prefills_queue_on_the_lane_and_stall_decodes() -> None:
+    svc = ServiceModel(prefill_tokens_per_s=1000, prefill_overhead_ms=0, decode_base_ms=10, decode_per_seq_ms=0,
+                       prefill_chunk_tokens=20)
+    spec = replace(TINY, n_requests=2, warmup_passes=0, rate=1e6)  # both arrive together
+    prepared = prepare(build(spec, 1))
+    run = simulate(prepared, arm_by_name("roundrobin"), FleetConfig(engines=1, service=svc))
+    a, b = sorted(run.requests, key=lambda r: r.first_token_t or 0)
+    n = a.prompt_tokens
+    assert a.ttft == pytest.approx(n / 1000, rel=1e-3)
+    assert b.first_token_t - a.first_token_t == pytest.approx(n / 1000, rel=1e-3)  # behind a on the lane
+    # a's first decode step starts while b still prefills: it carries one 20-token chunk (20 ms).
+    assert a.itl[0] == pytest.approx(0.010 + 0.020)
+    assert b.itl[-1] == pytest.approx(0.010)
+
+
+def test_single_holder_credit_goes_to_the_first_registered_engine(tiny) -> None:  # type: ignore[no-untyped-def]
+    sim = Simulation(tiny, arm_by_name("kvaware"), FleetConfig(engines=2, credit="single"))
+    req = tiny.warmup[0]
+    for e in sim.engines:
+        e.lmcache.admit_keys(req.chunks)
+    assert sim._matches(req) == {"engine-000": len(req.chunks) * 256}
+    sim.engines[0].lmcache.clear()
+    assert sim._matches(req) == {"engine-001": len(req.chunks) * 256}
+    multi = Simulation(tiny, arm_by_name("kvaware"), FleetConfig(engines=2, credit="multi"))
+    for e in multi.engines:
+        e.lmcache.admit_keys(req.chunks)
+    assert multi._matches(req) == {"engine-000": len(req.chunks) * 256, "engine-001": len(req.chunks) * 256}
+
+
+def test_every_sidecar_arm_runs_deterministically_and_yields_sane_metrics(tiny) -> None:  # type: ignore[no-untyped-def]
+    fleet = FleetConfig(engines=2, service=CALIBRATED)
+    for arm in SIDECAR_ARMS:
+        m = seed_metrics(simulate(tiny, arm, fleet, seed=1))
+        assert m.ok == 40 and m.errors == 0 and m.valid
+        assert 0.5 < m.prefix_hit_rate <= 1536 / 1578 + 1e-9
+        assert m.imbalance >= 1.0 and m.ttft_p95 >= m.ttft_p50 > 0 and m.itl_p50 > 0
+    a = seed_metrics(simulate(tiny, arm_by_name("loadaware-b0.5"), fleet, seed=1))
+    b = seed_metrics(simulate(tiny, arm_by_name("loadaware-b0.5"), fleet, seed=1))
+    assert a == b
+
+
+def test_router_scrapes_feed_the_sidecars_load_view(tiny) -> None:  # type: ignore[no-untyped-def]
+    fleet = FleetConfig(engines=3, service=CALIBRATED, router_scrape_interval_s=0.5, router_scrape_lag_s=0.2)
+    m = seed_metrics(simulate(tiny, arm_by_name("leastload"), fleet))
+    assert m.ok == 40
+
+
+def test_arm_names_and_fleet_flags() -> None:
+    assert arm_by_name("loadaware-b0.25").beta == 0.25 and arm_by_name("loadaware-b1.0").beta == 1.0
+    assert [a.name for a in SIDECAR_ARMS] == ["kvaware", "loadaware-b0", "loadaware-b0.5", "loadaware-b1.0",
+                                              "loadaware-b2.0", "roundrobin", "leastload"]
+    flags = fleet_flags()
+    assert "--kv-capacity-tokens" in flags and "--prefill-chunk-tokens" in flags
+    with pytest.raises(ValueError):
+        arm_by_name("random")
+
+
+def test_sim_model_key_entry_points_match_token_entry_points() -> None:
+    from sim.lmcache_chunks import LMCacheStore, chunk_keys
+    from sim.prefix_cache import PrefixCache, iter_blocks
+
+    toks = list(range(1000))
+    a, b = PrefixCache(100, 16), PrefixCache(100, 16)
+    a.insert(toks)
+    b.insert_blocks(iter_blocks(toks, 16))
+    assert a.match(toks) == b.match_keys([blk.key for blk in iter_blocks(toks, 16)]) == 992
+    s = LMCacheStore(10)
+    s.admit(toks)
+    assert s.match(toks) == s.match_keys(chunk_keys(toks)) == 768
+    svc = ServiceModel(decode_base_ms=10, decode_per_seq_ms=1, prefill_chunk_tokens=100, prefill_tokens_per_s=1000,
+                       ttft_decode_steps=2)
+    assert svc.decode_step_seconds(4) == pytest.approx(0.014)
+    assert svc.decode_step_seconds(4, pending_prefill_s=0.05) == pytest.approx(0.064)
+    assert svc.decode_step_seconds(4, pending_prefill_s=5.0) == pytest.approx(0.114)  # at most one chunk
+    assert svc.first_token_seconds(4) == pytest.approx(0.028)
+    assert ServiceModel().first_token_seconds(4) == 0 and ServiceModel().decode_step_seconds(4, 9.0) == 0.005
