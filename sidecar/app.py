@@ -147,8 +147,8 @@ class Sidecar:
         self._tasks.append(asyncio.create_task(self.scraper.run(), name="scraper"))
         if self.file_watcher:
             self._tasks.append(asyncio.create_task(self.file_watcher.run(), name="endpoints-file"))
-        for name, run in self.discovery.tasks():
-            self._tasks.append(asyncio.create_task(run(), name=name))
+        for name, start in self.discovery.tasks():
+            self._tasks.append(asyncio.create_task(start(), name=name))
         if self.resolver:
             self._tasks.append(asyncio.create_task(self.resolver.run(), name="lmcache-instances"))
         for name, run in self.prefixes.tasks():

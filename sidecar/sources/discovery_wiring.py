@@ -7,7 +7,7 @@ zone). Pod names from Kubernetes become LMCache instance ids next to --lmcache-i
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Callable, Coroutine, Mapping
 
 from prometheus_client import CollectorRegistry
 
@@ -47,5 +47,5 @@ class Discovery:
         self.bridge.explicit = {**discovered, **self.explicit_ids}
         self.bridge.set_endpoints(self.registry.snapshot())  # rebuild the live map now, not on the next poll
 
-    def tasks(self) -> list[tuple[str, Callable[[], Awaitable[Any]]]]:
+    def tasks(self) -> list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]]:
         return [(f"discovery-{self.mode}", self.source.run)] if self.source is not None else []

@@ -9,7 +9,7 @@ import json
 import time
 import urllib.request
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
@@ -41,7 +41,7 @@ def debug_state(metrics_listen: str) -> dict:
 
 
 def run_phases(traffic: Traffic, client: RouterClient, names: dict[str, str],
-               phases: list[tuple[set[str], callable]]) -> None:
+               phases: list[tuple[set[str], Callable[[], object]]]) -> None:
     """For each (expected routable set, change): apply the change, wait until the sidecar shows it, hold
     traffic, then check the requests that started after it was visible and before the next change."""
     windows: list[tuple[float, float, set[str]]] = []
@@ -76,7 +76,7 @@ def test_file_reload_adds_and_removes_endpoints_under_traffic(fleet: FleetProc, 
         client = RouterClient(listen)
         assert client.routable() == {a, b} and client.endpoints().discovery == "file"
 
-        def write(*eps: str) -> callable:
+        def write(*eps: str) -> Callable[[], object]:
             return lambda: endpoints_file.write_text("# engines\n" + "\n".join(eps) + "\n")
 
         with Traffic(envoy.url, workers=6) as traffic:
@@ -118,7 +118,7 @@ def test_envoy_admin_discovery_follows_a_real_envoy(fleet: FleetProc, tmp_path: 
             assert client.routable() == {a, b, c}
             assert client.endpoints().discovery == "envoy-admin"
 
-            def eds(*hosts: tuple[str, str]) -> callable:
+            def eds(*hosts: tuple[str, str]) -> Callable[[], object]:
                 return lambda: write_assignment(eds_dir, list(hosts), next(version))
 
             with Traffic(envoy.url, workers=6) as traffic:

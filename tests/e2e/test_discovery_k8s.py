@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
-from sim.k8s_apiserver import PodEndpoint, ThreadedStandIn, make_slice
+from sim.k8s_apiserver import PodEndpoint, StandInApiServer, ThreadedStandIn, make_slice
 from sim.stack import FleetProc, LMCacheControllerProc, SidecarProc, free_port, loopback_lock
 
 from .discovery_helpers import wait_for
@@ -28,6 +28,16 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not LMCacheControllerProc.avai
 
 
 class World:
+    """The module's running parts: LMCache, the engines (pod names = instance ids) and the API stand-in."""
+
+    lmcache: LMCacheControllerProc
+    fleet: FleetProc
+    api: StandInApiServer
+    call: Callable[..., Any]
+    ip: dict[str, str]
+    endpoint: dict[str, str]
+    port: int
+
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
 
