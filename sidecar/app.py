@@ -179,6 +179,9 @@ class Sidecar:
 
     async def _http_metrics(self, _request: web.Request) -> web.Response:
         self.prefixes.refresh_gauges()
+        if self.tokenizer is not None:
+            pieces = self.tokenizer.tokenizer.pieces
+            self.metrics.tokenizer_pieces_seen(pieces.hits, pieces.misses, pieces.enabled)
         body = self.metrics.render(self.inflight.snapshot, self.registry.snapshot())
         return web.Response(body=body, content_type="text/plain", charset="utf-8")
 

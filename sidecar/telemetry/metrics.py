@@ -52,6 +52,9 @@ class Metrics:
                                ["end"], registry=r)
         self.open_streams = Gauge("loadaware_extproc_open_streams", "ext_proc streams open now", registry=r)
         self.endpoints = Gauge("loadaware_endpoints", "Endpoints in the fleet", registry=r)
+        self.tokenizer_pieces = Gauge("loadaware_tokenizer_piece_cache",
+                                      "Tokenizer piece cache: hits and misses since start, and whether it is "
+                                      "enabled (0 after an exactness self-check failed)", ["what"], registry=r)
         self._decision_children: dict[tuple[str, str], Counter] = {}
         self._fallback_children: dict[str, Counter] = {}
         self._stage_children = {s: self.stage_seconds.labels(stage=s) for s in STAGES}
@@ -141,6 +144,11 @@ class Metrics:
                 gauge.remove(endpoint)
             except KeyError:
                 pass
+
+    def tokenizer_pieces_seen(self, hits: int, misses: int, enabled: bool) -> None:
+        self.tokenizer_pieces.labels("hits").set(hits)
+        self.tokenizer_pieces.labels("misses").set(misses)
+        self.tokenizer_pieces.labels("enabled").set(1 if enabled else 0)
 
     def render(self, inflight_snapshot: Callable[[], dict[str, int]], endpoints: tuple[str, ...]) -> bytes:
         """Exposition text; gauges that are cheap to compute on demand are set here, not per request."""
