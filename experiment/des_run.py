@@ -10,10 +10,10 @@ the beta sweep over utilisation) and PNG plots, and prints report.md.
 
 Operating points:
 - reference: the reference workload on the given fleet (default 2 engines, 16 req/s, Poisson);
-- second: a point where placement can cut latency: by default 4 engines near saturation (each engine gets
-  more than at the reference point, so queues build), same statistics;
-- sweep: beta in {0, 0.25, 0.5, 1, 2, 4} (+ kvaware) over offered rates, fewer seeds; reports where the
-  best beta lies by TTFT p95.
+- second: a point where placement can cut latency: by default experiment.calibration's QUEUEING_* point
+  (4 engines at 40 req/s: the engine holding the hottest prefixes queues under kvaware), same statistics;
+- sweep: beta in {0, 0.25, 0.5, 1, 2, 4} (+ kvaware) over offered rates on 2 and 4 engines, fewer seeds;
+  reports where the best beta lies by TTFT p95 and by SLO misses.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from experiment import report
-from experiment.calibration import CALIBRATED
+from experiment.calibration import CALIBRATED, QUEUEING_ENGINES, QUEUEING_WORKLOAD
 from experiment.des import SIDECAR_ARMS, Arm, FleetConfig, arm_by_name, prepare, simulate
 from experiment.metrics import DEFAULT_SLO_S, SeedMetrics, seed_metrics
 from experiment.records import RunRecords
@@ -132,6 +132,10 @@ def parse_point(text: str, base: Point) -> Point:
     return Point(text, spec, fleet)
 
 
+def _la(beta: float) -> str:
+    return arm_by_name(f"loadaware-b{beta}").name  # canonical cell name (loadaware-b1.0, loadaware-b0.25)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m experiment.des_run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -149,9 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scrape-lag-s", type=float, default=0.0)
     p.add_argument("--out", default="out/experiment/des")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
-    p.add_argument("--second", default="engines=4,rate=40",
-                   help="second operating point as key=value list ('none' to skip)")
-    p.add_argument("--sweep-rates", default="8,12,16,20", help="offered rates of the beta sweep ('none' to skip)")
+    p.add_argument("--second", default=f"engines={QUEUEING_ENGINES},rate={QUEUEING_WORKLOAD.rate:g}",
+                   help="second operating point as key=value list, on top of the first ('none' to skip)")
+    p.add_argument("--sweep", default="2:8,12,16,20;4:24,32,40,48",
+                   help="beta sweep cells 'engines:rate,rate;engines:rate,...' ('none' to skip)")
     p.add_argument("--sweep-seeds", type=int, default=10)
     p.add_argument("--no-sweep", action="store_true")
     p.add_argument("--no-plots", action="store_true")
@@ -224,28 +229,37 @@ def main(argv: Sequence[str] | None = None) -> int:
             report.plot_imbalance(sec_m, out / "imbalance_second.png", f"Imbalance ({stitle})")
             md += ["![TTFT CDF](ttft_cdf_second.png) ![imbalance](imbalance_second.png)", ""]
 
-    if not args.no_sweep and args.sweep_rates.lower() != "none":
-        rates = [float(r) for r in args.sweep_rates.split(",")]
-        sweep_arms = [arm_by_name("kvaware")] + [arm_by_name(f"loadaware-b{b:g}" if b not in (1.0, 2.0, 4.0)
-                                                             else f"loadaware-b{b:.1f}") for b in SWEEP_BETAS]
+    if not args.no_sweep and args.sweep.lower() != "none":
+        sweep_arms = [arm_by_name("kvaware")] + [arm_by_name(_la(b)) for b in SWEEP_BETAS]
         sweep_seeds = list(range(1, args.sweep_seeds + 1))
         t = time.perf_counter()
-        sweep = {}
-        for rate in rates:
-            pt = Point(f"sweep-{rate:g}", replace(spec, rate=rate), fleet)
-            sweep[rate] = metrics_of(run_point(pt, sweep_arms, sweep_seeds, slo_s, args.jobs))
-            all_points[f"sweep:{rate:g}"] = sweep[rate]
+        best_lines = []
+        for cell in args.sweep.split(";"):
+            engines_s, _, rates_s = cell.partition(":")
+            n_eng = int(engines_s)
+            sweep: dict[float, dict[str, list[SeedMetrics]]] = {}
+            for rate in (float(r) for r in rates_s.split(",")):
+                pt = Point(f"sweep-{n_eng}x{rate:g}", replace(spec, rate=rate), replace(fleet, engines=n_eng))
+                sweep[rate] = metrics_of(run_point(pt, sweep_arms, sweep_seeds, slo_s, args.jobs))
+                all_points[f"sweep:{n_eng}x{rate:g}"] = sweep[rate]
+            best = report.best_beta(sweep)
+            best_slo = report.best_beta(sweep, "slo_miss")
+            best_lines.append(f"- {n_eng} engines: by TTFT p95 " + ", ".join(
+                f"{r:g} req/s → β {a.removeprefix('loadaware-b')}" for r, a in sorted(best.items()))
+                + "; by SLO misses " + ", ".join(
+                f"{r:g} → β {a.removeprefix('loadaware-b')}" for r, a in sorted(best_slo.items())))
+            md += [f"## Beta sweep over utilisation: {n_eng} engines ({len(sweep_seeds)} seeds per cell)", "",
+                   "Median TTFT p95 (s):", "", report.sweep_table(sweep, "ttft_p95"), "",
+                   "Median SLO miss share:", "", report.sweep_table(sweep, "slo_miss"), "",
+                   "Median imbalance:", "", report.sweep_table(sweep, "imbalance"), "",
+                   "Median prefix hit rate:", "", report.sweep_table(sweep, "prefix_hit_rate", higher_is_better=True),
+                   ""]
+            if not args.no_plots:
+                png = f"hit_vs_beta_{n_eng}.png"
+                report.plot_hit_vs_beta(sweep, out / png, f"Beta sweep ({n_eng} engines)")
+                md += [f"![hit rate and TTFT p95 vs beta]({png})", ""]
         timings["beta sweep"] = time.perf_counter() - t
-        best = report.best_beta(sweep)
-        md += [f"## Beta sweep over utilisation ({args.engines} engines, {len(sweep_seeds)} seeds per cell)", "",
-               "Median TTFT p95 (s) per arm:", "", report.sweep_table(sweep, "ttft_p95"), "",
-               "Median imbalance per arm:", "", report.sweep_table(sweep, "imbalance"), "",
-               "Median prefix hit rate per arm:", "", report.sweep_table(sweep, "prefix_hit_rate", higher_is_better=True), "",
-               "Best beta by TTFT p95: " + ", ".join(f"{r:g} req/s → {a.removeprefix('loadaware-b')}"
-                                                  for r, a in sorted(best.items())), ""]
-        if not args.no_plots:
-            report.plot_hit_vs_beta(sweep, out / "hit_vs_beta.png", f"Beta sweep ({args.engines} engines)")
-            md += ["![hit rate vs beta](hit_vs_beta.png)", ""]
+        md += ["### Where the best beta lies", ""] + best_lines + [""]
 
     md += ["## Runtime", "", "| part | seconds |", "|---|---|"]
     md += [f"| {k} | {v:.1f} |" for k, v in timings.items()]

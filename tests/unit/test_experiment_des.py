@@ -87,6 +87,10 @@ def test_arm_names_and_fleet_flags() -> None:
                                               "loadaware-b2.0", "roundrobin", "leastload"]
     flags = fleet_flags()
     assert "--kv-capacity-tokens" in flags and "--prefill-chunk-tokens" in flags
+    from sim.fleet import build_parser
+    from sim.service_model import from_cli_args
+
+    assert from_cli_args(build_parser().parse_args(flags)) == CALIBRATED  # real-time engines get the same model
     with pytest.raises(ValueError):
         arm_by_name("random")
 
