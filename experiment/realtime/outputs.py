@@ -53,7 +53,10 @@ def load_run(out: Path, arm: str, seed: int, offered_rate: float = math.nan) -> 
 
 
 def append_seed_metrics(out: Path, m: SeedMetrics, extra: dict[str, Any] | None = None) -> None:
-    path = out / PER_SEED
+    append_seed_metrics_to(out / PER_SEED, m, extra)
+
+
+def append_seed_metrics_to(path: Path, m: SeedMetrics, extra: dict[str, Any] | None = None) -> None:
     row = {**m.row(), **(extra or {})}
     new = not path.exists()
     with path.open("a", newline="") as fh:
