@@ -39,6 +39,7 @@ from experiment import report
 from experiment.metrics import SeedMetrics, median_of
 from experiment.realtime import outputs
 from experiment.realtime.crosscheck import TWIN_CSV, agreement, twin_of_run
+from experiment.records import RunRecords
 from experiment.stats import paired_comparison
 
 Results = dict[str, list[SeedMetrics]]
@@ -194,9 +195,34 @@ def agreement_section(rt_dir: Path, label: str) -> list[str]:
     return lines + [""]
 
 
-def plots_realtime(rt_dir: Path, out: Path, stem: str, title: str, res: Results) -> list[str]:
-    from experiment.des_run import running_series
+def running_rounds(run: RunRecords) -> tuple[list[float], dict[str, list[float]]]:
+    """Per-engine running over the window, one point per scrape round. The sender scrapes the engines
+    concurrently, so one round's samples carry slightly different times: a round ends when an engine
+    repeats, and takes its earliest time."""
+    lo, hi = run.window
+    engines = sorted({s.engine for s in run.samples})
+    ts: list[float] = []
+    per: dict[str, list[float]] = {e: [] for e in engines}
+    current: dict[str, float] = {}
+    t_round = 0.0
+    for s in sorted((s for s in run.samples if lo <= s.t <= hi), key=lambda s: s.t):
+        if s.engine in current:
+            if len(current) == len(engines):
+                ts.append(t_round)
+                for e in engines:
+                    per[e].append(current[e])
+            current = {}
+        if not current:
+            t_round = s.t
+        current[s.engine] = s.running
+    if len(current) == len(engines):
+        ts.append(t_round)
+        for e in engines:
+            per[e].append(current[e])
+    return ts, per
 
+
+def plots_realtime(rt_dir: Path, out: Path, stem: str, title: str, res: Results) -> list[str]:
     made = []
     report.plot_imbalance(res, out / f"{stem}_imbalance.png", f"Imbalance per arm, real time ({title})")
     made.append(f"![imbalance, real time]({stem}_imbalance.png)")
@@ -213,7 +239,7 @@ def plots_realtime(rt_dir: Path, out: Path, stem: str, title: str, res: Results)
     wanted = [a for a in ("kvaware", "loadaware-b0.5", "loadaware-b0.5-kvev", "loadaware-b1.0-kvev", "roundrobin",
                           "sglang-router", "vllm-router") if a in res]
     if seed is not None and wanted:
-        series = {a: running_series(outputs.load_run(rt_dir, a, seed)) for a in wanted}
+        series = {a: running_rounds(outputs.load_run(rt_dir, a, seed)) for a in wanted}
         report.plot_running(series, out / f"{stem}_running.png",
                             f"Running requests per engine, real time, seed {seed} ({title})")
         made.append(f"![running per engine, real time]({stem}_running.png)")

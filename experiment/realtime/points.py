@@ -2,9 +2,9 @@
 
 - `reference`: DESIGN.md 6 as published: 2 engines, 128 prefixes, Zipf 0.9, 1,578-token prompts, Poisson
   16 req/s, 500 requests per seed, 64 output tokens; the engines run the calibrated service model.
-- `queueing`: the second operating point, where the fleet queues and placement can cut latency: 4 engines
-  at 40 req/s (10 per engine against 8 at the reference point), the DES's default second point
-  (`experiment.des_run --second engines=4,rate=40`), so both modes run the same point.
+- `queueing`: the second operating point, where the fleet queues and placement can cut latency:
+  `experiment.calibration.QUEUEING_*` (4 engines at 40 req/s, 10 per engine against 8 at the reference
+  point), the DES's second point, so both modes run the same point.
 - `tiny`: 2 engines, a few seconds of traffic: the CI test and smoke runs.
 
 The service model is whatever `experiment.calibration` states (one place for the fitted numbers); if that
@@ -53,15 +53,16 @@ def reference_point() -> OperatingPoint:
     return OperatingPoint("reference", 2, WorkloadSpec(), svc, source)
 
 
-QUEUEING_ENGINES = 4
-QUEUEING_RATE = 40.0
-
-
 def queueing_point() -> OperatingPoint:
-    """The reference workload and service model on 4 engines at 40 req/s."""
+    """experiment.calibration's QUEUEING_* point; without it, the reference's on 4 engines at 40 req/s."""
+    cal = _calibration()
     ref = reference_point()
-    return OperatingPoint("queueing", QUEUEING_ENGINES, replace(ref.workload, rate=QUEUEING_RATE), ref.service,
-                          ref.source)
+    svc, source = _calibrated("QUEUEING_SERVICE") or (ref.service, ref.source)
+    engines = int(getattr(cal, "QUEUEING_ENGINES", 4))
+    workload = getattr(cal, "QUEUEING_WORKLOAD", None)
+    if not isinstance(workload, WorkloadSpec):
+        workload = replace(ref.workload, rate=40.0)
+    return OperatingPoint("queueing", engines, workload, svc, source)
 
 
 def tiny_point() -> OperatingPoint:
