@@ -1,6 +1,7 @@
 """The discrete-event twin of a real-time run: the same point, seeds and sidecar arms, simulated.
 
-    python -m experiment.realtime.crosscheck out/experiment/realtime-reference
+    python -m experiment.realtime.crosscheck twin out/experiment/realtime-reference
+    python -m experiment.realtime.crosscheck des --point reference --seeds 1-20 --out out/experiment/des-kvev
 
 For every sidecar arm and seed of the real-time run it simulates the same workload on the same service
 model with `experiment.des`, set up as the real stack runs: stock-LMCache arms get single-holder credit,
@@ -8,6 +9,10 @@ KV-events arms multi-holder credit; the router refines its own in-flight counts 
 second (the sidecar's default `--scrape-interval-s`); the metrics are sampled at the driver's scrape
 interval. KV-events credit is modelled from the engines' GPU prefix caches (`KvEventsCreditSimulation`). Peer arms have no twin (their code is not ours to simulate). It writes `des_twin.csv` (the same
 columns as per_seed.csv) next to the run, and prints how closely the two modes agree per arm.
+
+`des` runs the same simulation on its own, over many seeds, for the real-time arm set (including the
+KV-events arms, which `experiment.des_run` does not model: its "multi" credit reads the LMCache stores),
+and writes a des_run-style per_seed.csv (with a `point` column) that `experiment.results_doc` reads.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ import numpy as np
 from experiment import des
 from experiment.metrics import SeedMetrics, seed_metrics
 from experiment.realtime import outputs
-from experiment.realtime.arms import RealArm, arm_by_name
+from experiment.realtime.arms import RealArm, arm_by_name, parse_arms
+from experiment.realtime.points import point_by_name
 from experiment.workload import WorkloadSpec, build
 from sim.service_model import ServiceModel
 
@@ -108,10 +114,41 @@ def agreement(real: dict[str, dict[int, SeedMetrics]], twin: dict[str, dict[int,
     return out
 
 
+DES_ARMS = ("kvaware,loadaware-b0,loadaware-b0.5,loadaware-b1.0,loadaware-b2.0,roundrobin,leastload,"
+            "loadaware-b0.5-kvev,loadaware-b1.0-kvev,loadaware-b2.0-kvev,kvaware-kvev")
+
+
+def des_points(points: Sequence[str], arms: Sequence[RealArm], seeds: Sequence[int], out: Path) -> None:
+    """The real-time arm set in the DES, per operating point, into out/per_seed.csv (des_run's layout)."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / outputs.PER_SEED
+    path.unlink(missing_ok=True)
+    for name in points:
+        p = point_by_name(name)
+        res = simulate_twin(p.workload, p.service, p.engines, arms, seeds)
+        label = "reference" if name == "reference" else f"second:engines={p.engines},rate={p.workload.rate:g}"
+        for arm in res:
+            for seed in sorted(res[arm]):
+                outputs.append_seed_metrics_to(path, res[arm][seed], {"point": label})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiment.realtime.crosscheck", description=__doc__.split("\n")[0])
-    ap.add_argument("run", type=Path, help="a real-time run directory (with config.json and per_seed.csv)")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    tw = sub.add_parser("twin", help="simulate the twin of a real-time run and compare")
+    tw.add_argument("run", type=Path, help="a real-time run directory (with config.json and per_seed.csv)")
+    ds = sub.add_parser("des", help="the real-time arm set (KV-events arms included) in the DES")
+    ds.add_argument("--points", default="reference,queueing")
+    ds.add_argument("--arms", default=DES_ARMS)
+    ds.add_argument("--seeds", default="1-20")
+    ds.add_argument("--out", type=Path, default=Path("out/experiment/des-kvev"))
     args = ap.parse_args(argv)
+    if args.cmd == "des":
+        from experiment.realtime.driver import parse_seeds
+
+        des_points(args.points.split(","), parse_arms(args.arms), parse_seeds(args.seeds), args.out)
+        print(f"wrote {args.out / outputs.PER_SEED}")
+        return 0
     twin = twin_of_run(args.run)
     real = outputs.load_per_seed(args.run)
     for arm, rows in agreement(real, twin).items():
