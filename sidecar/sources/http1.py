@@ -113,7 +113,12 @@ class KeepAliveClient:
                    b"\r\nContent-Type: " + content_type + b"\r\nContent-Length: " + str(len(body)).encode() +
                    b"\r\n\r\n" + body)
         for attempt in (0, 1):
-            reused = bool(self._idle)
+            # Drop every pooled connection the server has closed while idle (uvicorn, e.g. the LMCache
+            # controller, closes them after 5 s): after a lull ALL of them are stale, and trying them one by
+            # one would exhaust the two attempts and fail the lookup.
+            while self._idle and self._idle[-1].closed:
+                self._idle.pop().transport.close()  # type: ignore[union-attr]
+            reused = bool(self._idle) and attempt == 0  # a retry always gets a fresh connection
             conn = self._idle.pop() if reused else await self._connect()
             if conn.closed:
                 continue

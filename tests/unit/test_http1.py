@@ -73,6 +73,16 @@ async def test_connection_close_and_server_side_idle_close(server: tuple[str, in
     client.close()
 
 
+async def test_many_stale_idle_connections_after_a_lull(server: tuple[str, int, dict[str, int]]) -> None:
+    host, port, _ = server
+    client = KeepAliveClient(host, port)
+    await asyncio.gather(*(client.post("/echo", b"x") for _ in range(4)))  # concurrency pools 4 connections
+    assert len(client._idle) == 4
+    await asyncio.sleep(0.8)  # the server closes every idle one
+    assert await client.post("/echo", b"abcde") == (200, b"len=5")  # not "no usable connection"
+    client.close()
+
+
 async def test_timeout_discards_the_connection(server: tuple[str, int, dict[str, int]]) -> None:
     host, port, _ = server
     client = KeepAliveClient(host, port)
