@@ -5,6 +5,7 @@ LMCACHE_VENV := .lmcache-venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LMCACHE_STAMP := $(LMCACHE_VENV)/.installed
+EXPERIMENT_STAMP := $(VENV)/.experiment-installed
 
 .PHONY: help install lmcache demo test test-unit bench proto proto-check k8s-config clean
 
@@ -33,13 +34,13 @@ $(LMCACHE_STAMP):
 
 lmcache: $(LMCACHE_STAMP)
 
-demo: $(STAMP) $(LMCACHE_STAMP)
+demo: $(EXPERIMENT_STAMP) $(LMCACHE_STAMP)
 	$(PY) -m sim.demo
 
-test: $(STAMP) $(LMCACHE_STAMP) proto-check
+test: $(EXPERIMENT_STAMP) $(LMCACHE_STAMP) proto-check
 	$(PY) -m pytest -q -ra
 
-test-unit: $(STAMP)
+test-unit: $(EXPERIMENT_STAMP)
 	$(PY) -m pytest -q tests/unit
 
 bench: $(STAMP) $(LMCACHE_STAMP)
@@ -75,7 +76,7 @@ POINT ?= reference
 ARMS ?= all
 EXPERIMENT_OUT ?= out/experiment/realtime-$(POINT)
 EXPERIMENT_ARGS ?=
-EXPERIMENT_STAMP := $(VENV)/.experiment-installed
+# numpy, scipy, matplotlib: the experiment (and the demo's closing short run of it).
 $(EXPERIMENT_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,experiment]'
 	touch $@

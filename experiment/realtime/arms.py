@@ -66,8 +66,7 @@ ARMS_BY_NAME = {a.name: a for a in ARMS}
 # What `make experiment` runs by default: every arm the issue asks for (kvaware-kvev is optional context).
 DEFAULT_ARMS = tuple(a.name for a in ARMS if a.name != "kvaware-kvev")
 # `make experiment-quick`: the arms the targets are judged on, within its 15-minute budget.
-QUICK_ARMS = ("kvaware", "loadaware-b0.5", "loadaware-b1.0", "roundrobin", "loadaware-b0.5-kvev",
-              "sglang-router", "vllm-router")
+QUICK_ARMS = ("kvaware", "loadaware-b0.5", "loadaware-b0.5-kvev", "roundrobin", "sglang-router", "vllm-router")
 
 
 def arm_by_name(name: str) -> RealArm:

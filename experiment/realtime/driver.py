@@ -48,7 +48,8 @@ from sim.stack import (REPO, SIDECAR_PORT, TINY_TOKENIZER, EnvoyProc, FleetProc,
                        ManagedProc, ProcError, SidecarProc, _python, free_port, loopback_lock)
 
 # `make experiment-quick`: sized to finish in under 15 minutes on the 2-core machine (see docs/results.md).
-QUICK: dict[str, Any] = {"seeds": "1-3", "arms": "quick", "n_requests": 300}
+# The warm-up goes at twice the offered rate there: it is half of a short run's wall time otherwise.
+QUICK: dict[str, Any] = {"seeds": "1-3", "arms": "quick", "n_requests": 300, "warmup_rate": 32.0}
 ENGINE_BASE_IP = "127.0.0.2"
 ENGINE_PORT = 8000
 
@@ -311,7 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m experiment.realtime.driver", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true",
                    help=f"`make experiment-quick`: seeds {QUICK['seeds']}, arms {QUICK['arms']}, "
-                        f"{QUICK['n_requests']} requests per seed (explicit flags win)")
+                        f"{QUICK['n_requests']} requests per seed, warm-up at {QUICK['warmup_rate']:g} req/s "
+                        "(explicit flags win)")
     p.add_argument("--point", default="reference", help="reference | queueing | tiny")
     p.add_argument("--arms", default=None, help=f"comma list, or all ({','.join(DEFAULT_ARMS)}) or quick")
     p.add_argument("--seeds", default=None, help="e.g. 1-20 or 1,2,5 (default 1-3)")
@@ -319,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-requests", type=int, default=None, help="override the point's requests per seed")
     p.add_argument("--rate", type=float, default=None, help="override the point's offered rate (req/s)")
     p.add_argument("--engines", type=int, default=None, help="override the point's fleet size")
+    p.add_argument("--warmup-rate", type=float, default=None, help="warm-up arrivals per second (default: --rate)")
     p.add_argument("--sm", action="append", default=[], metavar="FIELD=VALUE",
                    help="override one service-model field (repeatable), e.g. --sm decode_base_ms=20")
     p.add_argument("--scrape-interval-s", type=float, default=0.5)
@@ -333,8 +336,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.seeds = args.seeds or QUICK["seeds"]
         args.arms = args.arms or QUICK["arms"]
         args.n_requests = args.n_requests or QUICK["n_requests"]
+        args.warmup_rate = args.warmup_rate or QUICK["warmup_rate"]
     args.seeds, args.arms = args.seeds or "1-3", args.arms or "all"
-    point = point_by_name(args.point, n_requests=args.n_requests, rate=args.rate, engines=args.engines)
+    point = point_by_name(args.point, n_requests=args.n_requests, rate=args.rate, engines=args.engines,
+                          warmup_rate=args.warmup_rate)
     if args.sm:
         point = replace(point, service=_service_overrides(point.service, args.sm),
                         source=point.source + " + --sm " + " ".join(args.sm))
