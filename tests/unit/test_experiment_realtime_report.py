@@ -105,10 +105,10 @@ def test_results_doc_from_run_outputs(tmp_path: Path) -> None:
     des_csv = tmp_path / "des" / "per_seed.csv"
     des_csv.parent.mkdir()
     for point, arm, seed in [("reference", "kvaware", 1), ("reference", "loadaware-b0.5", 1),
-                             ("sweep:8", "loadaware-b0.5", 1), ("sweep:8", "kvaware", 1)]:
+                             ("sweep:2x8", "loadaware-b0.5", 1), ("sweep:2x8", "kvaware", 1)]:
         outputs.append_seed_metrics_to(des_csv, _m(arm, seed), {"point": point})
     loaded = load_des(des_csv.parent)
-    assert sorted(loaded) == ["reference", "sweep:8"] and loaded["reference"]["kvaware"][0].seed == 1
+    assert sorted(loaded) == ["reference", "sweep:2x8"] and loaded["reference"]["kvaware"][0].seed == 1
     notes = tmp_path / "notes.md"
     notes.write_text("## Findings\n\nhand-written.\n")
     args = type("A", (), {"out": tmp_path / "docs", "des": des_csv.parent, "des_single": None, "des_kvev": None,
@@ -119,7 +119,7 @@ def test_results_doc_from_run_outputs(tmp_path: Path) -> None:
     assert "real time vs its discrete-event twin" in doc
     assert doc.rstrip().endswith("hand-written.")
     for png in ("rt_reference_imbalance.png", "rt_reference_ttft_cdf.png", "rt_reference_running.png",
-                "des_hit_vs_beta.png"):
+                "des_hit_vs_beta_2.png"):
         assert (tmp_path / "docs" / png).stat().st_size > 1000, png
     assert (rt / "des_twin.csv").exists()  # the twin is computed once and kept next to the run
     assert not math.isnan(outputs.load_per_seed(rt / "des_twin.csv")["kvaware"][1].imbalance)
