@@ -1,19 +1,24 @@
-"""Shared by the discovery end-to-end tests: steady traffic through Envoy that records where every request
-went, and a small client of the sidecar's loadaware.v1 API to see what the sidecar's fleet is."""
+"""Shared by the operations end-to-end tests: steady traffic through Envoy that records where every request
+went, a small client of the sidecar's loadaware.v1 API, and a whole stack on free loopback addresses (no
+queueing on the lock that guards the shipped fixed addresses)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
 
 import aiohttp
 import grpc
 
 from sidecar.api.v1 import loadaware_pb2 as pb
 from sidecar.api.v1 import loadaware_pb2_grpc as pb_grpc
+from sim.envoy_eds import eds_config, write_assignment
+from sim.stack import TINY_TOKENIZER, EnvoyProc, FleetProc, LMCacheControllerProc, SidecarProc, free_port
 
 
 @dataclass(frozen=True)
@@ -105,3 +110,76 @@ def wait_for(check: Callable[[], Any], timeout: float = 10.0, what: str = "condi
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
+
+
+def free_fleet_address(engines: int) -> tuple[str, int]:
+    """A loopback base ip and one port free on each of `engines` consecutive ips, away from the shipped
+    fixed addresses (127.0.0.2-4:8000), so these tests need not queue on sim.stack.loopback_lock()."""
+    import ipaddress
+    import random
+    import socket
+
+    rng = random.Random()
+    for _ in range(50):
+        base = ipaddress.ip_address(f"127.{rng.randrange(20, 250)}.{rng.randrange(0, 250)}.10")
+        with socket.socket() as s:
+            s.bind((str(base), 0))
+            port = int(s.getsockname()[1])
+        try:
+            for i in range(1, engines):
+                with socket.socket() as s:
+                    s.bind((str(base + i), port))
+        except OSError:
+            continue
+        return str(base), port
+    raise RuntimeError("no free loopback address block")
+
+
+class FreeStack:
+    """LMCache controller (optional) + engines + sidecar + Envoy on free addresses only. Envoy's engines
+    cluster is EDS from a file listing the fleet (sim.envoy_eds), its sidecar cluster the sidecar's port."""
+
+    def __init__(self, log_dir: Path, engines: int = 3, lmcache: bool = True,
+                 sidecar_args: Sequence[str] = (), fleet_args: Sequence[str] = ()) -> None:
+        self.log_dir = log_dir
+        self.engines = engines
+        self.use_lmcache = lmcache
+        self.sidecar_args = list(sidecar_args)
+        self.fleet_args = list(fleet_args)
+        self._exit = contextlib.ExitStack()
+        self.lmcache: LMCacheControllerProc | None = None
+        self.fleet: FleetProc | None = None
+        self.sidecar: SidecarProc | None = None
+        self.envoy: EnvoyProc | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.envoy is not None
+        return self.envoy.url
+
+    def __enter__(self) -> "FreeStack":
+        try:
+            if self.use_lmcache:
+                self.lmcache = self._exit.enter_context(LMCacheControllerProc(self.log_dir))
+            base_ip, port = free_fleet_address(self.engines)
+            self.fleet = self._exit.enter_context(FleetProc(self.log_dir, engines=self.engines, base_ip=base_ip,
+                                                            port=port, lmcache=self.lmcache,
+                                                            extra_args=self.fleet_args))
+            sidecar_port = free_port()
+            args = ["--listen", f"127.0.0.1:{sidecar_port}", "--metrics-listen", f"127.0.0.1:{free_port()}",
+                    "--endpoints", ",".join(self.fleet.endpoints), "--tokenizer", str(TINY_TOKENIZER)]
+            if self.lmcache is not None:
+                args += ["--lmcache-url", self.lmcache.url]
+            self.sidecar = self._exit.enter_context(SidecarProc([*args, *self.sidecar_args], log_dir=self.log_dir))
+            eds_dir = self.log_dir / "eds"
+            eds_dir.mkdir(exist_ok=True)
+            write_assignment(eds_dir, [(ep, "HEALTHY") for ep in self.fleet.endpoints], 1)
+            config = eds_config(eds_dir, listen_port=free_port(), admin_port=free_port(), sidecar_port=sidecar_port)
+            self.envoy = self._exit.enter_context(EnvoyProc(config, self.log_dir))
+        except BaseException:
+            self._exit.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._exit.close()

@@ -14,9 +14,9 @@ from typing import Callable, Iterator
 import pytest
 
 from sim.envoy_eds import eds_config, write_assignment
-from sim.stack import ENVOY_CONFIG, EnvoyProc, FleetProc, SidecarProc, free_port, loopback_lock
+from sim.stack import EnvoyProc, FleetProc, SidecarProc, free_port
 
-from .discovery_helpers import RouterClient, Traffic, wait_for
+from .discovery_helpers import RouterClient, Traffic, free_fleet_address, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -25,10 +25,9 @@ HOLD_S = 1.2  # traffic time per phase
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetProc]:
-    # The shipped Envoy config names 127.0.0.2-4:8000: hold the loopback lock while the engines live there.
-    with loopback_lock():
-        with FleetProc(tmp_path_factory.mktemp("discovery-fleet"), engines=3) as proc:
-            yield proc
+    base_ip, port = free_fleet_address(3)  # not the shipped fixed addresses: no loopback lock needed
+    with FleetProc(tmp_path_factory.mktemp("discovery-fleet"), engines=3, base_ip=base_ip, port=port) as proc:
+        yield proc
 
 
 def served_endpoint(fleet: FleetProc) -> dict[str, str]:
@@ -70,8 +69,12 @@ def test_file_reload_adds_and_removes_endpoints_under_traffic(fleet: FleetProc, 
     sidecar = SidecarProc(["--listen", listen, "--metrics-listen", metrics_listen, "--endpoints-file",
                            str(endpoints_file), "--policy", "leastload", "--scrape-interval-s", "0.2",
                            "--scrape-stale-s", "2"], log_dir=tmp_path)
-    envoy = EnvoyProc(ENVOY_CONFIG, tmp_path, listen_port=free_port(), admin_port=free_port(),
-                      sidecar_port=int(listen.rpartition(":")[2]))
+    # Envoy knows all three engines (as a static cluster would); the file decides which the sidecar uses.
+    eds_dir = tmp_path / "eds"
+    eds_dir.mkdir()
+    write_assignment(eds_dir, [(a, "HEALTHY"), (b, "HEALTHY"), (c, "HEALTHY")], 1)
+    envoy = EnvoyProc(eds_config(eds_dir, listen_port=free_port(), admin_port=free_port(),
+                                 sidecar_port=int(listen.rpartition(":")[2])), tmp_path)
     with sidecar, envoy:
         client = RouterClient(listen)
         assert client.routable() == {a, b} and client.endpoints().discovery == "file"

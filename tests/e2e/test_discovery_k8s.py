@@ -14,9 +14,9 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from sim.k8s_apiserver import PodEndpoint, StandInApiServer, ThreadedStandIn, make_slice
-from sim.stack import FleetProc, LMCacheControllerProc, SidecarProc, free_port, loopback_lock
+from sim.stack import FleetProc, LMCacheControllerProc, SidecarProc, free_port
 
-from .discovery_helpers import wait_for
+from .discovery_helpers import free_fleet_address, wait_for
 from .grpcurl_cli import Grpcurl
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,8 +54,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     log_dir = tmp_path_factory.mktemp("discovery-k8s")
     w = World(log_dir)
     standin = ThreadedStandIn(namespace="llm")
-    with loopback_lock(), LMCacheControllerProc(log_dir) as lmcache, \
-            FleetProc(log_dir, engines=3, lmcache=lmcache, extra_args=["--names", ",".join(PODS)]) as fleet, \
+    base_ip, port = free_fleet_address(3)  # pod ips of our own: no queueing on the fixed-address lock
+    with LMCacheControllerProc(log_dir) as lmcache, \
+            FleetProc(log_dir, engines=3, base_ip=base_ip, port=port, lmcache=lmcache,
+                      extra_args=["--names", ",".join(PODS)]) as fleet, \
             standin as api:
         w.lmcache, w.fleet, w.api = lmcache, fleet, api
         w.call = standin.call  # the stand-in lives on its own loop thread: its coroutines run there

@@ -13,8 +13,9 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from sim.stack import LMCacheControllerProc, SidecarProc, Stack, free_port, loopback_lock
+from sim.stack import LMCacheControllerProc, SidecarProc, free_port
 
+from .discovery_helpers import FreeStack
 from .grpcurl_cli import Grpcurl
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,16 +50,15 @@ def post_json(url: str, body: Any) -> tuple[int, dict[str, str], bytes]:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FreeStack]:
     log_dir = tmp_path_factory.mktemp("e2e-grpcurl")
-    with loopback_lock():
-        with Stack(log_dir, engines=3, lmcache=True,
+    with FreeStack(log_dir, engines=3, lmcache=True,
                    sidecar_args=["--scrape-interval-s", "0.2", "--scrape-stale-s", "2"]) as s:
-            yield s
+        yield s
 
 
 @pytest.fixture(scope="module")
-def grpcurl(stack: Stack) -> Grpcurl:
+def grpcurl(stack: FreeStack) -> Grpcurl:
     assert stack.sidecar is not None
     return Grpcurl(stack.sidecar.listen)
 
@@ -73,7 +73,7 @@ def test_reflection_lists_every_service_without_proto_files(grpcurl: Grpcurl) ->
     assert described.returncode == 0 and "relative_load" in described.stdout
 
 
-def test_explain_on_a_warm_prefix_shows_the_holder_and_the_formula(stack: Stack, grpcurl: Grpcurl) -> None:
+def test_explain_on_a_warm_prefix_shows_the_holder_and_the_formula(stack: FreeStack, grpcurl: Grpcurl) -> None:
     assert stack.fleet is not None and stack.sidecar is not None
     endpoint_of = {e["name"]: f"{e['ip']}:{e['port']}" for e in stack.fleet.engines}
     prompt = text(11)
@@ -108,7 +108,7 @@ def test_explain_on_a_warm_prefix_shows_the_holder_and_the_formula(stack: Stack,
     assert all(r["inflight"] == 0 for r in rows.values())
 
 
-def test_list_endpoints_reflects_a_scraped_load_change(stack: Stack, grpcurl: Grpcurl) -> None:
+def test_list_endpoints_reflects_a_scraped_load_change(stack: FreeStack, grpcurl: Grpcurl) -> None:
     assert stack.fleet is not None
     engine = stack.fleet.engines[1]
     endpoint = f"{engine['ip']}:{engine['port']}"
@@ -142,7 +142,7 @@ def test_get_config_shows_origins(grpcurl: Grpcurl) -> None:
     assert rows["discovery"]["value"] == "static"
 
 
-def test_health_serving_and_not_serving(stack: Stack, grpcurl: Grpcurl, tmp_path: Path) -> None:
+def test_health_serving_and_not_serving(stack: FreeStack, grpcurl: Grpcurl, tmp_path: Path) -> None:
     assert stack.fleet is not None
     assert grpcurl.health("") == "SERVING"
     assert grpcurl.health("envoy.service.ext_proc.v3.ExternalProcessor") == "SERVING"
