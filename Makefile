@@ -7,7 +7,8 @@ STAMP := $(VENV)/.installed
 LMCACHE_STAMP := $(LMCACHE_VENV)/.installed
 EXPERIMENT_STAMP := $(VENV)/.experiment-installed
 
-.PHONY: help install lmcache demo test test-unit bench proto proto-check k8s-config clean
+.PHONY: help install lmcache demo test test-unit bench proto proto-check k8s-config clean peers experiment \
+	experiment-quick results
 
 help:
 	@echo "make demo   - Envoy + sidecar + simulated engines + LMCache controller on loopback, with traffic"
@@ -15,6 +16,7 @@ help:
 	@echo "make bench  - Envoy alone vs Envoy + sidecar: CPU, latency, rate"
 	@echo "make experiment       - the reference experiment in real time, all arms + peers (SEEDS=1-20)"
 	@echo "make experiment-quick - the same, 3 seeds and the arms the targets are judged on (< 15 min)"
+	@echo "make results          - docs/results.md from the experiment's runs (+ the discrete-event mode)"
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -69,23 +71,36 @@ $(PEERS_STAMP):
 
 peers: $(PEERS_STAMP)
 
-# The reference experiment in real time (experiment/realtime): every arm and both peers, then the report.
-# SEEDS, POINT, ARMS and EXPERIMENT_ARGS (e.g. --max-minutes 60 --resume) are overridable.
+# The reference experiment in real time (experiment/realtime): the reference point with every arm and both
+# peers, then the queueing point, then the discrete-event runs and docs/results.md (`make results`).
+# SEEDS, ARMS, QUEUEING_ARMS and EXPERIMENT_ARGS (e.g. --max-minutes 60 --resume) are overridable.
 SEEDS ?= 1-20
-POINT ?= reference
 ARMS ?= all
-EXPERIMENT_OUT ?= out/experiment/realtime-$(POINT)
+QUEUEING_ARMS ?= kvaware,loadaware-b0.5,loadaware-b1.0,loadaware-b0.5-kvev,loadaware-b1.0-kvev,roundrobin,sglang-router,vllm-router
 EXPERIMENT_ARGS ?=
+EXPERIMENT_DIR := out/experiment
+
 # numpy, scipy, matplotlib: the experiment (and the demo's closing short run of it).
 $(EXPERIMENT_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,experiment]'
 	touch $@
 
 experiment: $(EXPERIMENT_STAMP) $(LMCACHE_STAMP) $(PEERS_STAMP)
-	$(PY) -m experiment.realtime.driver --point $(POINT) --seeds $(SEEDS) --arms $(ARMS) --out $(EXPERIMENT_OUT) $(EXPERIMENT_ARGS)
+	$(PY) -m experiment.realtime.driver --point reference --seeds $(SEEDS) --arms $(ARMS) --out $(EXPERIMENT_DIR)/realtime-reference $(EXPERIMENT_ARGS)
+	$(PY) -m experiment.realtime.driver --point queueing --seeds $(SEEDS) --arms $(QUEUEING_ARMS) --out $(EXPERIMENT_DIR)/realtime-queueing $(EXPERIMENT_ARGS)
+	$(MAKE) results
 
 experiment-quick: $(EXPERIMENT_STAMP) $(LMCACHE_STAMP) $(PEERS_STAMP)
-	$(PY) -m experiment.realtime.driver --quick --out out/experiment/realtime-quick $(EXPERIMENT_ARGS)
+	$(PY) -m experiment.realtime.driver --quick --out $(EXPERIMENT_DIR)/realtime-quick $(EXPERIMENT_ARGS)
+
+# docs/results.md + PNGs from the runs above and two discrete-event runs (20 seeds each, ~2 min in all).
+results: $(EXPERIMENT_STAMP)
+	mkdir -p $(EXPERIMENT_DIR)
+	$(PY) -m experiment.des_run --seeds 20 --out $(EXPERIMENT_DIR)/des > $(EXPERIMENT_DIR)/des.log
+	$(PY) -m experiment.realtime.crosscheck des --seeds 1-20 --out $(EXPERIMENT_DIR)/des-kvev
+	$(PY) -m experiment.results_doc --des $(EXPERIMENT_DIR)/des --des-kvev $(EXPERIMENT_DIR)/des-kvev \
+		--realtime $(EXPERIMENT_DIR)/realtime-reference --realtime-queueing $(EXPERIMENT_DIR)/realtime-queueing \
+		--notes docs/findings.md --out docs
 
 clean:
 	rm -rf $(VENV) $(LMCACHE_VENV) $(PEERS_VENV) build *.egg-info

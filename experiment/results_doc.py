@@ -489,7 +489,7 @@ def sweep_section(sweep: dict[int, dict[float, Results]], out: Path) -> list[str
 
 
 def wall_section(rt_dir: Path | None, rtq_dir: Path | None, args: argparse.Namespace) -> list[str]:
-    lines = ["## Wall time", ""]
+    lines = ["**Wall time.**", ""]
     for d, label in ((rt_dir, "reference"), (rtq_dir, "queueing")):
         if d is None:
             continue
