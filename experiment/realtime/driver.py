@@ -25,12 +25,14 @@ import contextlib
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from experiment.metrics import median_of, seed_metrics
@@ -330,8 +332,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so every `finally` stops the processes this run started (the engines,
+    # Envoy and LMCache run in their own sessions and would otherwise outlive a killed driver).
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
     if args.quick:
         args.seeds = args.seeds or QUICK["seeds"]
         args.arms = args.arms or QUICK["arms"]
