@@ -186,8 +186,8 @@ def agreement_section(rt_dir: Path, label: str) -> list[str]:
     lines = [f"### {label}: real time vs its discrete-event twin", "",
              f"Same seeds ({', '.join(map(str, seeds))}), same workload and service model; the twin's router "
              "refines its in-flight counts with 1 s scrapes like the sidecar, and lmcache arms get "
-             "single-holder credit, KV-events arms multi-holder credit. Cells: real time / DES (median over seeds) "
-             "and the median per-seed relative difference.", "",
+             "single-holder credit, KV-events arms are credited from every engine's GPU prefix cache. Cells: "
+             "real time / DES (median over the seeds both have) and the median per-seed relative difference.", "",
              "| arm | " + " | ".join(metrics) + " |", "|---|" + "---|" * len(metrics)]
     for arm in _order(list(agree)):
         cells = []

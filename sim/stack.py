@@ -19,7 +19,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
@@ -47,7 +46,9 @@ class ProcError(RuntimeError):
     """A managed process died or did not become ready; the message carries its log tail."""
 
 
-LOOPBACK_LOCK_PATH = Path(tempfile.gettempdir()) / "loadaware-loopback.lock"
+# Machine-wide, not per TMPDIR: the addresses it guards are shared by every checkout and every TMPDIR on
+# this host (a run under another TMPDIR once started a second stack beside a running experiment).
+LOOPBACK_LOCK_PATH = Path(os.environ.get("LOADAWARE_LOOPBACK_LOCK", "/tmp/loadaware-loopback.lock"))
 _lock_guard = threading.Lock()
 _lock_depth = 0
 _lock_file: Any = None

@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -46,7 +47,8 @@ from experiment.realtime.scrape import sum_by_label
 from experiment.realtime.sender import SenderSpec, result_from_json
 from experiment.workload import build
 from sim.service_model import ServiceModel
-from sim.stack import (REPO, SIDECAR_PORT, TINY_TOKENIZER, EnvoyProc, FleetProc, LMCacheControllerProc,
+from sim.fleet import engine_ips
+from sim.stack import (ENVOY_ADMIN_PORT, ENVOY_LISTEN_PORT, REPO, SIDECAR_PORT, TINY_TOKENIZER, EnvoyProc, FleetProc, LMCacheControllerProc,
                        ManagedProc, ProcError, SidecarProc, _python, free_port, loopback_lock)
 
 # `make experiment-quick`: sized to finish in under 15 minutes on the 2-core machine (see docs/results.md).
@@ -54,6 +56,7 @@ from sim.stack import (REPO, SIDECAR_PORT, TINY_TOKENIZER, EnvoyProc, FleetProc,
 QUICK: dict[str, Any] = {"seeds": "1-3", "arms": "quick", "n_requests": 300, "warmup_rate": 32.0}
 ENGINE_BASE_IP = "127.0.0.2"
 ENGINE_PORT = 8000
+KV_EVENTS_PORT, KV_EVENTS_REPLAY_PORT = 5557, 5558  # sim.fleet's defaults, on every engine's ip
 
 
 @dataclass
@@ -115,9 +118,26 @@ class Fleet:
         self.engines: dict[str, str] = {}  # name -> base URL
         self.endpoints: list[str] = []  # HOST:PORT as Envoy and the sidecar name them
 
+    def fixed_addresses(self) -> list[tuple[str, int]]:
+        ips = engine_ips(ENGINE_BASE_IP, self.cfg.point.engines)
+        return ([("127.0.0.1", ENVOY_LISTEN_PORT), ("127.0.0.1", ENVOY_ADMIN_PORT), ("127.0.0.1", SIDECAR_PORT)]
+                + [(ip, port) for ip in ips for port in (ENGINE_PORT, KV_EVENTS_PORT, KV_EVENTS_REPLAY_PORT)])
+
+    def wait_addresses_free(self, timeout: float) -> None:
+        """A run that does not share our lock (another checkout with another TMPDIR) may hold the fixed
+        addresses; Envoy and grpc bind with SO_REUSEPORT, so starting beside it would silently split the
+        traffic between the two stacks. Wait until nothing listens on any of them."""
+        deadline = time.monotonic() + timeout
+        while busy := [f"{h}:{p}" for h, p in self.fixed_addresses() if _listening(h, p)]:
+            if time.monotonic() > deadline:
+                raise ProcError(f"fixed addresses still in use after {timeout:.0f}s: {', '.join(busy)}")
+            print(f"[experiment] waiting for another run to free {', '.join(busy[:4])} ...", flush=True)
+            time.sleep(15.0)
+
     def start(self) -> None:
         try:
             self.exit.enter_context(loopback_lock(self.cfg.lock_timeout_s))
+            self.wait_addresses_free(self.cfg.lock_timeout_s)
             if self.cfg.needs_lmcache:
                 self.lmcache = self.exit.enter_context(LMCacheControllerProc(self.logs))
             extra = service_flags(self.cfg.point.service)
@@ -141,6 +161,12 @@ class Fleet:
     def procs(self) -> dict[str, ManagedProc]:
         return {n: p for n, p in (("fleet", self.fleet), ("envoy", self.envoy), ("lmcache", self.lmcache))
                 if p is not None and p.running}
+
+
+def _listening(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex((host, port)) == 0
 
 
 def _cpu(procs: dict[str, ManagedProc]) -> dict[str, float]:
@@ -217,6 +243,14 @@ def run_one(cfg: DriverConfig, fleet: Fleet, arm: RealArm, seed: int) -> dict[st
     result = result_from_json(out_path.read_text())
     run = outputs.run_records(result, arm.name, seed, point.workload.rate)
     m = seed_metrics(run)
+    decided = sum(counters.get("decisions", {}).values()) if arm.kind == "sidecar" else None
+    expected = result.warmup_sent + m.sent
+    # Every request of a sidecar arm must have been decided by OUR sidecar: a foreign Envoy or sidecar
+    # sharing the fixed ports (SO_REUSEPORT) would take some, and the run would silently mix two stacks.
+    suspect = decided is not None and decided != expected
+    if suspect:
+        print(f"[experiment] WARNING {arm.name} seed {seed}: the sidecar decided {decided:g} of {expected} "
+              "requests; another stack may have shared the fixed ports (run kept, marked suspect)", flush=True)
     cpu = {k: cpu1[k] - cpu0[k] for k in cpu1 if k in cpu0}
     cpu["sender"] = result.cpu_s
     info = {"arm": arm.name, "seed": seed, "point": point.name, "router": arm.kind, "url": spec.url,
@@ -227,7 +261,7 @@ def run_one(cfg: DriverConfig, fleet: Fleet, arm: RealArm, seed: int) -> dict[st
             "warmup_errors": result.warmup_errors, "warmup_wall_s": result.warmup_wall_s,
             "measure_wall_s": result.measure_wall_s, "launch_lag_p99_ms": result.launch_lag_p99_ms,
             "launch_lag_max_ms": result.launch_lag_max_ms, "scrape_errors": result.scrape_errors,
-            "errors": result.errors, "metrics": m.row()}
+            "errors": result.errors, "decided_by_sidecar": decided, "suspect": suspect, "metrics": m.row()}
     outputs.write_run(cfg.out, arm.name, seed, result, info)
     outputs.append_seed_metrics(cfg.out, m)
     return info
