@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pytest
 
 from sim.stack import LMCacheControllerProc, SidecarProc, free_port
 
-from .discovery_helpers import FreeStack
+from .discovery_helpers import FreeStack, wait_for
 from .grpcurl_cli import Grpcurl
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,17 +28,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not LMCacheControllerProc.avai
 
 def text(seed: int, words: int = 700) -> str:
     return " ".join(WORDS[(seed * 5 + i * (seed + 2)) % len(WORDS)] for i in range(words)) + f" case{seed}."
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def post_json(url: str, body: Any) -> tuple[int, dict[str, str], bytes]:
