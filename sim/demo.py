@@ -550,6 +550,26 @@ def start_stack(log_dir: Path, sidecar_args: list[str], attempts: int = 4, wait_
     raise ProcError("could not start the stack")
 
 
+def experiment_section(out: Path, point_name: str) -> str:
+    """The closing short version of the reference experiment (experiment/realtime/demo_run.py): a fresh
+    fleet, Envoy, sidecar per arm; prints the per-arm table. Returns "ok", or "skipped" without numpy."""
+    try:
+        from experiment.realtime.demo_run import DEMO_ARMS, DEMO_SEEDS, demo_point, run_demo_experiment
+    except ImportError as e:  # the experiment extra (numpy) is not installed in this environment
+        print(f"\n(short experiment skipped: {e}; `make experiment` installs what it needs)", flush=True)
+        return "skipped"
+    point = demo_point(point_name)
+    wl = point.workload
+    print(f"\n== Experiment (short, {point.name} point): seeds {DEMO_SEEDS}, arms {DEMO_ARMS}", flush=True)
+    print(f"   {point.engines} engines, {wl.rate:g} req/s, ~{wl.prefix_tokens + wl.suffix_tokens:,}-token prompts over "
+          f"{wl.n_prefixes} Zipf({wl.zipf_s:g}) prefixes, {wl.n_requests} measured requests per seed "
+          "(`make experiment` runs 500 x 20 seeds, every arm and both peer routers)", flush=True)
+    table = run_demo_experiment(out, point_name)
+    print("\nmedians over seeds (imbalance = busiest / idlest mean running; SLO = TTFT <= 150 ms):", flush=True)
+    print(table, flush=True)
+    return "ok"
+
+
 def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -558,6 +578,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sim.demo", description="loadaware routing demo")
     parser.add_argument("--log-dir", type=Path, default=DEFAULT_LOG_DIR)
     parser.add_argument("--beta", type=float, default=1.0)
+    parser.add_argument("--no-experiment", action="store_true",
+                        help="skip the closing short experiment (2 seeds x 3 arms, ~3.5 min)")
+    parser.add_argument("--experiment-point", choices=("reference", "tiny"), default="reference",
+                        help="the short experiment's operating point (tiny: seconds, for tests)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _raise_on_sigterm)  # stop the stack on SIGTERM as on Ctrl-C
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started in the background
@@ -586,11 +610,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if stack is not None:
             stack.stop()
+    experiment = "skipped"
+    if not args.no_experiment and not demo.failures:
+        try:
+            experiment = experiment_section(args.log_dir / "experiment", args.experiment_point)
+        except KeyboardInterrupt:
+            print("\ninterrupted: the experiment stopped its processes", flush=True)
+            return 130
+        except (ProcError, OSError, RuntimeError) as e:
+            demo.check(False, f"the short experiment did not run: {e}")
     elapsed = time.monotonic() - t0
     f = demo.facts
     print(f"\nsummary: step1={f.get('step1')} step2={f.get('step2')} step3={f.get('step3')} "
           f"step4={f.get('step4')} step5={f.get('step5')} burst={f.get('burst')} "
-          f"fallbacks={f.get('fallbacks')} inflight={f.get('inflight')} elapsed={elapsed:.1f}s", flush=True)
+          f"fallbacks={f.get('fallbacks')} inflight={f.get('inflight')} experiment={experiment} "
+          f"elapsed={elapsed:.1f}s", flush=True)
     if demo.failures:
         print(f"DEMO FAILED: {len(demo.failures)} check(s) failed: " + "; ".join(demo.failures), flush=True)
         return 1

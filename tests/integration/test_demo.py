@@ -14,7 +14,9 @@ import pytest
 from sim.stack import LMCACHE_VENV_BIN, REPO
 
 CONTROLLER = LMCACHE_VENV_BIN / "lmcache_controller"
-TIMEOUT_S = 900.0  # the demo itself takes ~10 s; it may first queue behind other runs for the fixed ports
+# The demo takes ~10 s, plus ~1.5 min for its short experiment on the tiny point; it may first queue
+# behind other runs for the fixed ports.
+TIMEOUT_S = 900.0
 
 pytestmark = [
     pytest.mark.e2e,
@@ -31,7 +33,7 @@ def _python() -> str:
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
     log_dir: Path = tmp_path_factory.mktemp("demo-logs")
-    proc = subprocess.run([_python(), "-m", "sim.demo", "--log-dir", str(log_dir)], cwd=REPO,
+    proc = subprocess.run([_python(), "-m", "sim.demo", "--log-dir", str(log_dir), "--experiment-point", "tiny"], cwd=REPO,
                           capture_output=True, text=True, timeout=TIMEOUT_S,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     if "still in use by another run" in proc.stdout:
@@ -88,3 +90,21 @@ def test_burst_clean(demo_run: subprocess.CompletedProcess[str]) -> None:
     assert s["fallbacks"] == "0", s
     assert s["inflight"] == "0", s
     assert "sidecar in-flight after the burst: total=0" in demo_run.stdout
+
+
+def test_short_experiment_table(demo_run: subprocess.CompletedProcess[str]) -> None:
+    """The closing short experiment ran every demo arm on both seeds through the real stack and printed
+    its table of medians (here on the CI-sized point; `make demo` runs the reference point)."""
+    out = demo_run.stdout
+    assert _summary(out)["experiment"] == "ok", out
+    assert "== Experiment (short, tiny point)" in out, out
+    table = out[out.index("medians over seeds"):]
+    for arm in ("kvaware", "loadaware-b0.5", "loadaware-b0.5-kvev"):
+        row = re.search(rf"^{re.escape(arm)}\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s*$",
+                        table, re.M)
+        assert row is not None, (arm, table)
+        n, imbalance, ttft_p95, hit, _slo, _ttft_mean, err = row.groups()
+        assert n == "2", row.group(0)  # both seeds
+        assert float(imbalance) >= 1.0 and float(ttft_p95) > 0.0, row.group(0)
+        assert 0.0 < float(hit) <= 1.0, row.group(0)  # the warm-up made prefixes hit
+        assert float(err) == 0.0, row.group(0)
