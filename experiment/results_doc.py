@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.stats import spearmanr
 
 from experiment import report
 from experiment.metrics import SeedMetrics, median_of
@@ -111,7 +110,8 @@ def hit_points(res: Results, arm: str, base: str) -> float:
 
 
 # ---- sections ------------------------------------------------------------------------------------------
-def targets_section(modes: Mapping[str, Results], queueing: Mapping[str, Results]) -> list[str]:
+def targets_section(modes: Mapping[str, tuple[Results, str]],
+                    queueing: Mapping[str, tuple[Results, list[str]]]) -> list[str]:
     lines = ["## Targets at a glance", "",
              "Reference point target: loadaware β = 0.5 cuts imbalance by ≥ 40% against kvaware (one-sided exact "
              "Wilcoxon p < 0.025) while losing ≤ 1 point of prefix hit rate.", "",
@@ -228,6 +228,21 @@ def agreement_section(rt_dir: Path, label: str) -> list[str]:
     return lines + ["", agreement_summary(agree, metrics), ""]
 
 
+def _average_ranks(values: Sequence[float]) -> np.ndarray:
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(len(values))
+    ranks[order] = np.arange(1, len(values) + 1)
+    for v in set(values):  # ties share their mean rank
+        tied = np.array(values) == v
+        ranks[tied] = ranks[tied].mean()
+    return ranks
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's rank correlation (Pearson on average ranks)."""
+    return float(np.corrcoef(_average_ranks(x), _average_ranks(y))[0, 1])
+
+
 def agreement_summary(agree: Mapping[str, Mapping[str, tuple[float, float, float]]], metrics: Sequence[str]) -> str:
     """One sentence: how far the modes are apart per cell, and whether they order the arms alike."""
     cells = [(agree[a][m][2], a, m) for a in agree for m in metrics if not math.isnan(agree[a][m][2])]
@@ -239,7 +254,7 @@ def agreement_summary(agree: Mapping[str, Mapping[str, tuple[float, float, float
     for m in ("imbalance", "ttft_p95"):
         pairs = [(agree[a][m][0], agree[a][m][1]) for a in agree]
         if len(pairs) >= 3:
-            rho = float(spearmanr([r for r, _ in pairs], [t for _, t in pairs]).statistic)
+            rho = spearman([r for r, _ in pairs], [t for _, t in pairs])
             orders.append(f"{m} ρ = {rho:.2f}")
     return (f"Agreement: over {len(agree)} arms × {len(metrics)} metrics the median per-seed relative difference "
             f"is {100 * float(np.median(diffs)):.0f}% (90th percentile {100 * float(np.quantile(diffs, 0.9)):.0f}%, "
@@ -288,8 +303,8 @@ def plots_realtime(rt_dir: Path, out: Path, stem: str, title: str, res: Results)
     report.plot_ttft_cdf(ttfts, out / f"{stem}_ttft_cdf.png", f"TTFT CDF, real time ({title})", SLO_S)
     made.append(f"![TTFT CDF, real time]({stem}_ttft_cdf.png)")
     seed = min(m.seed for ms in res.values() for m in ms) if res else None
-    wanted = [a for a in ("kvaware", "loadaware-b0.5", "loadaware-b0.5-kvev", "loadaware-b1.0-kvev", "roundrobin",
-                          "sglang-router", "vllm-router") if a in res]
+    wanted: list[str] = [a for a in ("kvaware", "loadaware-b0.5", "loadaware-b0.5-kvev", "loadaware-b1.0-kvev",
+                                     "roundrobin", "sglang-router", "vllm-router") if a in res]
     if seed is not None and wanted:
         series = {a: running_rounds(outputs.load_run(rt_dir, a, seed)) for a in wanted}
         report.plot_running(series, out / f"{stem}_running.png",

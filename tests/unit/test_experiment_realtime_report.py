@@ -123,3 +123,16 @@ def test_results_doc_from_run_outputs(tmp_path: Path) -> None:
         assert (tmp_path / "docs" / png).stat().st_size > 1000, png
     assert (rt / "des_twin.csv").exists()  # the twin is computed once and kept next to the run
     assert not math.isnan(outputs.load_per_seed(rt / "des_twin.csv")["kvaware"][1].imbalance)
+
+
+def test_spearman_matches_scipy_with_ties() -> None:
+    from scipy.stats import spearmanr
+
+    from experiment.results_doc import spearman
+
+    cases = [([1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 30.0, 40.0]), ([1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 1.0]),
+             ([1.0, 2.0, 2.0, 3.0, 5.0], [0.3, 0.1, 0.4, 0.4, 0.9]), ([2.5, 0.1, 7.0, 3.3, 3.3, 1.0],
+                                                                     [1.0, 2.0, 3.0, 4.0, 5.0, 6.0])]
+    for x, y in cases:
+        assert spearman(x, y) == pytest.approx(float(spearmanr(x, y).statistic), abs=1e-12)
+    assert spearman([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == pytest.approx(-1.0)
