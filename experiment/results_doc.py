@@ -81,11 +81,23 @@ def _f(v: float, d: int = 3) -> str:
     return report._f(v, d)
 
 
+def _arm_rank(arm: str) -> tuple[int, float, str]:
+    """kvaware, loadaware by β, the load-only arms, then the same with KV-events credit, then the peers."""
+    base, kvev = arm.removesuffix("-kvev"), arm.endswith("-kvev")
+    group = {"kvaware": 0, "roundrobin": 2, "leastload": 3, "sglang-router": 8, "vllm-router": 9}.get(base)
+    beta = 0.0
+    if base.startswith("loadaware-b"):
+        try:
+            group, beta = 1, float(base.removeprefix("loadaware-b"))
+        except ValueError:
+            group = None
+    if group is None:
+        return (10, 0.0, arm)
+    return (group + (4 if kvev and group < 4 else 0), beta, arm)
+
+
 def _order(arms: Sequence[str]) -> list[str]:
-    rank = ["kvaware", "loadaware-b0", "loadaware-b0.5", "loadaware-b1.0", "loadaware-b2.0", "roundrobin",
-            "leastload", "kvaware-kvev", "loadaware-b0.5-kvev", "loadaware-b1.0-kvev", "sglang-router",
-            "vllm-router"]
-    return sorted(arms, key=lambda a: (rank.index(a) if a in rank else len(rank), a))
+    return sorted(arms, key=_arm_rank)
 
 
 def _ordered(res: Results) -> Results:
