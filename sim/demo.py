@@ -562,7 +562,8 @@ def experiment_section(out: Path, point_name: str) -> str:
     wl = point.workload
     print(f"\n== Experiment (short, {point.name} point): seeds {DEMO_SEEDS}, arms {DEMO_ARMS}", flush=True)
     print(f"   {point.engines} engines, {wl.rate:g} req/s, ~{wl.prefix_tokens + wl.suffix_tokens:,}-token prompts over "
-          f"{wl.n_prefixes} Zipf({wl.zipf_s:g}) prefixes, {wl.n_requests} measured requests per seed "
+          f"{wl.n_prefixes} Zipf({wl.zipf_s:g}) prefixes, {wl.warmup_passes} warm-up pass(es), {wl.n_requests} "
+          "measured requests per seed "
           "(`make experiment` runs 500 x 20 seeds, every arm and both peer routers)", flush=True)
     table = run_demo_experiment(out, point_name)
     print("\nmedians over seeds (imbalance = busiest / idlest mean running; SLO = TTFT <= 150 ms):", flush=True)
@@ -579,7 +580,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--log-dir", type=Path, default=DEFAULT_LOG_DIR)
     parser.add_argument("--beta", type=float, default=1.0)
     parser.add_argument("--no-experiment", action="store_true",
-                        help="skip the closing short experiment (2 seeds x 3 arms, ~3.5 min)")
+                        help="skip the closing short experiment (2 seeds x 3 arms, ~4 min)")
     parser.add_argument("--experiment-point", choices=("reference", "tiny"), default="reference",
                         help="the short experiment's operating point (tiny: seconds, for tests)")
     args = parser.parse_args(argv)
