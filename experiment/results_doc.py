@@ -251,8 +251,11 @@ def _average_ranks(values: Sequence[float]) -> np.ndarray:
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    """Spearman's rank correlation (Pearson on average ranks)."""
-    return float(np.corrcoef(_average_ranks(x), _average_ranks(y))[0, 1])
+    """Spearman's rank correlation (Pearson on average ranks); NaN when either side is constant."""
+    rx, ry = _average_ranks(x), _average_ranks(y)
+    if rx.std() == 0 or ry.std() == 0:
+        return math.nan
+    return float(np.corrcoef(rx, ry)[0, 1])
 
 
 def agreement_summary(agree: Mapping[str, Mapping[str, tuple[float, float, float]]], metrics: Sequence[str]) -> str:

@@ -369,6 +369,9 @@ def test_lmcache_slow_is_time_boxed(h: Harness, tmp_path: Path) -> None:
         await asyncio.sleep(3)
         return web.json_response({"event_id": "x", "layout_info": {}})
 
+    async def no_workers(_request: web.Request) -> web.Response:
+        return web.json_response({"event_id": "x", "worker_infos": []})
+
     port = free_port()
     ready = __import__("threading").Event()
     loop = asyncio.new_event_loop()
@@ -377,7 +380,7 @@ def test_lmcache_slow_is_time_boxed(h: Harness, tmp_path: Path) -> None:
         asyncio.set_event_loop(loop)
         app = web.Application()
         app.router.add_post("/lookup", slow_lookup)
-        app.router.add_post("/query_worker_info", lambda r: web.json_response({"event_id": "x", "worker_infos": []}))
+        app.router.add_post("/query_worker_info", no_workers)
         runner = web.AppRunner(app)
         loop.run_until_complete(runner.setup())
         loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())

@@ -136,3 +136,4 @@ def test_spearman_matches_scipy_with_ties() -> None:
     for x, y in cases:
         assert spearman(x, y) == pytest.approx(float(spearmanr(x, y).statistic), abs=1e-12)
     assert spearman([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == pytest.approx(-1.0)
+    assert math.isnan(spearman([2.0, 2.0, 2.0], [1.0, 2.0, 3.0]))  # no order to compare
