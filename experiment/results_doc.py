@@ -81,19 +81,17 @@ def _f(v: float, d: int = 3) -> str:
     return report._f(v, d)
 
 
-def _arm_rank(arm: str) -> tuple[int, float, str]:
+def _arm_rank(name: str) -> tuple[int, float, str]:
     """kvaware, loadaware by β, the load-only arms, then the same with KV-events credit, then the peers."""
-    base, kvev = arm.removesuffix("-kvev"), arm.endswith("-kvev")
-    group = {"kvaware": 0, "roundrobin": 2, "leastload": 3, "sglang-router": 8, "vllm-router": 9}.get(base)
-    beta = 0.0
-    if base.startswith("loadaware-b"):
-        try:
-            group, beta = 1, float(base.removeprefix("loadaware-b"))
-        except ValueError:
-            group = None
-    if group is None:
-        return (10, 0.0, arm)
-    return (group + (4 if kvev and group < 4 else 0), beta, arm)
+    try:
+        arm = arm_by_name(name)
+    except ValueError:
+        return (10, 0.0, name)
+    if arm.kind == "peer":
+        return (8 if arm.peer == "sglang-router" else 9, 0.0, name)
+    group = {"kvaware": 0, "loadaware": 1, "roundrobin": 2, "leastload": 3}.get(arm.policy, 10)
+    kvev = 4 if arm.prefix_source == "kv-events" and group < 4 else 0
+    return (group + kvev, arm.beta if arm.policy == "loadaware" else 0.0, name)
 
 
 def _order(arms: Sequence[str]) -> list[str]:

@@ -19,7 +19,6 @@ from experiment.realtime.points import OperatingPoint, point_by_name
 
 DEMO_ARMS = "kvaware,loadaware-b0.5,loadaware-b0.5-kvev"
 DEMO_SEEDS = [1, 2]
-DEMO_POINTS = ("reference", "tiny")
 
 
 def demo_point(name: str) -> OperatingPoint:
