@@ -17,7 +17,7 @@ RUN python -m venv /opt/loadaware
 WORKDIR /src
 # Dependencies first (a layer that survives source edits), then the package itself.
 COPY pyproject.toml README.md ./
-COPY sidecar ./sidecar
+COPY loadaware ./loadaware
 RUN /opt/loadaware/bin/pip install --upgrade pip setuptools \
     && /opt/loadaware/bin/pip install /src \
     && /opt/loadaware/bin/loadaware-sidecar config > /dev/null

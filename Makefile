@@ -48,7 +48,7 @@ test-unit: $(EXPERIMENT_STAMP)
 bench: $(STAMP) $(LMCACHE_STAMP)
 	$(PY) -m bench.run
 
-# The project's own gRPC API: proto/loadaware/v1 -> sidecar/api/v1 (checked in).
+# The project's own gRPC API: proto/loadaware/v1 -> loadaware/api/v1 (checked in).
 proto: $(STAMP)
 	$(PY) proto/generate.py
 

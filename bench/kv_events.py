@@ -22,12 +22,12 @@ from typing import Any
 
 import msgpack
 
-from sidecar.policies import Candidate
-from sidecar.policies.loadaware import LoadAware
-from sidecar.sources.block_index import BlockIndex, block_keys
-from sidecar.sources.kv_events import KvEventsPrefixSource
-from sidecar.sources.kv_events_codec import decode_batch
-from sidecar.sources.kv_events_sync import ApplyCounts, apply_batch
+from loadaware.policies import Candidate
+from loadaware.policies.loadaware import LoadAware
+from loadaware.prefix.blocks import BlockIndex, block_keys
+from loadaware.prefix.kvevents.feeds import KvEventsPrefixSource
+from loadaware.prefix.kvevents.codec import decode_batch
+from loadaware.prefix.kvevents.sync import ApplyCounts, apply_batch
 
 TARGETS = {"decision_cpu_us": 1000.0, "ingest_block_events_per_s": 50_000.0}
 BS = 16

@@ -12,7 +12,7 @@ It runs the SAME engine model as the real-time simulated engines and the SAME de
   `decode_step_seconds(running)` with `running` read when that step starts (so decode slows as the batch
   grows: the "decode-batch concentration" behind the reference's imbalance). Counters and gauges are
   EngineCore's: prefix_cache_queries/hits in tokens (GPU hits only), running, waiting, kv_cache_usage.
-- router: `sidecar.policies.make_policy` scores `Candidate(endpoint, matched_tokens, load)` exactly as the
+- router: `loadaware.policies.make_policy` scores `Candidate(endpoint, matched_tokens, load)` exactly as the
   decision pipeline builds them; load is the sidecar's own `InflightTracker` count (taken at the decision,
   released when the response ends), optionally refined through the sidecar's `LoadView` with engine scrapes
   every `router_scrape_interval_s` that arrive `router_scrape_lag_s` late.
@@ -37,10 +37,10 @@ from typing import Literal
 
 from experiment.records import EngineSample, RequestRecord, RunRecords
 from experiment.workload import Request, Workload
-from sidecar.policies import Policy, make_policy
-from sidecar.policies.base import Candidate
-from sidecar.sources.inflight import InflightTracker, Lease
-from sidecar.sources.loads import EngineStats, LoadView
+from loadaware.policies import Policy, make_policy
+from loadaware.policies.base import Candidate
+from loadaware.load.inflight import InflightTracker, Lease
+from loadaware.load.view import EngineStats, LoadView
 from sim.lmcache_chunks import LMCACHE_CHUNK_SIZE, LMCacheStore, chunk_keys
 from sim.prefix_cache import Block, PrefixCache, block_key, iter_blocks
 from sim.service_model import ServiceModel, split_prompt

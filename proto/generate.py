@@ -1,10 +1,10 @@
-"""Compile proto/loadaware/v1/*.proto into sidecar/api/v1/ with grpcio-tools, or check the checked-in code.
+"""Compile proto/loadaware/v1/*.proto into loadaware/api/v1/ with grpcio-tools, or check the checked-in code.
 
     python proto/generate.py          # regenerate (what `make proto` runs)
     python proto/generate.py --check  # exit 1 when the checked-in code is stale (CI, `make test`)
 
 protoc writes `from loadaware.v1 import loadaware_pb2` into the gRPC stubs (the import follows the .proto
-path); the stubs live inside the sidecar package, so that import is rewritten to a relative one.
+path); the stubs live inside the loadaware package, so that import is rewritten to a relative one.
 The check ignores the lines that only record the generator's version, so a newer grpcio-tools on another
 machine does not count as "stale" while the API itself is unchanged.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PROTO_ROOT = REPO / "proto"
 PACKAGE_DIR = Path("loadaware") / "v1"
-OUT_DIR = REPO / "sidecar" / "api" / "v1"
+OUT_DIR = REPO / "loadaware" / "api" / "v1"
 SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 
 # Lines that name the generator's version, not the API: ignored by --check.

@@ -460,12 +460,12 @@ class SidecarProc(ManagedProc):
 
     @staticmethod
     def command() -> list[str]:
-        """The console script when installed; else the same entry point (sidecar.cli:main) via python, so a
+        """The console script when installed; else the same entry point (loadaware.cli:main) via python, so a
         checkout whose venv predates the script still runs."""
         script = VENV_BIN / "loadaware-sidecar"
         if script.exists():
             return [str(script)]
-        return [_python(), "-c", "import sys; from sidecar.cli import main; sys.exit(main())"]
+        return [_python(), "-c", "import sys; from loadaware.cli import main; sys.exit(main())"]
 
     @classmethod
     def available(cls) -> bool:

@@ -15,8 +15,8 @@ from typing import Any, Callable, Iterable, Sequence
 import aiohttp
 import grpc
 
-from sidecar.api.v1 import loadaware_pb2 as pb
-from sidecar.api.v1 import loadaware_pb2_grpc as pb_grpc
+from loadaware.api.v1 import loadaware_pb2 as pb
+from loadaware.api.v1 import loadaware_pb2_grpc as pb_grpc
 from sim.envoy_eds import eds_config, write_assignment
 from sim.stack import TINY_TOKENIZER, EnvoyProc, FleetProc, LMCacheControllerProc, SidecarProc, free_port
 

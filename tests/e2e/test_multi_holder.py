@@ -23,8 +23,8 @@ from typing import Any, Iterator
 import pytest
 from tokenizers import Tokenizer
 
-from sidecar.policies import Candidate
-from sidecar.policies.loadaware import loadaware_scores
+from loadaware.policies import Candidate
+from loadaware.policies.loadaware import loadaware_scores
 from sim.stack import FleetProc, LMCacheControllerProc, SidecarProc, Stack, free_port
 
 REPO = Path(__file__).resolve().parents[2]

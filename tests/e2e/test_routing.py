@@ -19,8 +19,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tokenizers import Tokenizer
 
-from sidecar.policies.loadaware import loadaware_scores
-from sidecar.policies import Candidate
+from loadaware.policies.loadaware import loadaware_scores
+from loadaware.policies import Candidate
 from sim.stack import LMCacheControllerProc, SidecarProc, Stack, free_port, loopback_lock
 
 REPO = Path(__file__).resolve().parents[2]

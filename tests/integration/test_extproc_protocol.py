@@ -16,8 +16,8 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from sidecar.app import Sidecar
-from sidecar.config import from_args
+from loadaware.app import Sidecar
+from loadaware.config import from_args
 from sim.stack import SidecarProc, free_port
 
 FLEET = "127.0.0.2:18000,127.0.0.3:18000"

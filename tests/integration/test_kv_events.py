@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 import pytest
 
-from sidecar.sources.block_index import BlockIndex, block_keys
-from sidecar.sources.kv_events import FeedAddress, KvEventsFeeds, KvEventsPrefixSource
-from sidecar.telemetry.metrics import Metrics
+from loadaware.prefix.blocks import BlockIndex, block_keys
+from loadaware.prefix.kvevents.feeds import FeedAddress, KvEventsFeeds, KvEventsPrefixSource
+from loadaware.telemetry.metrics import Metrics
 from sim.fleet import KvEventsOptions, start_fleet
 from sim.kv_events_publisher import KvEventsPublisher
 from sim.prefix_cache import PrefixCache

@@ -118,4 +118,4 @@ def test_the_build_context_builds_the_package(tmp_path: Path) -> None:
     assert "sidecar/sources/discovery_k8s.py" in names
     assert not any(n.startswith(("sim/", "tests/")) for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "loadaware-sidecar = sidecar.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "loadaware-sidecar = loadaware.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

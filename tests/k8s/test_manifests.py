@@ -22,10 +22,10 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from sidecar.app import LIVENESS_SERVICE
-from sidecar.config import SETTINGS
-from sidecar.sources.discovery_metrics import DiscoveryMetrics
-from sidecar.telemetry.metrics import Metrics
+from loadaware.app import LIVENESS_SERVICE
+from loadaware.config import SETTINGS
+from loadaware.fleet.discovery.metrics import DiscoveryMetrics
+from loadaware.telemetry.metrics import Metrics
 from sim.stack import EnvoyProc, free_port
 
 from . import envoyfilter
@@ -244,7 +244,7 @@ def test_sidecar_container_settings_are_real_and_probes_match(kustomization: str
     known = {s.env for s in SETTINGS}
     assert set(env) <= known, set(env) - known  # a misspelt variable would be silently ignored
     # the settings parse and the combination is accepted at start
-    from sidecar.config import resolve
+    from loadaware.config import resolve
     settings = resolve({}, env)
     assert all(settings.origins[s.name] == "env" for s in SETTINGS if s.env in env)
     grpc_port = int(env["LOADAWARE_LISTEN"].rpartition(":")[2])

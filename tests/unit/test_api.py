@@ -10,22 +10,22 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
-from sidecar.api import explain
-from sidecar.api.servicer import RouterServicer
-from sidecar.api.v1 import loadaware_pb2 as pb
-from sidecar.api.v1 import loadaware_pb2_grpc as pb_grpc
-from sidecar.config import resolve
-from sidecar.decision.pipeline import Decider
-from sidecar.policies import make_policy
-from sidecar.policies.loadaware import loadaware_scores
-from sidecar.policies import Candidate
-from sidecar.sources.discovery_catalog import DiscoveredEndpoint, DiscoveryCatalog
-from sidecar.sources.endpoints import EndpointRegistry
-from sidecar.sources.inflight import InflightTracker
-from sidecar.sources.instance_bridge import InstanceBridge
-from sidecar.sources.loads import EngineStats, LoadView
-from sidecar.sources.tokenizer import AsyncTokenizer, PromptTokenizer
-from sidecar.telemetry.metrics import Metrics
+from loadaware.api import explain
+from loadaware.api.servicer import RouterServicer
+from loadaware.api.v1 import loadaware_pb2 as pb
+from loadaware.api.v1 import loadaware_pb2_grpc as pb_grpc
+from loadaware.config import resolve
+from loadaware.routing.pipeline import Decider
+from loadaware.policies import make_policy
+from loadaware.policies.loadaware import loadaware_scores
+from loadaware.policies import Candidate
+from loadaware.fleet.discovery.catalog import DiscoveredEndpoint, DiscoveryCatalog
+from loadaware.fleet.registry import EndpointRegistry
+from loadaware.load.inflight import InflightTracker
+from loadaware.prefix.lmcache.bridge import InstanceBridge
+from loadaware.load.view import EngineStats, LoadView
+from loadaware.tokenize.tokenizer import AsyncTokenizer, PromptTokenizer
+from loadaware.telemetry.metrics import Metrics
 
 FLEET = ("127.0.0.2:8000", "127.0.0.3:8000", "127.0.0.4:8000")
 

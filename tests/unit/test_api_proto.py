@@ -36,7 +36,7 @@ def test_check_fails_on_a_changed_proto(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_generated_stubs_import_inside_the_package() -> None:
-    from sidecar.api.v1 import loadaware_pb2, loadaware_pb2_grpc
+    from loadaware.api.v1 import loadaware_pb2, loadaware_pb2_grpc
 
     assert loadaware_pb2.DESCRIPTOR.package == "loadaware.v1"
     assert loadaware_pb2.DESCRIPTOR.name == "loadaware/v1/loadaware.proto"

@@ -7,18 +7,18 @@ from typing import Sequence
 
 import pytest
 
-from sidecar.config import from_args
-from sidecar.decision.pipeline import Decider
-from sidecar.decision.request import InferenceRequest
-from sidecar.policies import make_policy
-from sidecar.sources.approx import ApproxIndex, ApproxPrefixSource, TextUnits
-from sidecar.sources.block_index import block_keys
-from sidecar.sources.endpoints import EndpointRegistry
-from sidecar.sources.inflight import InflightTracker
-from sidecar.sources.loads import LoadView
-from sidecar.sources.prefix import PrefixUnavailable
-from sidecar.sources.prefix_combined import CombinedPrefixSource, Member, PrefixWiring
-from sidecar.telemetry.metrics import Metrics
+from loadaware.config import from_args
+from loadaware.routing.pipeline import Decider
+from loadaware.routing.request import InferenceRequest
+from loadaware.policies import make_policy
+from loadaware.prefix.approx import ApproxIndex, ApproxPrefixSource, TextUnits
+from loadaware.prefix.blocks import block_keys
+from loadaware.fleet.registry import EndpointRegistry
+from loadaware.load.inflight import InflightTracker
+from loadaware.load.view import LoadView
+from loadaware.prefix.source import PrefixUnavailable
+from loadaware.prefix.combined import CombinedPrefixSource, Member, PrefixWiring
+from loadaware.telemetry.metrics import Metrics
 
 A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
 P1 = list(range(320))
@@ -147,7 +147,7 @@ def test_flag_selects_the_sources() -> None:
         assert (wiring.text_units_tokenizer(False) is not None) == (expected == ("approx",))
         if wiring.kv_feeds is not None:
             asyncio.run(wiring.close())
-    from sidecar.config import ConfigError
+    from loadaware.config import ConfigError
 
     with pytest.raises(ConfigError, match="--prefix-source"):
         from_args(["--prefix-source", "lmcache"])

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from sidecar.config import ConfigError, from_args, parse_instance_map
+from loadaware.config import ConfigError, from_args, parse_instance_map
 
 
 def test_beta_default() -> None:

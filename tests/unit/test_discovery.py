@@ -13,12 +13,12 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from sidecar.sources.discovery_catalog import DiscoveredEndpoint, DiscoveryCatalog, merge
-from sidecar.sources.discovery_envoy import ClusterNotFound, EnvoyAdminDiscovery, host_health, \
+from loadaware.fleet.discovery.catalog import DiscoveredEndpoint, DiscoveryCatalog, merge
+from loadaware.fleet.discovery.envoy_admin import ClusterNotFound, EnvoyAdminDiscovery, host_health, \
     parse_cluster_hosts
-from sidecar.sources.discovery_metrics import DiscoveryMetrics
-from sidecar.sources.endpoints import EndpointRegistry
-from sidecar.sources.inflight import InflightTracker
+from loadaware.fleet.discovery.metrics import DiscoveryMetrics
+from loadaware.fleet.registry import EndpointRegistry
+from loadaware.load.inflight import InflightTracker
 
 RECORDED = json.loads((Path(__file__).parents[1] / "fixtures" / "envoy-admin-clusters.json").read_text())
 

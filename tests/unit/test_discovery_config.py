@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.app import Sidecar
-from sidecar.config import ConfigError, from_args, resolve
+from loadaware.app import Sidecar
+from loadaware.config import ConfigError, from_args, resolve
 
 
 @pytest.mark.parametrize(("argv", "named"), [
@@ -41,7 +41,7 @@ def test_discovery_mode_follows_the_endpoint_flags() -> None:
 
 
 def test_the_cli_refuses_at_start_with_the_setting_named() -> None:
-    result = subprocess.run([sys.executable, "-c", "import sys; from sidecar.cli import main; sys.exit(main())",
+    result = subprocess.run([sys.executable, "-c", "import sys; from loadaware.cli import main; sys.exit(main())",
                              "serve", "--discovery", "kubernetes"], capture_output=True, text=True, timeout=60,
                             cwd=Path(__file__).resolve().parents[2])
     assert result.returncode == 2

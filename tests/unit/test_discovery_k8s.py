@@ -13,11 +13,11 @@ import kubernetes_validate
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar.sources.discovery_catalog import DiscoveryCatalog
-from sidecar.sources.discovery_k8s import KubernetesDiscovery, SliceSet, endpoint_health, make_api_client, \
+from loadaware.fleet.discovery.catalog import DiscoveryCatalog
+from loadaware.fleet.discovery.kubernetes import KubernetesDiscovery, SliceSet, endpoint_health, make_api_client, \
     slice_endpoints
-from sidecar.sources.discovery_metrics import DiscoveryMetrics
-from sidecar.sources.endpoints import EndpointRegistry
+from loadaware.fleet.discovery.metrics import DiscoveryMetrics
+from loadaware.fleet.registry import EndpointRegistry
 from sim.k8s_apiserver import PodEndpoint, StandInApiServer, make_slice, recorded_events, recorded_list
 
 

@@ -8,7 +8,7 @@ from typing import AsyncIterator
 import pytest
 from aiohttp import web
 
-from sidecar.sources.http1 import KeepAliveClient
+from loadaware.prefix.lmcache.http1 import KeepAliveClient
 
 
 @pytest.fixture

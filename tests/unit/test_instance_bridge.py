@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sidecar.sources.instance_bridge import InstanceBridge, WorkerRecord
+from loadaware.prefix.lmcache.bridge import InstanceBridge, WorkerRecord
 
 FLEET = ("127.0.0.2:8000", "127.0.0.3:8000", "127.0.0.4:8000")
 

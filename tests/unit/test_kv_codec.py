@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from sidecar.sources.kv_events_codec import AllBlocksCleared, BlockRemoved, BlockStored, DecodeError, \
+from loadaware.prefix.kvevents.codec import AllBlocksCleared, BlockRemoved, BlockStored, DecodeError, \
     decode_batch, decode_seq
 from sim.kv_events_publisher import KvEventsPublisher
 from sim.prefix_cache import PrefixCache

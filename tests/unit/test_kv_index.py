@@ -5,10 +5,10 @@ from __future__ import annotations
 import gc
 import tracemalloc
 
-from sidecar.sources.block_index import BlockIndex, block_keys, walk
-from sidecar.sources.kv_events_codec import AllBlocksCleared, BlockRemoved, BlockStored
-from sidecar.sources.kv_events import KvEventsPrefixSource
-from sidecar.sources.kv_events_sync import apply_batch
+from loadaware.prefix.blocks import BlockIndex, block_keys, walk
+from loadaware.prefix.kvevents.codec import AllBlocksCleared, BlockRemoved, BlockStored
+from loadaware.prefix.kvevents.feeds import KvEventsPrefixSource
+from loadaware.prefix.kvevents.sync import apply_batch
 from sim.prefix_cache import PrefixCache, iter_blocks
 
 BS = 16
@@ -136,7 +136,7 @@ def test_apply_batch_in_order_and_all_blocks_cleared() -> None:
 def test_index_mirrors_a_simulated_prefix_cache_through_eviction() -> None:
     """Feed the index from a real (simulated) LRU prefix cache under churn: it must equal the cache."""
     from sim.kv_events_publisher import KvEventsPublisher
-    from sidecar.sources.kv_events_codec import decode_batch
+    from loadaware.prefix.kvevents.codec import decode_batch
 
     cache = PrefixCache(capacity_blocks=40, block_size=BS)
     pub = KvEventsPublisher("127.0.0.1", 0, None, BS)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sidecar.sources.kv_events_sync import FeedSync, Verdict
+from loadaware.prefix.kvevents.sync import FeedSync, Verdict
 
 
 def test_in_order_from_zero() -> None:

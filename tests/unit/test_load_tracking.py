@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from sidecar.sources.inflight import InflightTracker
-from sidecar.sources.loads import EngineStats, LoadView
+from loadaware.load.inflight import InflightTracker
+from loadaware.load.view import EngineStats, LoadView
 
 
 class Clock:

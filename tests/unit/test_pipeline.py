@@ -7,15 +7,15 @@ from typing import Sequence
 
 import pytest
 
-from sidecar.decision.pipeline import Decider
-from sidecar.decision.request import InferenceRequest
-from sidecar.policies import make_policy
-from sidecar.sources.endpoints import EndpointRegistry
-from sidecar.sources.inflight import InflightTracker
-from sidecar.sources.loads import LoadView
-from sidecar.sources.prefix import PrefixUnavailable
-from sidecar.sources.tokenizer import AsyncTokenizer, PromptTokenizer
-from sidecar.telemetry.metrics import Metrics
+from loadaware.routing.pipeline import Decider
+from loadaware.routing.request import InferenceRequest
+from loadaware.policies import make_policy
+from loadaware.fleet.registry import EndpointRegistry
+from loadaware.load.inflight import InflightTracker
+from loadaware.load.view import LoadView
+from loadaware.prefix.source import PrefixUnavailable
+from loadaware.tokenize.tokenizer import AsyncTokenizer, PromptTokenizer
+from loadaware.telemetry.metrics import Metrics
 
 TOKENIZER = "sim/assets/tiny-model"
 FLEET = ("127.0.0.2:8000", "127.0.0.3:8000", "127.0.0.4:8000")

@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from sidecar.policies import Candidate, KvAware, LeastLoad, LoadAware, RoundRobin, make_policy
-from sidecar.policies.loadaware import benefit, loadaware_scores, relative_loads
+from loadaware.policies import Candidate, KvAware, LeastLoad, LoadAware, RoundRobin, make_policy
+from loadaware.policies.loadaware import benefit, loadaware_scores, relative_loads
 
 
 def cands(*spec: tuple[str, int, float]) -> list[Candidate]:

@@ -6,8 +6,8 @@ import random
 
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from sidecar.sources.token_chunks import ChunkedEncoder, split_points
-from sidecar.sources.tokenizer import PromptTokenizer
+from loadaware.tokenize.pieces import ChunkedEncoder, split_points
+from loadaware.tokenize.tokenizer import PromptTokenizer
 
 TINY = "sim/assets/tiny-model"
 WORDS = ["the", "engine", "cache", "naïve", "café", "x1", "42", "it's", "end.", "(a)", "—", "\n", "\t", "  ", "ok?"]

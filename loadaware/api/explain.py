@@ -1,0 +1,109 @@
+"""Pure translation of the sidecar's state into loadaware.v1 messages. No I/O, no clocks of its own."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from google.protobuf import json_format, struct_pb2
+
+from loadaware.routing.pipeline import Decision
+from loadaware.policies.loadaware import benefit, relative_loads
+from loadaware.fleet.discovery.catalog import DiscoveredEndpoint
+from loadaware.load.view import EngineStats
+from loadaware.api.v1 import loadaware_pb2 as pb
+
+FORMULAS = {
+    "loadaware": "score(i) = min(1, matched_tokens(i) / prompt_tokens) - beta * relative_load(i); "
+                 "relative_load(i) = (load(i) - mean_load) / max(1, mean_load)",
+    "kvaware": "score(i) = matched_tokens(i); when nobody matches, score(i) = -load(i)",
+    "leastload": "score(i) = -load(i)",
+    "roundrobin": "next endpoint in lexical order; score 1 for it, 0 for the others",
+}
+HEALTH = {"HEALTHY": pb.HEALTHY, "DEGRADED": pb.DEGRADED, "UNHEALTHY": pb.UNHEALTHY, "DRAINING": pb.DRAINING}
+
+
+def body_bytes(request: pb.ExplainRequest) -> bytes:
+    """The request body a client would POST: the Struct as JSON (integral numbers back to ints: a Struct
+    holds doubles, and token-id prompts and max_tokens are ints), else raw_body."""
+    if request.HasField("body"):
+        return json.dumps(_ints(json_format.MessageToDict(request.body))).encode()
+    return request.raw_body.encode()
+
+
+def _ints(value: Any) -> Any:
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_ints(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _ints(v) for k, v in value.items()}
+    return value
+
+
+def scraped(stats: EngineStats | None, now: float, stale_s: float) -> pb.ScrapedLoad | None:
+    if stats is None:
+        return None
+    age = max(0.0, now - stats.at)
+    msg = pb.ScrapedLoad(running=stats.running, waiting=stats.waiting, age_seconds=round(age, 3),
+                         fresh=age <= stale_s)
+    if stats.kv_usage is not None:
+        msg.kv_cache_usage = stats.kv_usage
+    return msg
+
+
+def explanation(decision: Decision, policy: str, beta: float, kind: str,
+                instance_for: Callable[[str], str | None], inflight: Callable[[str], int],
+                stats_for: Callable[[str], pb.ScrapedLoad | None]) -> pb.ExplainResponse:
+    candidates = decision.candidates
+    loads = [c.load for c in candidates]
+    rel = relative_loads(loads) if loads else []
+    out = pb.ExplainResponse(
+        outcome=decision.outcome, endpoint=decision.endpoint or "", reasons=list(decision.reasons),
+        policy=policy, beta=beta if policy == "loadaware" else 0.0, formula=FORMULAS.get(policy, ""), kind=kind,
+        prompt_tokens=decision.prompt_tokens, mean_load=sum(loads) / len(loads) if loads else 0.0,
+        stages_ms={k: round(v * 1e3, 3) for k, v in decision.stages.items()})
+    for c, score, r in zip(candidates, decision.scores, rel):
+        out.endpoints.append(pb.EndpointScore(
+            endpoint=c.endpoint, lmcache_instance_id=instance_for(c.endpoint) or "",
+            matched_tokens=c.matched_tokens, benefit=benefit(c.matched_tokens, decision.prompt_tokens),
+            inflight=inflight(c.endpoint), scraped=stats_for(c.endpoint), load=c.load, relative_load=r,
+            score=score, chosen=c.endpoint == decision.endpoint))
+    return out
+
+
+def endpoint_list(entries: Iterable[DiscoveredEndpoint], source: str, routable: Sequence[str],
+                  loads: Sequence[float], instance_for: Callable[[str], str | None],
+                  inflight: Callable[[str], int], stats_for: Callable[[str], pb.ScrapedLoad | None]
+                  ) -> list[pb.Endpoint]:
+    load_of = dict(zip(routable, loads))
+    members = set(routable)
+    out = []
+    for e in entries:
+        out.append(pb.Endpoint(
+            endpoint=e.endpoint, source=source, health=HEALTH.get(e.health, pb.HEALTH_UNSPECIFIED),
+            health_detail=e.detail, routable=e.endpoint in members, inflight=inflight(e.endpoint),
+            load=load_of.get(e.endpoint, 0.0), last_scrape=stats_for(e.endpoint),
+            lmcache_instance_id=instance_for(e.endpoint) or e.instance_id, pod=e.pod, zone=e.zone))
+    return out
+
+
+def settings_list(described: Iterable[Mapping[str, Any]]) -> list[pb.Setting]:
+    out = []
+    for item in described:
+        value = struct_pb2.Value()
+        json_format.ParseDict(_jsonable(item["value"]), value)
+        out.append(pb.Setting(name=item["name"], flag=item["flag"], env=item["env"], value=value,
+                              origin=item["origin"]))
+    return out
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (str, bool, int, float)) or value is None:
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in value]
+    return str(value)

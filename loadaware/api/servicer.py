@@ -1,0 +1,87 @@
+"""loadaware.v1.Router on the sidecar's gRPC server: Explain, ListEndpoints, GetConfig.
+
+Read-only: Explain runs the real decision pipeline with count=False (no in-flight count, no decision
+metric, no routing feedback to prefix indexes) on a copy of the policy, so even round robin's turn is not
+used up by looking at it.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import uuid
+from typing import Callable
+
+import grpc
+
+from loadaware.config import Settings
+from loadaware.routing.pipeline import Decider
+from loadaware.routing.request import BadRequest, inference_kind, parse_body
+from loadaware.fleet.discovery.catalog import DiscoveryCatalog
+from loadaware.fleet.registry import EndpointRegistry
+from loadaware.load.inflight import InflightTracker
+from loadaware.prefix.lmcache.bridge import InstanceBridge
+from loadaware.load.view import LoadView
+from loadaware.api import explain
+from loadaware.api.v1 import loadaware_pb2 as pb
+from loadaware.api.v1 import loadaware_pb2_grpc as pb_grpc
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Router"].full_name
+DEFAULT_PATH = "/v1/completions"
+
+
+class RouterServicer(pb_grpc.RouterServicer):
+    def __init__(self, settings: Settings, decider: Decider, registry: EndpointRegistry, loads: LoadView,
+                 inflight: InflightTracker, bridge: InstanceBridge, catalog: DiscoveryCatalog,
+                 ready: Callable[[], bool]) -> None:
+        self.settings = settings
+        self.decider = decider
+        self.registry = registry
+        self.loads = loads
+        self.inflight = inflight
+        self.bridge = bridge
+        self.catalog = catalog
+        self.ready = ready
+
+    def add_to(self, server: grpc.aio.Server) -> None:
+        pb_grpc.add_RouterServicer_to_server(self, server)
+
+    def _stats(self) -> Callable[[str], pb.ScrapedLoad | None]:
+        now = self.loads.clock()
+        stale_s = self.loads.stale_s
+        return lambda ep: explain.scraped(self.loads.stats(ep), now, stale_s)
+
+    async def Explain(self, request: pb.ExplainRequest, context: grpc.aio.ServicerContext) -> pb.ExplainResponse:
+        s = self.settings
+        path = request.path or DEFAULT_PATH
+        kind = inference_kind("POST", path)
+        if kind is None:
+            return pb.ExplainResponse(outcome="passthrough", reasons=["not_an_inference_path"], policy=s.policy)
+        t = time.perf_counter()
+        try:
+            parsed = parse_body(kind, explain.body_bytes(request))
+        except BadRequest as exc:
+            return pb.ExplainResponse(outcome="rejected", reasons=[exc.reason], message=exc.message,
+                                      policy=s.policy, kind=kind)
+        decider = copy.copy(self.decider)  # shares every source; only the policy's own state is copied
+        decider.policy = copy.copy(self.decider.policy)
+        decision = await decider.decide(parsed, f"explain-{uuid.uuid4().hex[:12]}", count=False,
+                                        parse_s=time.perf_counter() - t)
+        return explain.explanation(decision, s.policy, s.loadaware_beta, kind, self.bridge.instance_for,
+                                   self.inflight.count, self._stats())
+
+    async def ListEndpoints(self, request: pb.ListEndpointsRequest,
+                            context: grpc.aio.ServicerContext) -> pb.ListEndpointsResponse:
+        routable = self.registry.snapshot()
+        loads = self.loads.loads(routable) if routable else []
+        endpoints = explain.endpoint_list(self.catalog.entries(), self.catalog.source, routable, loads,
+                                          self.bridge.instance_for, self.inflight.count, self._stats())
+        return pb.ListEndpointsResponse(endpoints=endpoints, discovery=self.catalog.source, ready=self.ready(),
+                                        fleet_version=self.registry.version)
+
+    async def GetConfig(self, request: pb.GetConfigRequest, context: grpc.aio.ServicerContext) -> pb.GetConfigResponse:
+        described = self.settings.describe()
+        for item in described:
+            if item["name"] == "discovery" and not item["value"]:
+                item["value"] = self.settings.discovery_mode  # what "not given" amounts to
+        return pb.GetConfigResponse(settings=explain.settings_list(described))

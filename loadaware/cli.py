@@ -1,0 +1,62 @@
+"""`loadaware-sidecar serve [flags]` and `loadaware-sidecar config [flags]`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Sequence
+
+from loadaware.config import ConfigError, from_args
+from loadaware.telemetry.logs import configure
+
+USAGE = """usage: loadaware-sidecar {serve,config} [flags]
+
+  serve   run the Envoy ext_proc routing server
+  config  print the effective configuration (flag > env > default) and exit
+
+Run 'loadaware-sidecar serve --help' for the flags.
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    if command not in ("serve", "config"):
+        print(f"loadaware-sidecar: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+        return 2
+    try:
+        settings = from_args(rest)
+    except ConfigError as exc:
+        print(f"loadaware-sidecar: configuration refused: {exc}", file=sys.stderr)
+        return 2
+    configure(settings.log_level)
+    if command == "config":
+        print(json.dumps(settings.describe(), indent=2))
+        return 0
+    from loadaware.app import Sidecar  # heavy imports only when serving
+
+    try:
+        sidecar = Sidecar(settings)
+    except (OSError, ValueError, Exception) as exc:  # noqa: BLE001 - a startup failure names its cause
+        print(f"loadaware-sidecar: cannot start: {exc}", file=sys.stderr)
+        return 2
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    try:
+        asyncio.run(sidecar.run_until_signalled())
+    except OSError as exc:
+        print(f"loadaware-sidecar: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,401 @@
+"""The one settings object: command-line flag > environment variable > default, validated at start.
+
+A bad flag value is refused with a message naming the flag. A bad environment value falls back to the
+default with a warning (DESIGN.md §1: an unparsable LOADAWARE_BETA must not take the gateway down).
+Every value remembers where it came from, so the effective configuration can be explained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from loadaware.policies import POLICY_NAMES
+
+log = logging.getLogger(__name__)
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message names the flag."""
+
+
+# ---- value parsers: each raises ValueError with a short reason ----
+
+def parse_hostport(text: str) -> tuple[str, int]:
+    host, sep, port_text = text.strip().rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    host = host.strip("[]")
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port {port} out of range")
+    return host, port
+
+
+def parse_endpoint(text: str) -> str:
+    host, port = parse_hostport(text)
+    if port == 0:
+        raise ValueError(f"{text!r}: an endpoint needs a real port")
+    return f"{host}:{port}"
+
+
+def parse_endpoint_list(text: str) -> tuple[str, ...]:
+    items = [t.strip() for t in text.replace("\n", ",").split(",") if t.strip()]
+    out: list[str] = []
+    for item in items:
+        ep = parse_endpoint(item)
+        if ep not in out:
+            out.append(ep)
+    return tuple(out)
+
+
+DISCOVERY_MODES = ("static", "file", "envoy-admin", "kubernetes")
+
+
+def parse_discovery(text: str) -> str:
+    mode = text.strip().lower()
+    if mode not in DISCOVERY_MODES:
+        raise ValueError(f"{text!r}: expected one of {', '.join(DISCOVERY_MODES)}")
+    return mode
+
+
+def parse_name(text: str) -> str:
+    if not text.strip() or any(c.isspace() for c in text.strip()):
+        raise ValueError(f"{text!r} is not a name")
+    return text.strip()
+
+
+def parse_instance_map(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        instance_id, sep, endpoint = item.partition("=")
+        if not sep or not instance_id.strip():
+            raise ValueError(f"{item!r} is not INSTANCE_ID=HOST:PORT")
+        out[instance_id.strip()] = parse_endpoint(endpoint)
+    return out
+
+
+def parse_beta(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{text!r}: beta must be a finite number >= 0")
+    return value
+
+
+def parse_positive(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{text!r} must be a positive number")
+    return value
+
+
+def parse_policy(text: str) -> str:
+    if text not in POLICY_NAMES:
+        raise ValueError(f"{text!r}: expected one of {', '.join(POLICY_NAMES)}")
+    return text
+
+
+def parse_url(text: str) -> str:
+    text = text.strip().rstrip("/")
+    if not text.startswith(("http://", "https://")):
+        raise ValueError(f"{text!r} is not an http(s) URL")
+    return text
+
+
+def parse_header_name(text: str) -> str:
+    name = text.strip().lower()
+    if not name or any(c.isspace() or c == ":" for c in name):
+        raise ValueError(f"{text!r} is not a valid header name")
+    return name
+
+
+def parse_log_level(text: str) -> str:
+    level = text.strip().upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ValueError(f"{text!r}: expected debug, info, warning or error")
+    return level
+
+
+def parse_path(text: str) -> str:
+    if not text.strip():
+        raise ValueError("empty path")
+    return text.strip()
+
+
+def parse_optional_hostport(text: str) -> str:
+    if text.strip().lower() in ("", "off", "none"):
+        return ""
+    host, port = parse_hostport(text)
+    return f"{host}:{port}"
+
+
+PREFIX_SOURCES = ("lmcache", "kv-events", "approx")
+
+
+def parse_prefix_sources(text: str) -> tuple[str, ...]:
+    """`lmcache`, `kv-events`, `approx`, or a comma combination; `auto` (or empty) = the default."""
+    items = [t.strip().lower() for t in text.split(",") if t.strip()]
+    if not items or items == ["auto"]:
+        return ()
+    unknown = [t for t in items if t not in PREFIX_SOURCES]
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)}: expected a comma list of {', '.join(PREFIX_SOURCES)}")
+    return tuple(s for s in PREFIX_SOURCES if s in items)  # canonical order, no duplicates
+
+
+def parse_port(text: str) -> int:
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port {port} out of range (0 = off)")
+    return port
+
+
+def parse_positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"{text!r} must be a positive integer")
+    return value
+
+
+def parse_kv_events_map(text: str) -> dict[str, str]:
+    """`ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT],...` -> {endpoint: "HOST:PUB_PORT[/REPLAY_PORT]"}."""
+    out: dict[str, str] = {}
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        endpoint, sep, target = item.partition("=")
+        pub, _, replay = target.strip().partition("/")
+        if not sep:
+            raise ValueError(f"{item!r} is not ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT]")
+        host, port = parse_hostport(pub)
+        if port == 0 or (replay and not 0 < parse_port(replay)):
+            raise ValueError(f"{item!r}: ports must be real")
+        out[parse_endpoint(endpoint)] = target.strip()
+    return out
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # attribute on Settings
+    flag: str
+    env: str
+    default: Any
+    parse: Callable[[str], Any]
+    help: str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("listen", "--listen", "LOADAWARE_LISTEN", "127.0.0.1:9002", parse_optional_hostport,
+            "gRPC address for ext_proc, health and reflection"),
+    Setting("endpoints", "--endpoints", "LOADAWARE_ENDPOINTS", (), parse_endpoint_list,
+            "engines as Envoy's cluster names them: HOST:PORT,..."),
+    Setting("endpoints_file", "--endpoints-file", "LOADAWARE_ENDPOINTS_FILE", "", parse_path,
+            "file of HOST:PORT lines or commas, re-read when it changes"),
+    # Endpoint discovery (sidecar/sources/discovery_*.py); the default follows --endpoints / --endpoints-file.
+    Setting("discovery", "--discovery", "LOADAWARE_DISCOVERY", "", parse_discovery,
+            "static | file | envoy-admin | kubernetes (default: file with --endpoints-file, else static)"),
+    Setting("envoy_admin_url", "--envoy-admin-url", "LOADAWARE_ENVOY_ADMIN_URL", "", parse_url,
+            "envoy-admin discovery: Envoy's admin API, e.g. http://127.0.0.1:9901"),
+    Setting("envoy_cluster", "--envoy-cluster", "LOADAWARE_ENVOY_CLUSTER", "engines", parse_name,
+            "envoy-admin discovery: the cluster whose hosts are the engines"),
+    Setting("discovery_interval_s", "--discovery-interval-s", "LOADAWARE_DISCOVERY_INTERVAL_S", 1.0,
+            parse_positive, "envoy-admin discovery: polling period"),
+    Setting("k8s_namespace", "--k8s-namespace", "LOADAWARE_K8S_NAMESPACE", "", parse_name,
+            "kubernetes discovery: the Service's namespace (default: the pod's own)"),
+    Setting("k8s_service", "--k8s-service", "LOADAWARE_K8S_SERVICE", "", parse_name,
+            "kubernetes discovery: the engines' Service (its EndpointSlices are watched)"),
+    Setting("k8s_port_name", "--k8s-port-name", "LOADAWARE_K8S_PORT_NAME", "", parse_name,
+            "kubernetes discovery: the Service port Envoy sends to (default: the only one)"),
+    Setting("kubeconfig", "--kubeconfig", "LOADAWARE_KUBECONFIG", "", parse_path,
+            "kubernetes discovery outside a cluster: kubeconfig file (default: in-cluster service account)"),
+    Setting("policy", "--policy", "LOADAWARE_POLICY", "loadaware", parse_policy,
+            "loadaware | kvaware | roundrobin | leastload"),
+    Setting("loadaware_beta", "--loadaware-beta", "LOADAWARE_BETA", 1.0, parse_beta,
+            "exchange rate between prefix benefit and relative load (>= 0)"),
+    Setting("lmcache_url", "--lmcache-url", "LOADAWARE_LMCACHE_URL", "", parse_url,
+            "LMCache controller HTTP API, e.g. http://127.0.0.1:9000"),
+    Setting("lmcache_instance_map", "--lmcache-instance-map", "LOADAWARE_LMCACHE_INSTANCE_MAP", {},
+            parse_instance_map, "explicit LMCache instance ids: ID=HOST:PORT,..."),
+    Setting("lmcache_timeout_ms", "--lmcache-timeout-ms", "LOADAWARE_LMCACHE_TIMEOUT_MS", 100.0,
+            parse_positive, "time box for one LMCache lookup"),
+    Setting("instance_refresh_s", "--instance-refresh-s", "LOADAWARE_INSTANCE_REFRESH_S", 30.0,
+            parse_positive, "period of the LMCache worker-info refresh (sooner when stale)"),
+    Setting("tokenizer", "--tokenizer", "LOADAWARE_TOKENIZER", "", parse_path,
+            "tokenizer.json, or a model folder holding it and tokenizer_config.json"),
+    Setting("tokenizer_timeout_ms", "--tokenizer-timeout-ms", "LOADAWARE_TOKENIZER_TIMEOUT_MS", 200.0,
+            parse_positive, "time box for one tokenization"),
+    Setting("metrics_listen", "--metrics-listen", "LOADAWARE_METRICS_LISTEN", "127.0.0.1:9102",
+            parse_optional_hostport, "Prometheus /metrics and /debug address ('off' to disable)"),
+    Setting("destination_header", "--destination-header", "LOADAWARE_DESTINATION_HEADER",
+            "x-gateway-destination-endpoint", parse_header_name, "header Envoy's override_host reads"),
+    Setting("scrape_interval_s", "--scrape-interval-s", "LOADAWARE_SCRAPE_INTERVAL_S", 1.0, parse_positive,
+            "period of the engines' /metrics scrape"),
+    Setting("scrape_timeout_ms", "--scrape-timeout-ms", "LOADAWARE_SCRAPE_TIMEOUT_MS", 500.0,
+            parse_positive, "time box for one engine scrape"),
+    Setting("scrape_stale_s", "--scrape-stale-s", "LOADAWARE_SCRAPE_STALE_S", 5.0, parse_positive,
+            "a scrape older than this is ignored"),
+    Setting("shutdown_grace_s", "--shutdown-grace-s", "LOADAWARE_SHUTDOWN_GRACE_S", 10.0, parse_positive,
+            "how long SIGTERM waits for open streams"),
+    Setting("prefix_source", "--prefix-source", "LOADAWARE_PREFIX_SOURCE", (), parse_prefix_sources,
+            "lmcache | kv-events | approx, or a comma combination (default: lmcache with --lmcache-url, "
+            "else approx)"),
+    Setting("kv_events_port", "--kv-events-port", "LOADAWARE_KV_EVENTS_PORT", 5557, parse_port,
+            "port of each engine's vLLM KV-event PUB socket, on the endpoint's host (0 = explicit map only)"),
+    Setting("kv_events_replay_port", "--kv-events-replay-port", "LOADAWARE_KV_EVENTS_REPLAY_PORT", 5558,
+            parse_port, "port of each engine's KV-event replay (ROUTER) socket (0 = none)"),
+    Setting("kv_events_endpoints", "--kv-events-endpoints", "LOADAWARE_KV_EVENTS_ENDPOINTS", {},
+            parse_kv_events_map, "explicit publishers: ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT],..."),
+    Setting("kv_events_topic", "--kv-events-topic", "LOADAWARE_KV_EVENTS_TOPIC", "", str,
+            "KV-event topic to subscribe to (vLLM's default is empty)"),
+    Setting("kv_events_max_blocks", "--kv-events-max-blocks", "LOADAWARE_KV_EVENTS_MAX_BLOCKS", 4_000_000,
+            parse_positive_int, "memory bound of the KV-events index, in blocks over all engines (~250-400 B each)"),
+    Setting("kv_events_replay_timeout_ms", "--kv-events-replay-timeout-ms",
+            "LOADAWARE_KV_EVENTS_REPLAY_TIMEOUT_MS", 2000.0, parse_positive, "time box for one replay"),
+    Setting("approx_capacity_tokens", "--approx-capacity-tokens", "LOADAWARE_APPROX_CAPACITY_TOKENS", 100_000,
+            parse_positive_int, "approximate source: each engine's prefix-cache capacity, in tokens"),
+    Setting("approx_ttl_s", "--approx-ttl-s", "LOADAWARE_APPROX_TTL_S", 300.0, parse_positive,
+            "approximate source: a guessed block not routed to for this long is forgotten"),
+    Setting("log_level", "--log-level", "LOADAWARE_LOG_LEVEL", "INFO", parse_log_level,
+            "debug logs every decision"),
+)
+
+SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+@dataclass(frozen=True)
+class Settings:
+    listen: str = "127.0.0.1:9002"
+    endpoints: tuple[str, ...] = ()
+    endpoints_file: str = ""
+    discovery: str = ""
+    envoy_admin_url: str = ""
+    envoy_cluster: str = "engines"
+    discovery_interval_s: float = 1.0
+    k8s_namespace: str = ""
+    k8s_service: str = ""
+    k8s_port_name: str = ""
+    kubeconfig: str = ""
+    policy: str = "loadaware"
+    loadaware_beta: float = 1.0
+    lmcache_url: str = ""
+    lmcache_instance_map: Mapping[str, str] = field(default_factory=dict)
+    lmcache_timeout_ms: float = 100.0
+    instance_refresh_s: float = 30.0
+    tokenizer: str = ""
+    tokenizer_timeout_ms: float = 200.0
+    metrics_listen: str = "127.0.0.1:9102"
+    destination_header: str = "x-gateway-destination-endpoint"
+    scrape_interval_s: float = 1.0
+    scrape_timeout_ms: float = 500.0
+    scrape_stale_s: float = 5.0
+    shutdown_grace_s: float = 10.0
+    prefix_source: tuple[str, ...] = ()
+    kv_events_port: int = 5557
+    kv_events_replay_port: int = 5558
+    kv_events_endpoints: Mapping[str, str] = field(default_factory=dict)
+    kv_events_topic: str = ""
+    kv_events_max_blocks: int = 4_000_000
+    kv_events_replay_timeout_ms: float = 2000.0
+    approx_capacity_tokens: int = 100_000
+    approx_ttl_s: float = 300.0
+    log_level: str = "INFO"
+    # where each value came from: "flag", "env" or "default"
+    origins: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def prefix_sources(self) -> tuple[str, ...]:
+        """The prefix sources in effect: the flag's, else LMCache when its URL is set, else approximate."""
+        return self.prefix_source or (("lmcache",) if self.lmcache_url else ("approx",))
+
+    @property
+    def discovery_mode(self) -> str:
+        """--discovery, or what --endpoints / --endpoints-file imply."""
+        return self.discovery or ("file" if self.endpoints_file else "static")
+
+    def describe(self) -> list[dict[str, Any]]:
+        """The effective configuration with each value's origin (for GetConfig and logs)."""
+        out = []
+        for s in SETTINGS:
+            value = getattr(self, s.name)
+            if isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            out.append({"name": s.name, "flag": s.flag, "env": s.env, "value": value,
+                        "origin": self.origins.get(s.name, "default")})
+        return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    for s in SETTINGS:
+        # default None so "not given" is distinguishable from "given the default"
+        parser.add_argument(s.flag, dest=s.name, default=None, metavar="VALUE",
+                            help=f"{s.help} (env {s.env}; default {s.default!r})")
+
+
+def resolve(flags: Mapping[str, str | None], environ: Mapping[str, str] | None = None) -> Settings:
+    """flags > environment > defaults. Raises ConfigError naming the flag for a bad flag value."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    for s in SETTINGS:
+        raw_flag = flags.get(s.name)
+        if raw_flag is not None:
+            try:
+                values[s.name] = s.parse(raw_flag)
+            except ValueError as exc:
+                raise ConfigError(f"{s.flag}: {exc}") from None
+            origins[s.name] = "flag"
+            continue
+        raw_env = environ.get(s.env)
+        if raw_env is not None and raw_env.strip() != "":
+            try:
+                values[s.name] = s.parse(raw_env)
+                origins[s.name] = "env"
+                continue
+            except ValueError as exc:
+                log.warning("ignoring %s=%r (%s); using the default %r", s.env, raw_env, exc, s.default)
+        values[s.name] = s.default
+        origins[s.name] = "default"
+    settings = Settings(**values, origins=origins)
+    _check_combination(settings)
+    return settings
+
+
+def _check_combination(settings: Settings) -> None:
+    if "lmcache" in settings.prefix_source and not settings.lmcache_url:
+        raise ConfigError("--prefix-source: lmcache needs --lmcache-url")
+    if not settings.listen:
+        raise ConfigError("--listen: the gRPC server needs an address")
+    if settings.endpoints and settings.endpoints_file:
+        raise ConfigError("--endpoints-file: give either --endpoints or --endpoints-file, not both")
+    if settings.scrape_stale_s < settings.scrape_interval_s:
+        raise ConfigError("--scrape-stale-s: must be at least --scrape-interval-s")
+    _check_discovery(settings)
+
+
+def _check_discovery(settings: Settings) -> None:
+    mode = settings.discovery_mode
+    if mode == "file" and not settings.endpoints_file:
+        raise ConfigError("--discovery: file needs --endpoints-file")
+    if mode in ("envoy-admin", "kubernetes") and (settings.endpoints or settings.endpoints_file):
+        raise ConfigError(f"--discovery: {mode} finds the endpoints itself; drop --endpoints / --endpoints-file")
+    if mode == "static" and settings.endpoints_file:
+        raise ConfigError("--discovery: static takes --endpoints; use --discovery file for --endpoints-file")
+    if mode == "envoy-admin" and not settings.envoy_admin_url:
+        raise ConfigError("--envoy-admin-url: --discovery envoy-admin needs Envoy's admin address")
+    if mode == "kubernetes" and not settings.k8s_service:
+        raise ConfigError("--k8s-service: --discovery kubernetes needs the engines' Service name")
+
+
+def from_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+    parser = argparse.ArgumentParser(prog="loadaware-sidecar serve")
+    add_arguments(parser)
+    ns = parser.parse_args(argv)
+    return resolve(vars(ns), environ)

@@ -1,0 +1,74 @@
+"""Scrapes every engine's /metrics concurrently on an interval, each call time-boxed."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import aiohttp
+
+from loadaware.telemetry.metrics import Metrics
+from loadaware.fleet.registry import EndpointRegistry
+from loadaware.load.view import EngineStats, LoadView
+from loadaware.load.vllm_metrics import parse_vllm_gauges
+
+log = logging.getLogger(__name__)
+
+
+class MetricsScraper:
+    def __init__(self, registry: EndpointRegistry, loads: LoadView, metrics: Metrics,
+                 interval_s: float, timeout_s: float, path: str = "/metrics") -> None:
+        self.registry = registry
+        self.loads = loads
+        self.metrics = metrics
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.path = path
+        self.rounds = 0  # completed scrape rounds (readiness waits for the first)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def scrape_one(self, endpoint: str) -> bool:
+        assert self._session is not None
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                async with self._session.get(f"http://{endpoint}{self.path}") as resp:
+                    if resp.status != 200:
+                        raise RuntimeError(f"HTTP {resp.status}")
+                    text = await resp.text()
+        except (asyncio.TimeoutError, TimeoutError):
+            self.metrics.scrape_failure(endpoint, "timeout")
+            return False
+        except Exception as exc:  # noqa: BLE001 - any failure only costs this endpoint's refinement
+            log.debug("scrape of %s failed: %s", endpoint, exc)
+            self.metrics.scrape_failure(endpoint, "error")
+            return False
+        gauges = parse_vllm_gauges(text)
+        if "running" not in gauges:
+            self.metrics.scrape_failure(endpoint, "no_vllm_metrics")
+            return False
+        if endpoint not in self.registry.snapshot():
+            return False  # vanished while we waited
+        stats = EngineStats(gauges.get("running", 0.0), gauges.get("waiting", 0.0), gauges.get("kv_usage"),
+                            time.monotonic())
+        self.loads.record(endpoint, stats)
+        self.metrics.scraped(endpoint, stats)
+        return True
+
+    async def scrape_all(self) -> None:
+        endpoints = self.registry.snapshot()
+        if endpoints:
+            await asyncio.gather(*(self.scrape_one(ep) for ep in endpoints))
+        self.rounds += 1
+
+    async def run(self) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            timeout=aiohttp.ClientTimeout(total=None))
+        try:
+            while True:
+                started = time.monotonic()
+                await self.scrape_all()
+                await asyncio.sleep(max(0.0, self.interval_s - (time.monotonic() - started)))
+        finally:
+            await self._session.close()

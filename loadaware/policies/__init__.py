@@ -1,0 +1,27 @@
+"""Pure scoring functions. The formula lives in loadaware.py."""
+
+from __future__ import annotations
+
+from loadaware.policies.base import Candidate, Choice, Policy
+from loadaware.policies.kvaware import KvAware
+from loadaware.policies.leastload import LeastLoad
+from loadaware.policies.loadaware import LoadAware
+from loadaware.policies.roundrobin import RoundRobin
+
+POLICY_NAMES = ("loadaware", "kvaware", "roundrobin", "leastload")
+
+
+def make_policy(name: str, beta: float = 1.0) -> Policy:
+    if name == "loadaware":
+        return LoadAware(beta=beta)
+    if name == "kvaware":
+        return KvAware()
+    if name == "roundrobin":
+        return RoundRobin()
+    if name == "leastload":
+        return LeastLoad()
+    raise ValueError(f"unknown policy {name!r}; expected one of {', '.join(POLICY_NAMES)}")
+
+
+__all__ = ["Candidate", "Choice", "Policy", "LoadAware", "KvAware", "LeastLoad", "RoundRobin",
+           "POLICY_NAMES", "make_policy"]

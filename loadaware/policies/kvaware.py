@@ -1,0 +1,23 @@
+"""The stock KV-aware baseline: longest prefix match wins, load ignored; load-only when nothing matches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from loadaware.policies.base import Candidate, Choice, argmax_with_tiebreak
+
+
+@dataclass
+class KvAware:
+    name: str = "kvaware"
+    uses_prefix: bool = True
+
+    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:
+        if not candidates:
+            return None
+        if any(c.matched_tokens > 0 for c in candidates):
+            scores = [float(c.matched_tokens) for c in candidates]
+        else:
+            scores = [-c.load for c in candidates]
+        return Choice(argmax_with_tiebreak(scores, candidates), tuple(scores))

@@ -1,0 +1,20 @@
+"""Pure least-load: the endpoint with the fewest requests in flight."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from loadaware.policies.base import Candidate, Choice, argmax_with_tiebreak
+
+
+@dataclass
+class LeastLoad:
+    name: str = "leastload"
+    uses_prefix: bool = False
+
+    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:
+        if not candidates:
+            return None
+        scores = [-c.load for c in candidates]
+        return Choice(argmax_with_tiebreak(scores, candidates), tuple(scores))

@@ -1,0 +1,24 @@
+"""Round robin over the endpoints in lexical order (stable whatever order discovery reports)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from loadaware.policies.base import Candidate, Choice
+
+
+@dataclass
+class RoundRobin:
+    name: str = "roundrobin"
+    uses_prefix: bool = False
+    _next: int = field(default=0, repr=False)
+
+    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:
+        if not candidates:
+            return None
+        order = sorted(range(len(candidates)), key=lambda i: candidates[i].endpoint)
+        pick = order[self._next % len(order)]
+        self._next += 1
+        scores = tuple(1.0 if i == pick else 0.0 for i in range(len(candidates)))
+        return Choice(pick, scores)

@@ -1,0 +1,203 @@
+"""The approximate prefix source, for engines that publish neither LMCache nor KV events.
+
+The sidecar remembers its own routing decisions: a request routed to engine E made E compute (and, with
+prefix caching, keep) every full block of its prompt. Those block chains, per engine, are a GUESS at E's
+prefix cache: the engine also evicts under memory pressure, serves traffic other routers sent, restarts.
+So the guess is bounded by an LRU sized from the engine's KV capacity, and decays: a block not routed to
+for `ttl_s` is dropped (the engine has probably evicted it). Every metric of this source says
+"approx" in its name, and `loadaware_prefix_source_info{exact="false"}` marks it.
+
+`ApproxIndex` is pure (the caller passes the time), so a discrete-event experiment can use it directly.
+Without a tokenizer the units are the prompt's UTF-8 bytes (`TextUnits`), in blocks of 64 bytes: the
+benefit term stays a dimensionless fraction of the prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from loadaware.telemetry.metrics import Metrics
+from loadaware.prefix.blocks import SlotTable, block_keys, unhold, walk
+
+TEXT_BLOCK_BYTES = 64
+# Rough CPython cost of one guessed block: an OrderedDict entry (key, float, links) + an inverted-map entry.
+BYTES_PER_APPROX_BLOCK = 200
+
+
+class _Guess:
+    __slots__ = ("bit", "blocks")
+
+    def __init__(self, bit: int) -> None:
+        self.bit = bit
+        self.blocks: OrderedDict[int, float] = OrderedDict()  # key -> when last routed; oldest first
+
+
+class ApproxIndex:
+    def __init__(self, capacity_blocks: int, block_size: int, ttl_s: float) -> None:
+        if capacity_blocks < 1 or block_size < 1 or ttl_s <= 0:
+            raise ValueError("capacity_blocks, block_size and ttl_s must be positive")
+        self.capacity_blocks = capacity_blocks
+        self.block_size = block_size
+        self.ttl_s = ttl_s
+        self._holders: dict[int, int] = {}
+        self._engines: dict[str, _Guess] = {}
+        self._slots = SlotTable()
+        self.evicted = {"capacity": 0, "decay": 0, "endpoint_removed": 0}
+
+    def keys(self, tokens: Sequence[int]) -> list[int]:
+        return block_keys(tokens, self.block_size, limit=self.capacity_blocks)
+
+    def record(self, engine: str, keys: Sequence[int], now: float) -> int:
+        """The request with these block keys was routed to `engine`; returns blocks evicted for capacity."""
+        guess = self._engines.get(engine)
+        if guess is None:
+            guess = self._engines[engine] = _Guess(self._slots.bit(engine))
+        blocks, holders, bit = guess.blocks, self._holders, guess.bit
+        # Tail first, so the chain's head ends up most recent: an engine evicts a sequence's tail before
+        # its head (as vLLM frees blocks in reverse), and a walk stops at the first miss anyway.
+        for key in reversed(keys):
+            if key in blocks:
+                blocks.move_to_end(key)
+            else:
+                holders[key] = holders.get(key, 0) | bit
+            blocks[key] = now
+        evicted = 0
+        while len(blocks) > self.capacity_blocks:
+            key, _ = blocks.popitem(last=False)
+            unhold(holders, key, bit)
+            evicted += 1
+        self.evicted["capacity"] += evicted
+        return evicted
+
+    def expire(self, now: float) -> int:
+        """Forget guesses older than ttl_s; returns how many."""
+        horizon = now - self.ttl_s
+        dropped = 0
+        for guess in self._engines.values():
+            blocks = guess.blocks
+            while blocks:
+                key, at = next(iter(blocks.items()))
+                if at >= horizon:
+                    break
+                del blocks[key]
+                unhold(self._holders, key, guess.bit)
+                dropped += 1
+        self.evicted["decay"] += dropped
+        return dropped
+
+    def drop(self, engine: str) -> int:
+        guess = self._engines.pop(engine, None)
+        if guess is None:
+            return 0
+        for key in guess.blocks:
+            unhold(self._holders, key, guess.bit)
+        self._slots.release(engine)
+        self.evicted["endpoint_removed"] += len(guess.blocks)
+        return len(guess.blocks)
+
+    def match(self, keys: Sequence[int], endpoints: Sequence[str]) -> dict[str, int]:
+        alive = 0
+        for name in endpoints:
+            guess = self._engines.get(name)
+            if guess is not None and guess.blocks:
+                alive |= guess.bit
+        return walk(self._holders, self._slots.names, alive, keys, self.block_size)
+
+    def blocks(self, engine: str) -> int:
+        guess = self._engines.get(engine)
+        return 0 if guess is None else len(guess.blocks)
+
+    def engines(self) -> list[str]:
+        return list(self._engines)
+
+    def approx_bytes(self) -> int:
+        return sum(len(g.blocks) for g in self._engines.values()) * BYTES_PER_APPROX_BLOCK
+
+
+class TextUnits:
+    """A stand-in tokenizer for the approximate source alone (never for an exact one): a prompt's units are
+    its UTF-8 bytes; a chat's are those of its messages in a canonical JSON form, so conversations that share
+    their first messages share a prefix."""
+
+    async def encode_prompt(self, prompt: str | Sequence[int]) -> list[int]:
+        if not isinstance(prompt, str):
+            return list(prompt)
+        return list(prompt.encode("utf-8"))
+
+    async def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        text = json.dumps(list(messages), ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+        return list(text[:-1].encode("utf-8"))  # without the closing "]": a longer chat extends the prefix
+
+    def close(self) -> None:
+        pass
+
+
+class ApproxPrefixSource:
+    """Credits engines with what the sidecar itself routed to them. Approximate: see the module notes."""
+
+    name = "approx"
+    exact = False
+
+    def __init__(self, index: ApproxIndex, metrics: Metrics, clock: Any = time.monotonic) -> None:
+        self.index = index
+        self.metrics = metrics
+        self.clock = clock
+        # The decision that follows a lookup routes the same token list: keep its keys and answer.
+        self._last_tokens: Sequence[int] | None = None
+        self._last_keys: list[int] = []
+        self._last_answer: dict[str, int] = {}
+
+    def _keys(self, tokens: Sequence[int]) -> list[int]:
+        if tokens is not self._last_tokens:
+            self._last_tokens = tokens
+            self._last_keys = self.index.keys(tokens)
+            self._last_answer = {}
+        return self._last_keys
+
+    def lookup(self, tokens: Sequence[int], endpoints: Sequence[str]) -> dict[str, int]:
+        answer = self.index.match(self._keys(tokens), endpoints)
+        self._last_answer = answer
+        return answer
+
+    async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...]) -> dict[str, int]:
+        return self.lookup(tokens, endpoints)
+
+    def routed(self, tokens: Sequence[int], endpoint: str) -> None:
+        """Called by the decision pipeline once a request with a prompt is routed."""
+        keys = self._keys(tokens)
+        credited = self._last_answer.get(endpoint, 0)
+        if credited:
+            self.metrics.approx_credited.inc(credited)
+        evicted = self.index.record(endpoint, keys, self.clock())
+        if evicted:
+            self.metrics.approx_evictions.labels("capacity").inc(evicted)
+
+    def drop(self, endpoint: str) -> None:
+        dropped = self.index.drop(endpoint)
+        if dropped:
+            self.metrics.approx_evictions.labels("endpoint_removed").inc(dropped)
+
+    def expire(self) -> None:
+        dropped = self.index.expire(self.clock())
+        if dropped:
+            self.metrics.approx_evictions.labels("decay").inc(dropped)
+
+    def refresh_gauges(self) -> None:
+        for endpoint in self.index.engines():
+            self.metrics.approx_blocks.labels(endpoint).set(self.index.blocks(endpoint))
+        self.metrics.approx_bytes.set(self.index.approx_bytes())
+
+    def state(self) -> dict[str, object]:
+        return {"exact": False, "block_size": self.index.block_size, "capacity_blocks": self.index.capacity_blocks,
+                "ttl_s": self.index.ttl_s, "engines": {ep: self.index.blocks(ep) for ep in self.index.engines()},
+                "approx_bytes": self.index.approx_bytes(), "evicted": dict(self.index.evicted)}
+
+    async def run(self, period_s: float = 1.0) -> None:
+        while True:
+            await asyncio.sleep(period_s)
+            self.expire()

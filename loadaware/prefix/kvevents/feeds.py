@@ -1,0 +1,364 @@
+"""The KV-events prefix source: subscribe to every engine's vLLM KV-event publisher, keep an exact
+multi-holder index, answer "matched tokens" for every engine that holds the prompt's prefix.
+
+One task per endpoint owns three ZMQ sockets: SUB on the publisher (frames: topic, 8-byte big-endian
+sequence, msgpack batch), a monitor of that SUB (connected / disconnected), and, per replay, a fresh DEALER
+on the engine's ROUTER replay socket (send the start sequence; batches come back until sequence -1). Each
+task handles its feed strictly in order, so the sequence rules in kv_events_sync.py hold. The hot path
+(`matches`) only reads the in-memory index: no I/O, no awaits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from loadaware.telemetry.metrics import Metrics
+from loadaware.prefix.blocks import BlockIndex, block_keys
+from loadaware.prefix.kvevents.codec import AllBlocksCleared, BlockRemoved, BlockStored, DecodeError, EventBatch, \
+    decode_batch, decode_seq
+from loadaware.prefix.kvevents.sync import ApplyCounts, FeedSync, Verdict, apply_batch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class FeedAddress:
+    pub: str  # tcp://host:port of the engine's PUB socket
+    replay: str | None  # tcp://host:port of its ROUTER replay socket, if it has one
+
+
+def _tcp(host: str, port: int) -> str:
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def parse_feed_map(text: str) -> dict[str, FeedAddress]:
+    """`ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT],...` -> {endpoint: FeedAddress}. Raises ValueError."""
+    out: dict[str, FeedAddress] = {}
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        endpoint, sep, target = item.partition("=")
+        if not sep:
+            raise ValueError(f"{item!r} is not ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT]")
+        target, _, replay = target.strip().partition("/")
+        host, colon, port = target.rpartition(":")
+        if not colon or not host or not port.isdigit() or (replay and not replay.isdigit()):
+            raise ValueError(f"{item!r} is not ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT]")
+        host = host.strip("[]")
+        out[endpoint.strip()] = FeedAddress(_tcp(host, int(port)), _tcp(host, int(replay)) if replay else None)
+    return out
+
+
+def feed_address(endpoint: str, explicit: Mapping[str, FeedAddress], pub_port: int,
+                 replay_port: int) -> FeedAddress | None:
+    """The explicit entry, else the endpoint's host with the configured ports (None: pub_port 0 = off)."""
+    if endpoint in explicit:
+        return explicit[endpoint]
+    if pub_port <= 0:
+        return None
+    host = endpoint.rpartition(":")[0].strip("[]")
+    return FeedAddress(_tcp(host, pub_port), _tcp(host, replay_port) if replay_port > 0 else None)
+
+
+class EngineFeed:
+    """One engine's feed: subscribe, keep in sequence, replay what was missed, drop the index on restart."""
+
+    def __init__(self, endpoint: str, address: FeedAddress, index: BlockIndex, metrics: Metrics,
+                 ctx: zmq.asyncio.Context, topic: str, replay_timeout_s: float) -> None:
+        self.endpoint = endpoint
+        self.address = address
+        self.index = index
+        self.metrics = metrics
+        self.ctx = ctx
+        self.topic = topic.encode()
+        self.replay_timeout_s = replay_timeout_s
+        self.sync = FeedSync()
+        self.connected = False
+        self.synced = False  # connected and caught up once: the index speaks for this engine
+        self.last_event_at = 0.0
+        self._live = metrics.kv_batches.labels(endpoint, "live")
+        self._replayed = metrics.kv_batches.labels(endpoint, "replay")
+
+    # ---- index changes ----
+    def reset(self, reason: str) -> None:
+        dropped = self.index.clear(self.endpoint)
+        self.sync.reset()
+        self.metrics.kv_resets.labels(reason).inc()
+        if dropped:
+            self.metrics.kv_event_blocks.labels("cleared").inc(dropped)
+        log.info("kv-events %s: index dropped (%s, %d blocks)", self.endpoint, reason, dropped)
+
+    def _apply(self, seq: int, batch: EventBatch, live: bool) -> None:
+        counts = apply_batch(self.index, self.endpoint, batch.events, ApplyCounts())
+        self.sync.applied(seq, live)
+        self.last_event_at = time.monotonic()
+        (self._live if live else self._replayed).inc()
+        m = self.metrics
+        for event in batch.events:
+            kind = "block_stored" if isinstance(event, BlockStored) else \
+                "block_removed" if isinstance(event, BlockRemoved) else "all_blocks_cleared"
+            m.kv_events.labels(kind).inc()
+            if isinstance(event, AllBlocksCleared):
+                m.kv_resets.labels("all_blocks_cleared").inc()
+        if batch.skipped:
+            m.kv_events.labels("skipped").inc(batch.skipped)
+        for op, n in (("stored", counts.stored), ("removed", counts.removed), ("cleared", counts.cleared),
+                      ("orphan", counts.orphans), ("evicted", counts.evicted)):
+            if n:
+                m.kv_event_blocks.labels(op).inc(n)
+
+    # ---- the feed ----
+    async def run(self) -> None:
+        sub = self.ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, 100_000)
+        sub.setsockopt(zmq.RECONNECT_IVL, 200)
+        sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        # ZMTP heartbeats: a peer that died without closing its connection still counts as vanished.
+        sub.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+        sub.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
+        sub.setsockopt(zmq.SUBSCRIBE, self.topic)
+        monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        poller = zmq.asyncio.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        sub.connect(self.address.pub)
+        try:
+            while True:
+                ready = dict(await poller.poll())
+                if monitor in ready:
+                    await self._on_monitor(parse_monitor_message(await monitor.recv_multipart()))
+                if sub in ready:
+                    await self._on_message(await sub.recv_multipart())
+        finally:
+            self.metrics.kv_connected.labels(self.endpoint).set(0)
+            with contextlib.suppress(zmq.ZMQError):
+                sub.disable_monitor()
+            monitor.close(linger=0)
+            sub.close(linger=0)
+
+    async def _on_monitor(self, event: dict[str, object]) -> None:
+        kind = event.get("event")
+        if kind == zmq.EVENT_CONNECTED:
+            self.connected = True
+            self.metrics.kv_connected.labels(self.endpoint).set(1)
+            if self.sync.last is None:
+                await self._replay("join")  # whatever the engine cached before we listened
+            self.synced = True
+        elif kind == zmq.EVENT_DISCONNECTED:
+            # The engine went away (crash, restart, partition): what it held is unknowable until it speaks
+            # again, so it earns no credit meanwhile; a reconnect replays from scratch.
+            self.connected = False
+            self.synced = False
+            self.metrics.kv_connected.labels(self.endpoint).set(0)
+            self.reset("vanished")
+
+    async def _on_message(self, frames: list[bytes]) -> None:
+        if len(frames) < 3:
+            self.metrics.kv_decode_errors.inc()
+            return
+        try:
+            seq = decode_seq(frames[-2])
+            batch = decode_batch(frames[-1])
+        except DecodeError as exc:
+            self.metrics.kv_decode_errors.inc()
+            log.debug("kv-events %s: undecodable message: %s", self.endpoint, exc)
+            return
+        verdict = self.sync.classify(seq)
+        if verdict is Verdict.STALE:
+            return
+        if verdict is Verdict.RESTART:
+            self.reset("sequence_reset")
+            verdict = self.sync.classify(seq)
+        if verdict is Verdict.GAP:
+            self.metrics.kv_gaps.labels(self.endpoint).inc()
+            await self._replay("gap", until=seq)
+        elif verdict is Verdict.JOIN:
+            await self._replay("join", until=seq)
+        # After a replay the live batch may be old news, or may still not follow (the replay fell short).
+        verdict = self.sync.classify(seq)
+        if verdict is Verdict.STALE:
+            return
+        if verdict is Verdict.GAP:
+            self.reset("gap_unrecovered")  # removals may be hidden in the hole: start from this batch
+        self._apply(seq, batch, live=True)
+
+    async def _replay(self, reason: str, until: int | None = None) -> None:
+        """Ask the replay socket for everything from the next expected number; apply it in order."""
+        result = "timeout"
+        if self.address.replay is None:
+            self.metrics.kv_replays.labels(reason, "unavailable").inc()
+            return
+        start = self.sync.replay_from
+        dealer = self.ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(self.address.replay)
+        applied = 0
+        try:
+            async with asyncio.timeout(self.replay_timeout_s):
+                await dealer.send_multipart([b"", start.to_bytes(8, "big", signed=True)])
+                while True:
+                    frames = await dealer.recv_multipart()
+                    seq = decode_seq(frames[-2]) if len(frames) >= 2 else -1
+                    if seq < 0:
+                        result = "ok"
+                        break
+                    if until is not None and seq >= until:
+                        continue  # the live batch in hand (and later ones) come through the live path
+                    verdict = self.sync.accept_replayed(seq)
+                    if verdict is Verdict.STALE:
+                        continue
+                    if verdict is Verdict.GAP:
+                        result = "partial"
+                        self.reset("gap_unrecovered")
+                    self._apply(seq, decode_batch(frames[-1]), live=False)
+                    applied += 1
+                    if applied % 64 == 0:
+                        await asyncio.sleep(0)  # a long replay must not starve the decisions
+        except (TimeoutError, asyncio.TimeoutError):
+            result = "timeout"
+        except (DecodeError, zmq.ZMQError) as exc:
+            result = "error"
+            log.warning("kv-events %s: replay failed: %s", self.endpoint, exc)
+        finally:
+            dealer.close(linger=0)
+        self.metrics.kv_replays.labels(reason, result).inc()
+        log.info("kv-events %s: %s replay from %d: %s, %d batches", self.endpoint, reason, start, result, applied)
+
+
+class KvEventsFeeds:
+    """Keeps one EngineFeed per endpoint of the fleet: starts feeds for new endpoints, stops them and drops
+    their index for endpoints that left."""
+
+    def __init__(self, index: BlockIndex, metrics: Metrics, endpoints: Callable[[], tuple[str, ...]],
+                 explicit: Mapping[str, FeedAddress], pub_port: int, replay_port: int, topic: str = "",
+                 replay_timeout_s: float = 2.0, poll_s: float = 0.2) -> None:
+        self.index = index
+        self.metrics = metrics
+        self.endpoints = endpoints
+        self.explicit = dict(explicit)
+        self.pub_port = pub_port
+        self.replay_port = replay_port
+        self.topic = topic
+        self.replay_timeout_s = replay_timeout_s
+        self.poll_s = poll_s
+        self.ctx = zmq.asyncio.Context()
+        self.feeds: dict[str, EngineFeed] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def sync_endpoints(self, endpoints: Sequence[str]) -> None:
+        wanted = set(endpoints)
+        for endpoint in list(self.feeds):
+            if endpoint not in wanted:
+                self.remove(endpoint)
+        for endpoint in endpoints:
+            if endpoint in self.feeds:
+                continue
+            address = feed_address(endpoint, self.explicit, self.pub_port, self.replay_port)
+            if address is None:
+                continue
+            feed = EngineFeed(endpoint, address, self.index, self.metrics, self.ctx, self.topic,
+                              self.replay_timeout_s)
+            self.feeds[endpoint] = feed
+            self._tasks[endpoint] = asyncio.create_task(self._guard(feed), name=f"kv-events-{endpoint}")
+
+    async def _guard(self, feed: EngineFeed) -> None:
+        """A feed that crashes is restarted on an empty index: one engine's bad data must not end the rest."""
+        while True:
+            try:
+                await feed.run()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001
+                log.exception("kv-events %s: feed failed; restarting", feed.endpoint)
+                feed.reset("feed_error")
+                feed.connected = feed.synced = False
+                await asyncio.sleep(1.0)
+
+    def remove(self, endpoint: str) -> None:
+        feed = self.feeds.pop(endpoint, None)
+        task = self._tasks.pop(endpoint, None)
+        if task is not None:
+            task.cancel()
+        dropped = self.index.drop(endpoint)
+        if feed is not None:
+            self.metrics.kv_resets.labels("removed").inc()
+            if dropped:
+                self.metrics.kv_event_blocks.labels("cleared").inc(dropped)
+
+    def covered(self, endpoints: Sequence[str]) -> set[str]:
+        """Endpoints whose feed is live and caught up: the index speaks for them, right or empty."""
+        return {ep for ep in endpoints if (f := self.feeds.get(ep)) is not None and f.connected and f.synced}
+
+    def refresh_gauges(self) -> None:
+        m = self.metrics
+        for endpoint in self.feeds:
+            m.kv_index_blocks.labels(endpoint).set(self.index.blocks(endpoint))
+        m.kv_index_bytes.set(self.index.approx_bytes())
+        m.kv_index_limit.set(self.index.max_blocks)
+
+    def state(self) -> dict[str, object]:
+        now = time.monotonic()
+        return {"engines": {ep: {"pub": f.address.pub, "replay": f.address.replay, "connected": f.connected,
+                                 "synced": f.synced, "last_seq": f.sync.last, "blocks": self.index.blocks(ep),
+                                 "idle_s": round(now - f.last_event_at, 3) if f.last_event_at else None}
+                            for ep, f in self.feeds.items()},
+                "total_blocks": self.index.total_blocks, "held_keys": self.index.held_keys(),
+                "approx_bytes": self.index.approx_bytes(), "max_blocks": self.index.max_blocks,
+                "evictions": self.index.evictions}
+
+    async def run(self) -> None:
+        try:
+            while True:
+                self.sync_endpoints(self.endpoints())
+                await asyncio.sleep(self.poll_s)
+        finally:
+            for endpoint in list(self.feeds):
+                self.remove(endpoint)
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+    async def close(self) -> None:
+        tasks = list(self._tasks.values())
+        for endpoint in list(self.feeds):
+            self.remove(endpoint)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.ctx.destroy(linger=0)
+
+
+class KvEventsPrefixSource:
+    """Matched tokens for every engine holding the prompt's prefix, from the KV-events index."""
+
+    name = "kv-events"
+    exact = True
+
+    def __init__(self, index: BlockIndex, feeds: KvEventsFeeds | None = None) -> None:
+        self.index = index
+        self.feeds = feeds
+
+    def lookup(self, tokens: Sequence[int], endpoints: Sequence[str]) -> dict[str, int]:
+        """Synchronous core (the discrete-event experiment and the benchmark call it directly)."""
+        sizes: dict[int, list[str]] = {}
+        for ep in endpoints:
+            size = self.index.block_size(ep)
+            if size is not None:
+                sizes.setdefault(size, []).append(ep)
+        out: dict[str, int] = {}
+        for size, eps in sizes.items():
+            out.update(self.index.match(block_keys(tokens, size), size, eps))
+        return out
+
+    async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...]) -> dict[str, int]:
+        return self.lookup(tokens, endpoints)
+
+    def covered(self, endpoints: Sequence[str]) -> set[str]:
+        return set() if self.feeds is None else self.feeds.covered(endpoints)

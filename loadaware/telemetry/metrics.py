@@ -1,0 +1,161 @@
+"""Every Prometheus metric the sidecar exports, declared in one place.
+
+Label children are cached: the hot path pays a dictionary lookup and an increment, not a label parse.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    from loadaware.load.view import EngineStats
+
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+STAGES = ("parse", "tokenize", "lookup", "score")
+
+
+class Metrics:
+    def __init__(self, policy: str) -> None:
+        self.policy = policy
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.decisions = Counter("loadaware_decisions", "Routing decisions by policy, endpoint and outcome "
+                                 "(routed, fallback_load_only, no_endpoints, passthrough, rejected)",
+                                 ["policy", "endpoint", "outcome"], registry=r)
+        self.fallbacks = Counter("loadaware_fallbacks", "Decisions that lost a helper and fell back to the load "
+                                 "term alone (or to Envoy's own fallback), by reason", ["reason"], registry=r)
+        self.decision_seconds = Histogram("loadaware_decision_seconds", "Wall time of one routing decision",
+                                          buckets=LATENCY_BUCKETS, registry=r)
+        self.stage_seconds = Histogram("loadaware_decision_stage_seconds", "Wall time of each decision stage",
+                                       ["stage"], buckets=LATENCY_BUCKETS, registry=r)
+        self.lookups = Counter("loadaware_prefix_lookups", "Prefix lookups by result (match, empty, failed)",
+                               ["result"], registry=r)
+        self.match_fraction = Gauge("loadaware_prefix_match_fraction",
+                                    "Share of prefix lookups since start that credited some endpoint; "
+                                    "near 0 under real traffic usually means a broken instance-id map",
+                                    registry=r)
+        self.unmapped_holders = Counter("loadaware_lmcache_unmapped_holders",
+                                        "LMCache holders that mapped to no live endpoint", ["kind"], registry=r)
+        self.inflight = Gauge("loadaware_inflight_requests", "Requests this sidecar has in flight per endpoint",
+                              ["endpoint"], registry=r)
+        self.scraped_running = Gauge("loadaware_engine_running", "Scraped vllm:num_requests_running",
+                                     ["endpoint"], registry=r)
+        self.scraped_waiting = Gauge("loadaware_engine_waiting", "Scraped vllm:num_requests_waiting",
+                                     ["endpoint"], registry=r)
+        self.scraped_kv = Gauge("loadaware_engine_kv_cache_usage", "Scraped vllm:kv_cache_usage_perc",
+                                ["endpoint"], registry=r)
+        self.scrape_failures = Counter("loadaware_scrape_failures", "Failed engine scrapes",
+                                       ["endpoint", "reason"], registry=r)
+        self.streams = Counter("loadaware_extproc_streams", "ext_proc streams by how they ended",
+                               ["end"], registry=r)
+        self.open_streams = Gauge("loadaware_extproc_open_streams", "ext_proc streams open now", registry=r)
+        self.endpoints = Gauge("loadaware_endpoints", "Endpoints in the fleet", registry=r)
+        self.tokenizer_pieces = Gauge("loadaware_tokenizer_piece_cache",
+                                      "Tokenizer piece cache: hits and misses since start, and whether it is "
+                                      "enabled (0 after an exactness self-check failed)", ["what"], registry=r)
+        self._decision_children: dict[tuple[str, str], Counter] = {}
+        self._fallback_children: dict[str, Counter] = {}
+        self._stage_children = {s: self.stage_seconds.labels(stage=s) for s in STAGES}
+        self._lookup_children = {k: self.lookups.labels(result=k) for k in ("match", "empty", "failed")}
+        self._lookup_seen = 0
+        self._lookup_matched = 0
+        self._declare_prefix_index_metrics(r)
+
+    def _declare_prefix_index_metrics(self, r: CollectorRegistry) -> None:
+        """The KV-events index (exact, from the engines' own events) and the approximate index (from our
+        own decisions). Every approximate figure says so in its name: it is a guess, never a fact."""
+        self.prefix_source_info = Gauge("loadaware_prefix_source_info", "Prefix sources in use; exact=false "
+                                        "marks a source that guesses from its own routing decisions",
+                                        ["source", "exact"], registry=r)
+        self.kv_events = Counter("loadaware_kv_events_received", "KV events received, by kind "
+                                 "(block_stored, block_removed, all_blocks_cleared, skipped)", ["kind"], registry=r)
+        self.kv_event_blocks = Counter("loadaware_kv_events_blocks", "Block hashes carried by KV events, by "
+                                       "what they did to the index (stored, removed, cleared, orphan, evicted)",
+                                       ["op"], registry=r)
+        self.kv_batches = Counter("loadaware_kv_events_batches", "KV-event batches applied, by endpoint and "
+                                  "path (live, replay)", ["endpoint", "path"], registry=r)
+        self.kv_gaps = Counter("loadaware_kv_events_gaps", "Sequence gaps seen on an engine's feed", ["endpoint"],
+                               registry=r)
+        self.kv_replays = Counter("loadaware_kv_events_replays", "Replay requests by reason (gap, join) and "
+                                  "result (ok, partial, timeout, error)", ["reason", "result"], registry=r)
+        self.kv_resets = Counter("loadaware_kv_events_index_resets", "Engine indexes dropped, by reason "
+                                 "(all_blocks_cleared, sequence_reset, vanished, gap_unrecovered, removed)",
+                                 ["reason"], registry=r)
+        self.kv_decode_errors = Counter("loadaware_kv_events_decode_errors", "KV-event messages that could not "
+                                        "be decoded", registry=r)
+        self.kv_connected = Gauge("loadaware_kv_events_connected", "1 while the engine's KV-event publisher is "
+                                  "connected", ["endpoint"], registry=r)
+        self.kv_index_blocks = Gauge("loadaware_kv_index_blocks", "Blocks the KV-events index holds per engine",
+                                     ["endpoint"], registry=r)
+        self.kv_index_bytes = Gauge("loadaware_kv_index_bytes", "Estimated memory of the KV-events index",
+                                    registry=r)
+        self.kv_index_limit = Gauge("loadaware_kv_index_max_blocks", "Bound on the KV-events index, in blocks "
+                                    "summed over engines", registry=r)
+        self.approx_blocks = Gauge("loadaware_approx_index_blocks", "APPROXIMATE: blocks the sidecar guesses each "
+                                   "engine holds, from its own routing decisions", ["endpoint"], registry=r)
+        self.approx_bytes = Gauge("loadaware_approx_index_bytes", "Estimated memory of the approximate index",
+                                  registry=r)
+        self.approx_evictions = Counter("loadaware_approx_index_evictions", "APPROXIMATE: guessed blocks "
+                                        "forgotten, by reason (capacity = the engine's KV is full, decay = too "
+                                        "old to trust, endpoint_removed)", ["reason"], registry=r)
+        self.approx_credited = Counter("loadaware_approx_credited_tokens", "APPROXIMATE: prompt tokens the "
+                                       "approximate index credited to the chosen engine; compare with the engines' "
+                                       "vllm:prefix_cache_hits_total to see how good the guess is", registry=r)
+
+    # ---- hot path ----
+    def decided(self, endpoint: str, outcome: str) -> None:
+        key = (endpoint, outcome)
+        child = self._decision_children.get(key)
+        if child is None:
+            child = self._decision_children[key] = self.decisions.labels(self.policy, endpoint, outcome)
+        child.inc()
+
+    def fallback(self, reason: str) -> None:
+        child = self._fallback_children.get(reason)
+        if child is None:
+            child = self._fallback_children[reason] = self.fallbacks.labels(reason=reason)
+        child.inc()
+
+    def stage(self, stage: str, seconds: float) -> None:
+        self._stage_children[stage].observe(seconds)
+
+    def lookup_result(self, result: str) -> None:
+        self._lookup_children[result].inc()
+        if result != "failed":
+            self._lookup_seen += 1
+            self._lookup_matched += result == "match"
+
+    # ---- background ----
+    def scraped(self, endpoint: str, stats: "EngineStats") -> None:
+        self.scraped_running.labels(endpoint).set(stats.running)
+        self.scraped_waiting.labels(endpoint).set(stats.waiting)
+        if stats.kv_usage is not None:
+            self.scraped_kv.labels(endpoint).set(stats.kv_usage)
+
+    def scrape_failure(self, endpoint: str, reason: str) -> None:
+        self.scrape_failures.labels(endpoint, reason).inc()
+
+    def forget_endpoint(self, endpoint: str) -> None:
+        for gauge in (self.inflight, self.scraped_running, self.scraped_waiting, self.scraped_kv,
+                      self.kv_connected, self.kv_index_blocks, self.approx_blocks):
+            try:
+                gauge.remove(endpoint)
+            except KeyError:
+                pass
+
+    def tokenizer_pieces_seen(self, hits: int, misses: int, enabled: bool) -> None:
+        self.tokenizer_pieces.labels("hits").set(hits)
+        self.tokenizer_pieces.labels("misses").set(misses)
+        self.tokenizer_pieces.labels("enabled").set(1 if enabled else 0)
+
+    def render(self, inflight_snapshot: Callable[[], dict[str, int]], endpoints: tuple[str, ...]) -> bytes:
+        """Exposition text; gauges that are cheap to compute on demand are set here, not per request."""
+        counts = inflight_snapshot()
+        for endpoint in endpoints:
+            self.inflight.labels(endpoint).set(counts.get(endpoint, 0))
+        self.endpoints.set(len(endpoints))
+        if self._lookup_seen:
+            self.match_fraction.set(self._lookup_matched / self._lookup_seen)
+        return generate_latest(self.registry)
