@@ -13,8 +13,8 @@ It runs the SAME engine model as the real-time simulated engines and the SAME de
   grows: the "decode-batch concentration" behind the reference's imbalance). Counters and gauges are
   EngineCore's: prefix_cache_queries/hits in tokens (GPU hits only), running, waiting, kv_cache_usage.
 - router: `loadaware.policies.make_policy` scores `Candidate(endpoint, matched_tokens, load)` exactly as the
-  decision pipeline builds them; load is the sidecar's own `InflightTracker` count (taken at the decision,
-  released when the response ends), optionally refined through the sidecar's `LoadView` with engine scrapes
+  decision pipeline builds them; load is the sidecar's own `LoadTracker` in-flight count (taken at the
+  decision, released when the response ends), optionally refined by the same tracker with engine scrapes
   every `router_scrape_interval_s` that arrive `router_scrape_lag_s` late.
 - prefix credit: "single" = stock LMCache 0.5.6 (`KVController.lookup`): the walk over 256-token chunks
   stops at the first chunk nobody holds and credits each chunk to the FIRST REGISTERED engine holding it
@@ -39,8 +39,7 @@ from experiment.records import EngineSample, RequestRecord, RunRecords
 from experiment.workload import Request, Workload
 from loadaware.policies import Policy, make_policy
 from loadaware.policies.base import Candidate
-from loadaware.load.inflight import InflightTracker, Lease
-from loadaware.load.view import EngineStats, LoadView
+from loadaware.load.tracker import EngineStats, Lease, LoadTracker
 from sim.lmcache_chunks import LMCACHE_CHUNK_SIZE, LMCacheStore, chunk_keys
 from sim.prefix_cache import Block, PrefixCache, block_key, iter_blocks
 from sim.service_model import ServiceModel, split_prompt
@@ -211,8 +210,7 @@ class Simulation:
         self.engines = [_Engine(config.endpoint(i), i, svc) for i in range(config.engines)]
         self.endpoints = tuple(e.name for e in self.engines)
         self.now = 0.0
-        self.inflight = InflightTracker()
-        self.loads = LoadView(self.inflight, config.router_scrape_stale_s, clock=lambda: self.now)
+        self.loads = LoadTracker(config.router_scrape_stale_s, clock=lambda: self.now)
         self._heap: list[tuple[float, int, int, object]] = []
         self._seq = 0
         # decode_step_seconds for every batch size the scheduler allows (+1 for safety); a step that starts
@@ -276,7 +274,7 @@ class Simulation:
                     self._push(t + self.config.router_scrape_interval_s, _SCRAPE, None)
             elif kind == _APPLY:
                 for name, stats in obj:  # type: ignore[attr-defined]
-                    # LoadView judges staleness by the scrape's age: the engine state is `lag` old.
+                    # The tracker judges staleness by the scrape's age: the engine state is `lag` old.
                     self.loads.record(name, stats)
 
     # ---- one request ---------------------------------------------------------------------------------
@@ -287,7 +285,7 @@ class Simulation:
             r.record.send_t = t
         engine = self._decide(r.sim)
         r.engine = engine
-        r.lease = self.inflight.acquire(engine.name)  # counted at the decision (DESIGN.md section 8 rule 3)
+        r.lease = self.loads.acquire(engine.name)  # counted at the decision, before the next one is scored
         if r.record is not None:
             r.record.engine = engine.name
         if engine.running < self.svc.max_num_seqs and not engine.waiting:
@@ -376,7 +374,7 @@ class Simulation:
         assert e is not None
         e.active.discard(r)
         e.served += 1
-        self.inflight.release(r.lease)
+        self.loads.release(r.lease)
         self._open -= 1
         rec = r.record
         if rec is not None:

@@ -1,7 +1,7 @@
 """The one settings object: command-line flag > environment variable > default, validated at start.
 
 A bad flag value is refused with a message naming the flag. A bad environment value falls back to the
-default with a warning (DESIGN.md §1: an unparsable LOADAWARE_BETA must not take the gateway down).
+default with a warning (an unparsable LOADAWARE_BETA in a pod spec must not take the gateway down).
 Every value remembers where it came from, so the effective configuration can be explained.
 """
 
@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from loadaware.fleet.addresses import (FeedAddress, parse_endpoint, parse_endpoint_list, parse_feed_map,
+                                       parse_hostport, parse_instance_map)
 from loadaware.policies import POLICY_NAMES
 
 log = logging.getLogger(__name__)
@@ -24,34 +26,6 @@ class ConfigError(ValueError):
 
 
 # ---- value parsers: each raises ValueError with a short reason ----
-
-def parse_hostport(text: str) -> tuple[str, int]:
-    host, sep, port_text = text.strip().rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"{text!r} is not HOST:PORT")
-    host = host.strip("[]")
-    port = int(port_text)
-    if not 0 <= port <= 65535:
-        raise ValueError(f"port {port} out of range")
-    return host, port
-
-
-def parse_endpoint(text: str) -> str:
-    host, port = parse_hostport(text)
-    if port == 0:
-        raise ValueError(f"{text!r}: an endpoint needs a real port")
-    return f"{host}:{port}"
-
-
-def parse_endpoint_list(text: str) -> tuple[str, ...]:
-    items = [t.strip() for t in text.replace("\n", ",").split(",") if t.strip()]
-    out: list[str] = []
-    for item in items:
-        ep = parse_endpoint(item)
-        if ep not in out:
-            out.append(ep)
-    return tuple(out)
-
 
 DISCOVERY_MODES = ("static", "file", "envoy-admin", "kubernetes")
 
@@ -67,18 +41,6 @@ def parse_name(text: str) -> str:
     if not text.strip() or any(c.isspace() for c in text.strip()):
         raise ValueError(f"{text!r} is not a name")
     return text.strip()
-
-
-def parse_instance_map(text: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in (t.strip() for t in text.split(",")):
-        if not item:
-            continue
-        instance_id, sep, endpoint = item.partition("=")
-        if not sep or not instance_id.strip():
-            raise ValueError(f"{item!r} is not INSTANCE_ID=HOST:PORT")
-        out[instance_id.strip()] = parse_endpoint(endpoint)
-    return out
 
 
 def parse_beta(text: str) -> float:
@@ -163,22 +125,6 @@ def parse_positive_int(text: str) -> int:
     return value
 
 
-def parse_kv_events_map(text: str) -> dict[str, str]:
-    """`ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT],...` -> {endpoint: "HOST:PUB_PORT[/REPLAY_PORT]"}."""
-    out: dict[str, str] = {}
-    for item in (t.strip() for t in text.split(",")):
-        if not item:
-            continue
-        endpoint, sep, target = item.partition("=")
-        pub, _, replay = target.strip().partition("/")
-        if not sep:
-            raise ValueError(f"{item!r} is not ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT]")
-        host, port = parse_hostport(pub)
-        if port == 0 or (replay and not 0 < parse_port(replay)):
-            raise ValueError(f"{item!r}: ports must be real")
-        out[parse_endpoint(endpoint)] = target.strip()
-    return out
-
 
 @dataclass(frozen=True)
 class Setting:
@@ -250,7 +196,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("kv_events_replay_port", "--kv-events-replay-port", "LOADAWARE_KV_EVENTS_REPLAY_PORT", 5558,
             parse_port, "port of each engine's KV-event replay (ROUTER) socket (0 = none)"),
     Setting("kv_events_endpoints", "--kv-events-endpoints", "LOADAWARE_KV_EVENTS_ENDPOINTS", {},
-            parse_kv_events_map, "explicit publishers: ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT],..."),
+            parse_feed_map, "explicit publishers: ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT],..."),
     Setting("kv_events_topic", "--kv-events-topic", "LOADAWARE_KV_EVENTS_TOPIC", "", str,
             "KV-event topic to subscribe to (vLLM's default is empty)"),
     Setting("kv_events_max_blocks", "--kv-events-max-blocks", "LOADAWARE_KV_EVENTS_MAX_BLOCKS", 4_000_000,
@@ -298,7 +244,7 @@ class Settings:
     prefix_source: tuple[str, ...] = ()
     kv_events_port: int = 5557
     kv_events_replay_port: int = 5558
-    kv_events_endpoints: Mapping[str, str] = field(default_factory=dict)
+    kv_events_endpoints: Mapping[str, FeedAddress] = field(default_factory=dict)
     kv_events_topic: str = ""
     kv_events_max_blocks: int = 4_000_000
     kv_events_replay_timeout_ms: float = 2000.0
@@ -326,7 +272,9 @@ class Settings:
             if isinstance(value, tuple):
                 value = list(value)
             elif isinstance(value, Mapping):
-                value = dict(value)
+                value = {k: v if isinstance(v, (str, int, float, bool)) else str(v) for k, v in value.items()}
+            if s.name == "discovery" and not value:
+                value = self.discovery_mode  # what "not given" amounts to
             out.append({"name": s.name, "flag": s.flag, "env": s.env, "value": value,
                         "origin": self.origins.get(s.name, "default")})
         return out

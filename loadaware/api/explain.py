@@ -8,19 +8,13 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from google.protobuf import json_format, struct_pb2
 
-from loadaware.routing.pipeline import Decision
-from loadaware.policies.loadaware import benefit, relative_loads
 from loadaware.fleet.discovery.catalog import DiscoveredEndpoint
-from loadaware.load.view import EngineStats
+from loadaware.lifecycle import Decision
+from loadaware.load.tracker import EngineStats
+from loadaware.policies import Policy
+from loadaware.policies.loadaware import benefit, mean_load, relative_loads
 from loadaware.api.v1 import loadaware_pb2 as pb
 
-FORMULAS = {
-    "loadaware": "score(i) = min(1, matched_tokens(i) / prompt_tokens) - beta * relative_load(i); "
-                 "relative_load(i) = (load(i) - mean_load) / max(1, mean_load)",
-    "kvaware": "score(i) = matched_tokens(i); when nobody matches, score(i) = -load(i)",
-    "leastload": "score(i) = -load(i)",
-    "roundrobin": "next endpoint in lexical order; score 1 for it, 0 for the others",
-}
 HEALTH = {"HEALTHY": pb.HEALTHY, "DEGRADED": pb.DEGRADED, "UNHEALTHY": pb.UNHEALTHY, "DRAINING": pb.DRAINING}
 
 
@@ -53,7 +47,7 @@ def scraped(stats: EngineStats | None, now: float, stale_s: float) -> pb.Scraped
     return msg
 
 
-def explanation(decision: Decision, policy: str, beta: float, kind: str,
+def explanation(decision: Decision, policy: Policy, beta: float, kind: str,
                 instance_for: Callable[[str], str | None], inflight: Callable[[str], int],
                 stats_for: Callable[[str], pb.ScrapedLoad | None]) -> pb.ExplainResponse:
     candidates = decision.candidates
@@ -61,8 +55,8 @@ def explanation(decision: Decision, policy: str, beta: float, kind: str,
     rel = relative_loads(loads) if loads else []
     out = pb.ExplainResponse(
         outcome=decision.outcome, endpoint=decision.endpoint or "", reasons=list(decision.reasons),
-        policy=policy, beta=beta if policy == "loadaware" else 0.0, formula=FORMULAS.get(policy, ""), kind=kind,
-        prompt_tokens=decision.prompt_tokens, mean_load=sum(loads) / len(loads) if loads else 0.0,
+        policy=policy.name, beta=beta if policy.name == "loadaware" else 0.0, formula=policy.formula, kind=kind,
+        prompt_tokens=decision.prompt_tokens, mean_load=mean_load(loads),
         stages_ms={k: round(v * 1e3, 3) for k, v in decision.stages.items()})
     for c, score, r in zip(candidates, decision.scores, rel):
         out.endpoints.append(pb.EndpointScore(

@@ -1,8 +1,8 @@
 """loadaware.v1.Router on the sidecar's gRPC server: Explain, ListEndpoints, GetConfig.
 
-Read-only: Explain runs the real decision pipeline with count=False (no in-flight count, no decision
-metric, no routing feedback to prefix indexes) on a copy of the policy, so even round robin's turn is not
-used up by looking at it.
+Read-only: Explain runs the real decision pipeline with count=False (nothing is announced on the request
+lifecycle: no in-flight count, no decision metric, no routing feedback to prefix indexes) on a copy of the
+policy, so even round robin's turn is not used up by looking at it.
 """
 
 from __future__ import annotations
@@ -10,35 +10,35 @@ from __future__ import annotations
 import copy
 import time
 import uuid
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 
-from loadaware.config import Settings
-from loadaware.routing.pipeline import Decider
-from loadaware.routing.request import BadRequest, inference_kind, parse_body
-from loadaware.fleet.discovery.catalog import DiscoveryCatalog
-from loadaware.fleet.registry import EndpointRegistry
-from loadaware.load.inflight import InflightTracker
-from loadaware.prefix.lmcache.bridge import InstanceBridge
-from loadaware.load.view import LoadView
 from loadaware.api import explain
 from loadaware.api.v1 import loadaware_pb2 as pb
 from loadaware.api.v1 import loadaware_pb2_grpc as pb_grpc
+from loadaware.fleet.discovery.catalog import DiscoveryCatalog
+from loadaware.fleet.registry import EndpointRegistry
+from loadaware.load.tracker import LoadTracker
+from loadaware.prefix.lmcache.bridge import InstanceBridge
+from loadaware.routing.pipeline import Decider
+from loadaware.routing.request import BadRequest, inference_kind, parse_body
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Router"].full_name
 DEFAULT_PATH = "/v1/completions"
 
 
 class RouterServicer(pb_grpc.RouterServicer):
-    def __init__(self, settings: Settings, decider: Decider, registry: EndpointRegistry, loads: LoadView,
-                 inflight: InflightTracker, bridge: InstanceBridge, catalog: DiscoveryCatalog,
+    def __init__(self, policy: str, beta: float, describe: Callable[[], list[dict[str, Any]]], decider: Decider,
+                 registry: EndpointRegistry, loads: LoadTracker, bridge: InstanceBridge, catalog: DiscoveryCatalog,
                  ready: Callable[[], bool]) -> None:
-        self.settings = settings
+        self.policy = policy
+        self.beta = beta
+        self.describe = describe  # every setting with its origin (flag, env, default)
         self.decider = decider
         self.registry = registry
         self.loads = loads
-        self.inflight = inflight
         self.bridge = bridge
         self.catalog = catalog
         self.ready = ready
@@ -52,36 +52,31 @@ class RouterServicer(pb_grpc.RouterServicer):
         return lambda ep: explain.scraped(self.loads.stats(ep), now, stale_s)
 
     async def Explain(self, request: pb.ExplainRequest, context: grpc.aio.ServicerContext) -> pb.ExplainResponse:
-        s = self.settings
         path = request.path or DEFAULT_PATH
         kind = inference_kind("POST", path)
         if kind is None:
-            return pb.ExplainResponse(outcome="passthrough", reasons=["not_an_inference_path"], policy=s.policy)
+            return pb.ExplainResponse(outcome="passthrough", reasons=["not_an_inference_path"], policy=self.policy)
         t = time.perf_counter()
         try:
             parsed = parse_body(kind, explain.body_bytes(request))
         except BadRequest as exc:
             return pb.ExplainResponse(outcome="rejected", reasons=[exc.reason], message=exc.message,
-                                      policy=s.policy, kind=kind)
+                                      policy=self.policy, kind=kind)
         decider = copy.copy(self.decider)  # shares every source; only the policy's own state is copied
         decider.policy = copy.copy(self.decider.policy)
         decision = await decider.decide(parsed, f"explain-{uuid.uuid4().hex[:12]}", count=False,
                                         parse_s=time.perf_counter() - t)
-        return explain.explanation(decision, s.policy, s.loadaware_beta, kind, self.bridge.instance_for,
-                                   self.inflight.count, self._stats())
+        return explain.explanation(decision, decider.policy, self.beta, kind, self.bridge.instance_for,
+                                   self.loads.count, self._stats())
 
     async def ListEndpoints(self, request: pb.ListEndpointsRequest,
                             context: grpc.aio.ServicerContext) -> pb.ListEndpointsResponse:
         routable = self.registry.snapshot()
         loads = self.loads.loads(routable) if routable else []
         endpoints = explain.endpoint_list(self.catalog.entries(), self.catalog.source, routable, loads,
-                                          self.bridge.instance_for, self.inflight.count, self._stats())
+                                          self.bridge.instance_for, self.loads.count, self._stats())
         return pb.ListEndpointsResponse(endpoints=endpoints, discovery=self.catalog.source, ready=self.ready(),
                                         fleet_version=self.registry.version)
 
     async def GetConfig(self, request: pb.GetConfigRequest, context: grpc.aio.ServicerContext) -> pb.GetConfigResponse:
-        described = self.settings.describe()
-        for item in described:
-            if item["name"] == "discovery" and not item["value"]:
-                item["value"] = self.settings.discovery_mode  # what "not given" amounts to
-        return pb.GetConfigResponse(settings=explain.settings_list(described))
+        return pb.GetConfigResponse(settings=explain.settings_list(self.describe()))

@@ -3,8 +3,11 @@
 headers -> (inference POST) continue, stripped of any client destination header
         -> (anything else)   continue with a mode override that skips the body: pass-through
 body    -> decide, reply with the destination header (or none: Envoy's fallback picks)
-then    -> wait for the stream to end, which in BUFFERED mode is when the HTTP request finishes, and
-           release the in-flight count however it ended (DESIGN.md §2, §8 rule 3).
+then    -> wait for the stream to end, which in BUFFERED mode is when the HTTP request finishes (Envoy
+           keeps the stream open until the downstream request is done), and announce `ended` on the
+           request lifecycle however it ended: the in-flight count is released there.
+
+The server knows the decider and the lifecycle, nothing below them (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ from typing import Any
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from loadaware.lifecycle import Decision, RequestLifecycle
 from loadaware.routing.pipeline import Decider
 from loadaware.routing.request import BadRequest, inference_kind, parse_body
-from loadaware.load.inflight import Lease
 from loadaware.telemetry.metrics import Metrics
 from loadaware.extproc.replies import Replies
 
@@ -46,8 +49,10 @@ def _headers_of(http_headers: Any) -> tuple[str, str, str]:
 
 
 class ExtProcServicer:
-    def __init__(self, decider: Decider, metrics: Metrics, destination_header: str) -> None:
+    def __init__(self, decider: Decider, lifecycle: RequestLifecycle, metrics: Metrics,
+                 destination_header: str) -> None:
         self.decider = decider
+        self.lifecycle = lifecycle
         self.metrics = metrics
         self.replies = Replies(destination_header)
         self.open_streams = 0
@@ -82,9 +87,9 @@ class ExtProcServicer:
             end = "error"
             log.exception("ext_proc stream failed")
         finally:
-            # The lease lives on the stream, not in a local of _converse: a cancellation landing in any
-            # await after the decision (a write, the wait for the end) must still release it.
-            self.decider.inflight.release(stream.lease)
+            # The decision lives on the stream, not in a local of _converse: a cancellation landing in any
+            # await after the decision (a write, the wait for the end) must still end the request.
+            self.lifecycle.ended(stream.decision)
             self.open_streams -= 1
             if self.open_streams == 0:
                 self._idle.set()
@@ -109,7 +114,7 @@ class ExtProcServicer:
                 elif msg.request_headers.end_of_stream:
                     # A POST without a body: nothing to score, decide on load alone now.
                     decision = await self.decider.decide(None, request_id or _new_id())
-                    stream.lease = decision.lease
+                    stream.decision = decision
                     await write(replies.headers_route(decision.endpoint) if decision.endpoint
                                 else replies.headers_continue)
                 else:
@@ -143,19 +148,19 @@ class ExtProcServicer:
                 reply = self._rejections[exc.reason] = Replies.immediate_error(400, exc.message, exc.reason)
             return reply
         decision = await self.decider.decide(request, request_id, parse_s=time.perf_counter() - t)
-        stream.lease = decision.lease  # no await between the count and recording it on the stream
+        stream.decision = decision  # no await between the count and recording it on the stream
         if decision.endpoint is None:
             return self.replies.body_no_destination
         return self.replies.body_route(decision.endpoint)
 
 
 class StreamState:
-    """Per-stream state; shared fleet state lives in the decider's sources."""
+    """Per-stream state: the request's decision, once made. Shared fleet state lives behind the decider."""
 
-    __slots__ = ("lease", "decided")
+    __slots__ = ("decision", "decided")
 
     def __init__(self) -> None:
-        self.lease: Lease | None = None
+        self.decision: Decision | None = None
         self.decided = False
 
 

@@ -8,16 +8,16 @@ import time
 
 import aiohttp
 
-from loadaware.telemetry.metrics import Metrics
 from loadaware.fleet.registry import EndpointRegistry
-from loadaware.load.view import EngineStats, LoadView
+from loadaware.load.tracker import EngineStats, LoadTracker
 from loadaware.load.vllm_metrics import parse_vllm_gauges
+from loadaware.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 
 class MetricsScraper:
-    def __init__(self, registry: EndpointRegistry, loads: LoadView, metrics: Metrics,
+    def __init__(self, registry: EndpointRegistry, loads: LoadTracker, metrics: Metrics,
                  interval_s: float, timeout_s: float, path: str = "/metrics") -> None:
         self.registry = registry
         self.loads = loads
@@ -52,7 +52,7 @@ class MetricsScraper:
         stats = EngineStats(gauges.get("running", 0.0), gauges.get("waiting", 0.0), gauges.get("kv_usage"),
                             time.monotonic())
         self.loads.record(endpoint, stats)
-        self.metrics.scraped(endpoint, stats)
+        self.metrics.scraped(endpoint, stats.running, stats.waiting, stats.kv_usage)
         return True
 
     async def scrape_all(self) -> None:

@@ -25,6 +25,11 @@ class Policy(Protocol):
     name: str
     uses_prefix: bool  # False lets the pipeline skip tokenization and lookups entirely
 
+    @property
+    def formula(self) -> str:
+        """The scoring rule in words, as Explain shows it."""
+        ...
+
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:
         """Pick one candidate; None only for an empty fleet."""
         ...

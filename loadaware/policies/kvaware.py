@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 from loadaware.policies.base import Candidate, Choice, argmax_with_tiebreak
 
@@ -11,6 +11,7 @@ from loadaware.policies.base import Candidate, Choice, argmax_with_tiebreak
 @dataclass
 class KvAware:
     name: str = "kvaware"
+    formula: ClassVar[str] = "score(i) = matched_tokens(i); when nobody matches, score(i) = -load(i)"
     uses_prefix: bool = True
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:

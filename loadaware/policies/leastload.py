@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 from loadaware.policies.base import Candidate, Choice, argmax_with_tiebreak
 
@@ -11,6 +11,7 @@ from loadaware.policies.base import Candidate, Choice, argmax_with_tiebreak
 @dataclass
 class LeastLoad:
     name: str = "leastload"
+    formula: ClassVar[str] = "score(i) = -load(i)"
     uses_prefix: bool = False
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:

@@ -11,7 +11,7 @@ load is worth. beta = 0 is pure cache affinity.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 from loadaware.policies.base import Candidate, Choice, argmax_with_tiebreak
 
@@ -22,8 +22,12 @@ def benefit(matched_tokens: int, prompt_tokens: int) -> float:
     return min(1.0, matched_tokens / prompt_tokens)
 
 
+def mean_load(loads: Sequence[float]) -> float:
+    return sum(loads) / len(loads) if loads else 0.0
+
+
 def relative_loads(loads: Sequence[float]) -> list[float]:
-    mean = sum(loads) / len(loads)
+    mean = mean_load(loads)
     # The clamp keeps a near-idle fleet (mean < 1) from turning one extra request into a huge penalty.
     scale = max(1.0, mean)
     return [(load - mean) / scale for load in loads]
@@ -38,6 +42,8 @@ def loadaware_scores(prompt_tokens: int, candidates: Sequence[Candidate], beta: 
 class LoadAware:
     beta: float = 1.0
     name: str = "loadaware"
+    formula: ClassVar[str] = ("score(i) = min(1, matched_tokens(i) / prompt_tokens) - beta * relative_load(i); "
+                              "relative_load(i) = (load(i) - mean_load) / max(1, mean_load)")
     uses_prefix: bool = True
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 from loadaware.policies.base import Candidate, Choice
 
@@ -11,6 +11,7 @@ from loadaware.policies.base import Candidate, Choice
 @dataclass
 class RoundRobin:
     name: str = "roundrobin"
+    formula: ClassVar[str] = "next endpoint in lexical order; score 1 for it, 0 for the others"
     uses_prefix: bool = False
     _next: int = field(default=0, repr=False)
 

@@ -15,12 +15,12 @@ benefit term stays a dimensionless fraction of the prompt.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+from loadaware.lifecycle import Decision
 from loadaware.telemetry.metrics import Metrics
 from loadaware.prefix.blocks import SlotTable, block_keys, unhold, walk
 
@@ -119,24 +119,6 @@ class ApproxIndex:
         return sum(len(g.blocks) for g in self._engines.values()) * BYTES_PER_APPROX_BLOCK
 
 
-class TextUnits:
-    """A stand-in tokenizer for the approximate source alone (never for an exact one): a prompt's units are
-    its UTF-8 bytes; a chat's are those of its messages in a canonical JSON form, so conversations that share
-    their first messages share a prefix."""
-
-    async def encode_prompt(self, prompt: str | Sequence[int]) -> list[int]:
-        if not isinstance(prompt, str):
-            return list(prompt)
-        return list(prompt.encode("utf-8"))
-
-    async def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        text = json.dumps(list(messages), ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-        return list(text[:-1].encode("utf-8"))  # without the closing "]": a longer chat extends the prefix
-
-    def close(self) -> None:
-        pass
-
-
 class ApproxPrefixSource:
     """Credits engines with what the sidecar itself routed to them. Approximate: see the module notes."""
 
@@ -167,8 +149,21 @@ class ApproxPrefixSource:
     async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...]) -> dict[str, int]:
         return self.lookup(tokens, endpoints)
 
+    # ---- the request lifecycle: the guess is made of what the sidecar routed ----
+    def on_decided(self, decision: Decision) -> None:
+        if decision.tokens and decision.endpoint is not None:
+            self.routed(decision.tokens, decision.endpoint)
+
+    def on_served(self, decision: Decision, previous: str | None) -> None:
+        """Another engine served (a retry walked the ranked list): it computed the prompt's blocks too."""
+        if decision.tokens and decision.served is not None:
+            self.routed(decision.tokens, decision.served)
+
+    def on_ended(self, decision: Decision) -> None:
+        pass
+
     def routed(self, tokens: Sequence[int], endpoint: str) -> None:
-        """Called by the decision pipeline once a request with a prompt is routed."""
+        """A request with these prompt tokens went to `endpoint`: remember its blocks there."""
         keys = self._keys(tokens)
         credited = self._last_answer.get(endpoint, 0)
         if credited:

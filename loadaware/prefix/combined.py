@@ -12,13 +12,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from loadaware.prefix.source import PrefixSource, PrefixUnavailable
-
-if TYPE_CHECKING:
-    from loadaware.config import Settings
-    from loadaware.telemetry.metrics import Metrics
 
 Covered = Callable[[Sequence[str]], set[str]]
 
@@ -64,96 +59,3 @@ class CombinedPrefixSource:
             assert failure is not None
             raise failure
         return merged
-
-    def routed(self, tokens: Sequence[int], endpoint: str) -> None:
-        observe = getattr(self.approx, "routed", None)
-        if observe is not None:
-            observe(tokens, endpoint)
-
-
-class PrefixWiring:
-    """Builds the prefix sources `--prefix-source` asks for and owns their background work, so the app only
-    starts, shows and stops them."""
-
-    def __init__(self, settings: "Settings", metrics: "Metrics", endpoints: Callable[[], tuple[str, ...]],
-                 lmcache: PrefixSource | None, lmcache_covered: Covered | None) -> None:
-        from loadaware.prefix.approx import ApproxIndex, ApproxPrefixSource
-        from loadaware.prefix.blocks import BlockIndex
-        from loadaware.prefix.kvevents.feeds import KvEventsFeeds, KvEventsPrefixSource, parse_feed_map
-
-        s = settings
-        self.names = s.prefix_sources
-        self.kv_feeds: KvEventsFeeds | None = None
-        self.approx: ApproxPrefixSource | None = None
-        exact: list[Member] = []
-        if "lmcache" in self.names and lmcache is not None:
-            exact.append(Member(lmcache, lmcache_covered or (lambda eps: set(eps))))
-        if "kv-events" in self.names:
-            index = BlockIndex(s.kv_events_max_blocks)
-            explicit = parse_feed_map(",".join(f"{ep}={target}" for ep, target in s.kv_events_endpoints.items()))
-            self.kv_feeds = KvEventsFeeds(index, metrics, endpoints, explicit, s.kv_events_port,
-                                          s.kv_events_replay_port, s.kv_events_topic,
-                                          s.kv_events_replay_timeout_ms / 1e3)
-            kv = KvEventsPrefixSource(index, self.kv_feeds)
-            exact.append(Member(kv, kv.covered))
-        if "approx" in self.names:
-            # Without a tokenizer the units are text bytes (TextUnits), in 64-byte blocks.
-            block = 16 if s.tokenizer else 64
-            self.approx = ApproxPrefixSource(
-                ApproxIndex(max(1, s.approx_capacity_tokens // 16), block, s.approx_ttl_s), metrics)
-        for name in ("lmcache", "kv-events", "approx"):
-            metrics.prefix_source_info.labels(name, "false" if name == "approx" else "true").set(
-                1 if name in self.names else 0)
-        self.source: PrefixSource | None
-        if len(exact) == 1 and self.approx is None:
-            self.source = exact[0].source
-        elif not exact and self.approx is not None:
-            self.source = self.approx
-        elif exact or self.approx is not None:
-            self.source = CombinedPrefixSource(exact, self.approx)
-        else:
-            self.source = None
-
-    @property
-    def on_routed(self) -> Callable[[Sequence[int], str], None] | None:
-        return None if self.approx is None else self.approx.routed
-
-    def text_units_tokenizer(self, have_tokenizer: bool) -> object | None:
-        """Only the approximate source, alone, may route on text bytes when no tokenizer is configured."""
-        if have_tokenizer or self.names != ("approx",):
-            return None
-        from loadaware.prefix.approx import TextUnits
-
-        return TextUnits()
-
-    def tasks(self) -> list[tuple[str, Callable[[], object]]]:
-        out: list[tuple[str, Callable[[], object]]] = []
-        if self.kv_feeds is not None:
-            out.append(("kv-events", self.kv_feeds.run))
-        if self.approx is not None:
-            out.append(("approx-decay", self.approx.run))
-        return out
-
-    def endpoint_removed(self, endpoint: str) -> None:
-        if self.kv_feeds is not None:
-            self.kv_feeds.remove(endpoint)
-        if self.approx is not None:
-            self.approx.drop(endpoint)
-
-    def refresh_gauges(self) -> None:
-        if self.kv_feeds is not None:
-            self.kv_feeds.refresh_gauges()
-        if self.approx is not None:
-            self.approx.refresh_gauges()
-
-    def state(self) -> dict[str, object]:
-        out: dict[str, object] = {"sources": list(self.names)}
-        if self.kv_feeds is not None:
-            out["kv_events"] = self.kv_feeds.state()
-        if self.approx is not None:
-            out["approx"] = self.approx.state()
-        return out
-
-    async def close(self) -> None:
-        if self.kv_feeds is not None:
-            await self.kv_feeds.close()

@@ -5,12 +5,9 @@ Label children are cached: the hot path pays a dictionary lookup and an incremen
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-
-if TYPE_CHECKING:
-    from loadaware.load.view import EngineStats
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 STAGES = ("parse", "tokenize", "lookup", "score")
@@ -128,11 +125,11 @@ class Metrics:
             self._lookup_matched += result == "match"
 
     # ---- background ----
-    def scraped(self, endpoint: str, stats: "EngineStats") -> None:
-        self.scraped_running.labels(endpoint).set(stats.running)
-        self.scraped_waiting.labels(endpoint).set(stats.waiting)
-        if stats.kv_usage is not None:
-            self.scraped_kv.labels(endpoint).set(stats.kv_usage)
+    def scraped(self, endpoint: str, running: float, waiting: float, kv_usage: float | None) -> None:
+        self.scraped_running.labels(endpoint).set(running)
+        self.scraped_waiting.labels(endpoint).set(waiting)
+        if kv_usage is not None:
+            self.scraped_kv.labels(endpoint).set(kv_usage)
 
     def scrape_failure(self, endpoint: str, reason: str) -> None:
         self.scrape_failures.labels(endpoint, reason).inc()

@@ -18,7 +18,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from loadaware.app import Sidecar
 from loadaware.config import from_args
-from sim.stack import SidecarProc, free_port
+from testkit.ports import free_port
+from testkit.sidecar import SidecarProc
 
 FLEET = "127.0.0.2:18000,127.0.0.3:18000"
 HEADER = "x-gateway-destination-endpoint"
@@ -66,7 +67,7 @@ async def test_get_passes_through_and_skips_the_body(sidecar: tuple[Sidecar, str
     assert reply.WhichOneof("response") == "request_headers"
     assert HEADER in reply.request_headers.response.header_mutation.remove_headers
     assert reply.mode_override.request_body_mode == processing_mode_pb2.ProcessingMode.NONE
-    assert app.inflight.total() == 0
+    assert app.loads.total() == 0
 
 
 async def test_post_is_decided_on_its_body(sidecar: tuple[Sidecar, str]) -> None:
@@ -76,12 +77,12 @@ async def test_post_is_decided_on_its_body(sidecar: tuple[Sidecar, str]) -> None
     assert HEADER in r1.request_headers.response.header_mutation.remove_headers  # the spoof is dropped first
     chosen = set_headers(r2.request_body.response.header_mutation)[HEADER]
     assert chosen in FLEET.split(",")
-    assert app.decider.recent[-1].request_id == "test-1"
+    assert app.recent.items[-1].request_id == "test-1"
     for _ in range(50):  # the stream ended: the count is released
-        if app.inflight.total() == 0:
+        if app.loads.total() == 0:
             break
         await asyncio.sleep(0.01)
-    assert app.inflight.total() == 0
+    assert app.loads.total() == 0
 
 
 async def test_bad_json_is_answered_locally(sidecar: tuple[Sidecar, str]) -> None:
@@ -96,7 +97,7 @@ async def test_bodyless_post_is_decided_on_headers(sidecar: tuple[Sidecar, str])
     app, addr = sidecar
     (reply,) = await converse(addr, headers("POST", "/v1/completions", end=True))
     assert set_headers(reply.request_headers.response.header_mutation)[HEADER] in FLEET.split(",")
-    assert app.decider.recent[-1].reasons == ("no_prompt",)
+    assert app.recent.items[-1].reasons == ("no_prompt",)
 
 
 async def test_open_stream_holds_its_count_until_it_ends(sidecar: tuple[Sidecar, str]) -> None:
@@ -108,13 +109,13 @@ async def test_open_stream_holds_its_count_until_it_ends(sidecar: tuple[Sidecar,
         await call.write(body(b'{"prompt": "x"}'))
         reply = await call.read()
         endpoint = set_headers(reply.request_body.response.header_mutation)[HEADER]
-        assert app.inflight.count(endpoint) == 1  # the HTTP request is still running upstream
+        assert app.loads.count(endpoint) == 1  # the HTTP request is still running upstream
         call.cancel()  # Envoy resets the stream (client abort)
     for _ in range(100):
-        if app.inflight.total() == 0:
+        if app.loads.total() == 0:
             break
         await asyncio.sleep(0.01)
-    assert app.inflight.total() == 0
+    assert app.loads.total() == 0
 
 
 def test_sigterm_drains_open_streams(tmp_path: Path) -> None:

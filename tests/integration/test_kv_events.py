@@ -12,7 +12,8 @@ import aiohttp
 import pytest
 
 from loadaware.prefix.blocks import BlockIndex, block_keys
-from loadaware.prefix.kvevents.feeds import FeedAddress, KvEventsFeeds, KvEventsPrefixSource
+from loadaware.fleet.addresses import FeedAddress
+from loadaware.prefix.kvevents.feeds import KvEventsFeeds, KvEventsPrefixSource
 from loadaware.telemetry.metrics import Metrics
 from sim.fleet import KvEventsOptions, start_fleet
 from sim.kv_events_publisher import KvEventsPublisher

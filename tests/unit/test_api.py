@@ -15,16 +15,17 @@ from loadaware.api.servicer import RouterServicer
 from loadaware.api.v1 import loadaware_pb2 as pb
 from loadaware.api.v1 import loadaware_pb2_grpc as pb_grpc
 from loadaware.config import resolve
+from loadaware.lifecycle import RequestLifecycle
 from loadaware.routing.pipeline import Decider
 from loadaware.policies import make_policy
 from loadaware.policies.loadaware import loadaware_scores
 from loadaware.policies import Candidate
 from loadaware.fleet.discovery.catalog import DiscoveredEndpoint, DiscoveryCatalog
 from loadaware.fleet.registry import EndpointRegistry
-from loadaware.load.inflight import InflightTracker
 from loadaware.prefix.lmcache.bridge import InstanceBridge
-from loadaware.load.view import EngineStats, LoadView
+from loadaware.load.tracker import EngineStats, LoadTracker
 from loadaware.tokenize.tokenizer import AsyncTokenizer, PromptTokenizer
+from loadaware.telemetry.decisions import DecisionMetrics, RecentDecisions
 from loadaware.telemetry.metrics import Metrics
 
 FLEET = ("127.0.0.2:8000", "127.0.0.3:8000", "127.0.0.4:8000")
@@ -51,22 +52,25 @@ def build(policy: str = "loadaware", answer: dict[str, int] | None = None,
           discovered: list[DiscoveredEndpoint] | None = None) -> tuple[RouterServicer, Any]:
     settings = resolve({"policy": policy, "loadaware_beta": "0.5", "endpoints": ",".join(FLEET)}, {})
     registry = EndpointRegistry(FLEET)
-    inflight = InflightTracker()
     clock = Clock()
-    loads = LoadView(inflight, stale_s=5.0, clock=clock)
+    loads = inflight = LoadTracker(stale_s=5.0, clock=clock)
     metrics = Metrics(policy)
+    recent = RecentDecisions()
+    lifecycle = RequestLifecycle()
+    for listener in (loads, DecisionMetrics(metrics), recent):
+        lifecycle.subscribe(listener)
     tokenizer = AsyncTokenizer(PromptTokenizer("sim/assets/tiny-model"), timeout_s=5.0)
-    decider = Decider(make_policy(policy, 0.5), registry, loads, inflight, metrics, tokenizer,
-                      FixedSource(answer or {}))
+    decider = Decider(make_policy(policy, 0.5), registry, loads, lifecycle, tokenizer, FixedSource(answer or {}))
     bridge = InstanceBridge({"engine-1": FLEET[1]})
     bridge.set_endpoints(FLEET)
     catalog = DiscoveryCatalog("static", registry)
     if discovered is not None:
         catalog = DiscoveryCatalog("kubernetes", registry)
         catalog.apply(discovered)
-    servicer = RouterServicer(settings, decider, registry, loads, inflight, bridge, catalog, lambda: True)
+    servicer = RouterServicer(settings.policy, settings.loadaware_beta, settings.describe, decider, registry, loads,
+                              bridge, catalog, lambda: True)
     return servicer, type("Parts", (), {"loads": loads, "inflight": inflight, "metrics": metrics,
-                                        "clock": clock, "decider": decider})
+                                        "clock": clock, "decider": decider, "recent": recent})
 
 
 def struct_request(body: dict[str, Any], path: str = "/v1/completions") -> pb.ExplainRequest:
@@ -105,7 +109,7 @@ async def test_explain_shows_matches_loads_and_the_formula_without_counting() ->
     assert best.chosen and reply.endpoint == best.endpoint
     # nothing was counted: in-flight as before, no decision recorded, nothing in the recent list
     assert parts.inflight.snapshot() == {FLEET[0]: 1}
-    assert not parts.decider.recent
+    assert not parts.recent.items
     decided = [s for m in parts.metrics.decisions.collect() for s in m.samples if s.name.endswith("_total")]
     assert decided == []
     parts.inflight.release(lease)

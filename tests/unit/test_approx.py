@@ -7,18 +7,20 @@ from typing import Sequence
 
 import pytest
 
+from loadaware.app import Sidecar
 from loadaware.config import from_args
+from loadaware.fleet.registry import EndpointRegistry
+from loadaware.lifecycle import RequestLifecycle
+from loadaware.load.tracker import LoadTracker
+from loadaware.policies import make_policy
+from loadaware.prefix.approx import ApproxIndex, ApproxPrefixSource
+from loadaware.prefix.blocks import block_keys
+from loadaware.prefix.combined import CombinedPrefixSource, Member
+from loadaware.prefix.source import PrefixUnavailable
 from loadaware.routing.pipeline import Decider
 from loadaware.routing.request import InferenceRequest
-from loadaware.policies import make_policy
-from loadaware.prefix.approx import ApproxIndex, ApproxPrefixSource, TextUnits
-from loadaware.prefix.blocks import block_keys
-from loadaware.fleet.registry import EndpointRegistry
-from loadaware.load.inflight import InflightTracker
-from loadaware.load.view import LoadView
-from loadaware.prefix.source import PrefixUnavailable
-from loadaware.prefix.combined import CombinedPrefixSource, Member, PrefixWiring
 from loadaware.telemetry.metrics import Metrics
+from loadaware.tokenize.text_units import TextUnits
 
 A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
 P1 = list(range(320))
@@ -87,13 +89,15 @@ async def test_source_learns_from_the_pipeline_and_counts_its_credit() -> None:
     clock = Clock()
     source = ApproxPrefixSource(ApproxIndex(1000, 16, 60), metrics, clock)
     registry = EndpointRegistry((A, B, C))
-    inflight = InflightTracker()
-    decider = Decider(make_policy("loadaware", 1.0), registry, LoadView(inflight, stale_s=5), inflight, metrics,
-                      None, source, on_routed=source.routed)
+    inflight = LoadTracker(stale_s=5)
+    lifecycle = RequestLifecycle()
+    lifecycle.subscribe(inflight)
+    lifecycle.subscribe(source)  # the source learns from decisions through the lifecycle, as the app wires it
+    decider = Decider(make_policy("loadaware", 1.0), registry, inflight, lifecycle, None, source)
     first = await decider.decide(InferenceRequest("completions", prompt=P1), "r1")
     holder = first.endpoint
     assert holder is not None and all(c.matched_tokens == 0 for c in first.candidates)
-    inflight.release(first.lease)  # the first request finished
+    lifecycle.ended(first)  # the first request finished
     again = await decider.decide(InferenceRequest("completions", prompt=P1 + [7, 7]), "r2")
     assert again.endpoint == holder
     assert {c.endpoint: c.matched_tokens for c in again.candidates}[holder] == 320
@@ -138,15 +142,18 @@ def test_flag_selects_the_sources() -> None:
         ("--prefix-source", "approx,kv-events"): ("kv-events", "approx"),
     }
     for flags, expected in cases.items():
-        settings = from_args(["--endpoints", A, *flags])
+        settings = from_args(["--endpoints", A, "--metrics-listen", "off", *flags])
         assert settings.prefix_sources == expected
-        wiring = PrefixWiring(settings, Metrics("loadaware"), lambda: (A,), None, None)
-        assert wiring.names == expected and (wiring.source is not None or expected == ("lmcache",))
-        assert (wiring.on_routed is not None) == ("approx" in expected)
+        app = Sidecar(settings)
+        wiring = app.prefixes
+        assert wiring.names == expected and wiring.source is not None
+        # the approximate index hears of each routed request through the lifecycle, only when in use
+        assert (wiring.approx in app.lifecycle._listeners) == ("approx" in expected)  # noqa: SLF001
         # text bytes stand in for tokens only for the approximate source alone
-        assert (wiring.text_units_tokenizer(False) is not None) == (expected == ("approx",))
-        if wiring.kv_feeds is not None:
-            asyncio.run(wiring.close())
+        assert isinstance(app.decider.tokenizer, TextUnits) == (expected == ("approx",))
+        asyncio.run(app.prefixes.close())
+        if app.lmcache is not None:
+            asyncio.run(app.lmcache.close())
     from loadaware.config import ConfigError
 
     with pytest.raises(ConfigError, match="--prefix-source"):

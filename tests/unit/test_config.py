@@ -6,7 +6,8 @@ import logging
 
 import pytest
 
-from loadaware.config import ConfigError, from_args, parse_instance_map
+from loadaware.config import ConfigError, from_args
+from loadaware.fleet.addresses import parse_instance_map
 
 
 def test_beta_default() -> None:

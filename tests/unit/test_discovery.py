@@ -18,7 +18,7 @@ from loadaware.fleet.discovery.envoy_admin import ClusterNotFound, EnvoyAdminDis
     parse_cluster_hosts
 from loadaware.fleet.discovery.metrics import DiscoveryMetrics
 from loadaware.fleet.registry import EndpointRegistry
-from loadaware.load.inflight import InflightTracker
+from loadaware.load.tracker import LoadTracker
 
 RECORDED = json.loads((Path(__file__).parents[1] / "fixtures" / "envoy-admin-clusters.json").read_text())
 
@@ -70,7 +70,7 @@ def test_merge_prefers_the_routable_report() -> None:
 
 def test_catalog_removal_releases_counts_and_instance_ids() -> None:
     registry = EndpointRegistry()
-    inflight = InflightTracker()
+    inflight = LoadTracker(stale_s=5.0)
     registry.on_removed(inflight.drop)
     ids: list[dict[str, str]] = []
     catalog = DiscoveryCatalog("kubernetes", registry, on_instance_ids=lambda m: ids.append(dict(m)))

@@ -1,9 +1,9 @@
-"""In-flight leases and the scraped-load refinement."""
+"""The load tracker: in-flight leases, the scraped-load refinement, and the lifecycle events that drive it."""
 
 from __future__ import annotations
 
-from loadaware.load.inflight import InflightTracker
-from loadaware.load.view import EngineStats, LoadView
+from loadaware.lifecycle import Decision, RequestLifecycle
+from loadaware.load.tracker import EngineStats, LoadTracker
 
 
 class Clock:
@@ -15,7 +15,7 @@ class Clock:
 
 
 def test_lease_release_is_idempotent() -> None:
-    t = InflightTracker()
+    t = LoadTracker(stale_s=5.0)
     a, b = t.acquire("e1"), t.acquire("e1")
     assert t.count("e1") == 2
     t.release(a)
@@ -27,7 +27,7 @@ def test_lease_release_is_idempotent() -> None:
 
 
 def test_dropped_endpoint_leases_become_noops() -> None:
-    t = InflightTracker()
+    t = LoadTracker(stale_s=5.0)
     old = t.acquire("e1")
     t.drop("e1")
     assert t.count("e1") == 0
@@ -40,8 +40,7 @@ def test_dropped_endpoint_leases_become_noops() -> None:
 
 def test_scraped_load_with_own_corrections() -> None:
     clock = Clock()
-    t = InflightTracker()
-    view = LoadView(t, stale_s=5.0, clock=clock)
+    t = view = LoadTracker(stale_s=5.0, clock=clock)
     before = t.acquire("e1")
     view.record("e1", EngineStats(running=10, waiting=2, kv_usage=0.5, at=clock.now))
     # the scrape (12) already includes `before`; nothing decided since
@@ -58,9 +57,40 @@ def test_scraped_load_with_own_corrections() -> None:
 
 def test_own_count_is_a_floor_and_unscraped_endpoints_use_it() -> None:
     clock = Clock()
-    t = InflightTracker()
-    view = LoadView(t, stale_s=5.0, clock=clock)
+    t = view = LoadTracker(stale_s=5.0, clock=clock)
     for _ in range(4):
         t.acquire("e1")
     view.record("e1", EngineStats(running=1, waiting=0, kv_usage=None, at=clock.now))
     assert view.loads(("e1", "e2")) == [4.0, 0.0]
+
+
+def _decision(endpoint: str | None) -> Decision:
+    return Decision("r", endpoint, "routed", (), 0, (), (), {}, 0.0)
+
+
+def test_lifecycle_events_drive_the_counts_and_the_scrape_correction() -> None:
+    clock = Clock()
+    tracker = LoadTracker(stale_s=5.0, clock=clock)
+    lifecycle = RequestLifecycle()
+    lifecycle.subscribe(tracker)
+    tracker.record("e1", EngineStats(running=3, waiting=0, kv_usage=None, at=clock.now))
+    tracker.record("e2", EngineStats(running=3, waiting=0, kv_usage=None, at=clock.now))
+    d = _decision("e1")
+    lifecycle.decided(d)
+    assert tracker.loads(("e1", "e2")) == [4.0, 3.0]  # decided after the scrape: added to it
+    lifecycle.served(d, "e2")  # a retry sent it to e2: the load moves with it
+    assert tracker.loads(("e1", "e2")) == [3.0, 4.0] and tracker.snapshot() == {"e1": 0, "e2": 1}
+    lifecycle.ended(d)
+    assert tracker.loads(("e1", "e2")) == [3.0, 3.0] and tracker.total() == 0
+    unrouted = _decision(None)  # Envoy's fallback picks: nothing to count
+    lifecycle.decided(unrouted)
+    lifecycle.ended(unrouted)
+    assert unrouted.lease is None and tracker.total() == 0
+
+
+def test_dropping_an_endpoint_forgets_its_stats_too() -> None:
+    clock = Clock()
+    tracker = LoadTracker(stale_s=5.0, clock=clock)
+    tracker.record("e1", EngineStats(running=9, waiting=1, kv_usage=0.5, at=clock.now))
+    tracker.drop("e1")
+    assert tracker.stats("e1") is None and tracker.loads(("e1",)) == [0.0]

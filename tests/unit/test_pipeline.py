@@ -1,4 +1,5 @@
-"""The decision pipeline with in-process sources: fallbacks, counting, and the endpoint set moving under it."""
+"""The decision pipeline with in-process sources: fallbacks, counting through the request lifecycle, and the
+endpoint set moving under it."""
 
 from __future__ import annotations
 
@@ -7,15 +8,16 @@ from typing import Sequence
 
 import pytest
 
+from loadaware.fleet.registry import EndpointRegistry
+from loadaware.lifecycle import RequestLifecycle
+from loadaware.load.tracker import LoadTracker
+from loadaware.policies import make_policy
+from loadaware.prefix.source import PrefixUnavailable
 from loadaware.routing.pipeline import Decider
 from loadaware.routing.request import InferenceRequest
-from loadaware.policies import make_policy
-from loadaware.fleet.registry import EndpointRegistry
-from loadaware.load.inflight import InflightTracker
-from loadaware.load.view import LoadView
-from loadaware.prefix.source import PrefixUnavailable
-from loadaware.tokenize.tokenizer import AsyncTokenizer, PromptTokenizer
+from loadaware.telemetry.decisions import DecisionMetrics, RecentDecisions
 from loadaware.telemetry.metrics import Metrics
+from loadaware.tokenize.tokenizer import AsyncTokenizer, PromptTokenizer
 
 TOKENIZER = "sim/assets/tiny-model"
 FLEET = ("127.0.0.2:8000", "127.0.0.3:8000", "127.0.0.4:8000")
@@ -43,13 +45,24 @@ class FixedSource:
         return dict(self.answer)
 
 
+class Rig:
+    """A decider wired as the app wires it: the load tracker, metrics and the recent ring listen."""
+
+    def __init__(self, policy: str, source: FixedSource | None, tokenizer: bool, fleet: Sequence[str]) -> None:
+        self.loads = LoadTracker(stale_s=5)
+        self.metrics = Metrics(policy)
+        self.recent = RecentDecisions()
+        lifecycle = RequestLifecycle()
+        for listener in (self.loads, DecisionMetrics(self.metrics), self.recent):
+            lifecycle.subscribe(listener)
+        tok = AsyncTokenizer(PromptTokenizer(TOKENIZER), timeout_s=2.0) if tokenizer else None
+        self.decider = Decider(make_policy(policy), EndpointRegistry(fleet), self.loads, lifecycle, tok, source)
+        self.decide = self.decider.decide
+
+
 def make(policy: str = "loadaware", source: FixedSource | None = None, tokenizer: bool = True,
-         fleet: Sequence[str] = FLEET) -> Decider:
-    inflight = InflightTracker()
-    registry = EndpointRegistry(fleet)
-    tok = AsyncTokenizer(PromptTokenizer(TOKENIZER), timeout_s=2.0) if tokenizer else None
-    return Decider(make_policy(policy), registry, LoadView(inflight, stale_s=5), inflight, Metrics(policy),
-                   tok, source)
+         fleet: Sequence[str] = FLEET) -> Rig:
+    return Rig(policy, source, tokenizer, fleet)
 
 
 PROMPT = InferenceRequest("completions", prompt="the engine cache prefix token " * 100)
@@ -60,7 +73,9 @@ async def test_routes_to_the_holder_and_counts_it() -> None:
     decision = await d.decide(PROMPT, "r1")
     assert decision.endpoint == "127.0.0.3:8000" and decision.outcome == "routed"
     assert decision.prompt_tokens > 100 and decision.reasons == ()
-    assert d.inflight.count("127.0.0.3:8000") == 1 and decision.lease is not None
+    assert d.loads.count("127.0.0.3:8000") == 1 and decision.lease is not None
+    assert list(d.recent.items) == [decision]
+    assert d.metrics.decisions.labels("loadaware", "127.0.0.3:8000", "routed")._value.get() == 1
     assert set(decision.stages) == {"tokenize", "lookup", "score"}
     # matched tokens are capped at the prompt length
     assert max(c.matched_tokens for c in decision.candidates) == decision.prompt_tokens
@@ -70,15 +85,16 @@ async def test_explain_does_not_count() -> None:
     d = make(source=FixedSource({"127.0.0.3:8000": 512}))
     decision = await d.decide(PROMPT, "r1", count=False)
     assert decision.endpoint == "127.0.0.3:8000" and decision.lease is None
-    assert d.inflight.total() == 0 and len(d.recent) == 0
+    assert d.loads.total() == 0 and len(d.recent.items) == 0
 
 
 @pytest.mark.parametrize("error", ["lmcache_error", "lmcache_timeout"])
 async def test_prefix_failure_falls_back_to_load(error: str) -> None:
     d = make(source=FixedSource(error=error))
-    d.inflight.acquire("127.0.0.2:8000")
+    d.loads.acquire("127.0.0.2:8000")
     decision = await d.decide(PROMPT)
     assert decision.outcome == "fallback_load_only" and decision.reasons == (error,)
+    assert d.metrics.fallbacks.labels(error)._value.get() == 1  # the reason is counted, not just reported
     assert decision.endpoint != "127.0.0.2:8000"  # the load term still acts
 
 
@@ -92,13 +108,15 @@ async def test_tokenizer_missing_or_failing() -> None:
     d = make(source=FixedSource())
     bad_chat = InferenceRequest("chat", messages=[{"role": "user", "content": {"odd": 1}}])
     decision = await d.decide(bad_chat)
-    assert decision.endpoint is not None  # whatever the template made of it, the request is routed
+    # The template cannot render a dict as content: the decision says so and still routes on load.
+    assert decision.reasons == ("tokenizer_error",) and decision.outcome == "fallback_load_only"
+    assert decision.prompt_tokens == 0 and decision.endpoint is not None
 
 
 async def test_tokenizer_timeout_is_time_boxed() -> None:
     d = make(source=FixedSource())
-    assert d.tokenizer is not None
-    d.tokenizer.timeout_s = 1e-6
+    assert isinstance(d.decider.tokenizer, AsyncTokenizer)
+    d.decider.tokenizer.timeout_s = 1e-6
     decision = await d.decide(InferenceRequest("completions", prompt=" ".join(str(i) for i in range(50000))))
     assert "tokenizer_timeout" in decision.reasons and decision.endpoint is not None
 
@@ -109,12 +127,12 @@ async def test_no_prompt_and_empty_fleet() -> None:
     assert decision.reasons == ("no_prompt",) and decision.endpoint is not None
     d = make(source=FixedSource(), fleet=())
     decision = await d.decide(PROMPT)
-    assert decision.endpoint is None and decision.outcome == "no_endpoints" and d.inflight.total() == 0
+    assert decision.endpoint is None and decision.outcome == "no_endpoints" and d.loads.total() == 0
 
 
 async def test_endpoint_vanishing_during_lookup_is_never_chosen() -> None:
     d = make()
-    d.prefix_source = FixedSource({"127.0.0.2:8000": 10_000}, registry=d.registry)
+    d.decider.prefix_source = FixedSource({"127.0.0.2:8000": 10_000}, registry=d.decider.registry)
     decision = await d.decide(PROMPT)
     assert decision.endpoint in FLEET[1:]
     assert [c.endpoint for c in decision.candidates] == list(FLEET[1:])
@@ -125,3 +143,40 @@ async def test_policies_without_prefix_skip_the_lookup() -> None:
     d = make("leastload", source=source)
     decision = await d.decide(PROMPT)
     assert source.calls == 0 and "tokenize" not in decision.stages and decision.outcome == "routed"
+
+
+async def test_lifecycle_counts_once_moves_with_the_server_and_ends_once() -> None:
+    d = make(source=FixedSource({"127.0.0.3:8000": 10_000}))
+    lifecycle = d.decider.lifecycle
+    decision = await d.decide(PROMPT, "r1")
+    assert decision.endpoint == "127.0.0.3:8000" and decision.served == decision.endpoint
+    lifecycle.served(decision, "127.0.0.3:8000")  # the chosen engine served: no news
+    assert d.loads.snapshot() == {"127.0.0.3:8000": 1}
+    lifecycle.served(decision, "127.0.0.4:8000")  # a retry walked the ranked list
+    assert decision.served == "127.0.0.4:8000"
+    assert d.loads.count("127.0.0.3:8000") == 0 and d.loads.count("127.0.0.4:8000") == 1
+    assert decision.tokens  # kept while the request lives
+    lifecycle.ended(decision)
+    lifecycle.ended(decision)  # a second end (cancel after EOF) must not release twice
+    lifecycle.served(decision, "127.0.0.2:8000")  # too late: the request is over
+    assert d.loads.total() == 0 and decision.tokens is None
+    assert "tokens" not in decision.as_dict()  # the debug ring never renders the prompt
+
+
+async def test_a_failing_listener_does_not_leak_the_count() -> None:
+    class Broken:
+        def on_decided(self, decision: object) -> None:
+            raise RuntimeError("listener bug")
+
+        def on_served(self, decision: object, previous: object) -> None:
+            raise RuntimeError("listener bug")
+
+        def on_ended(self, decision: object) -> None:
+            raise RuntimeError("listener bug")
+
+    d = make(source=FixedSource({"127.0.0.3:8000": 10_000}))
+    d.decider.lifecycle.subscribe(Broken())
+    decision = await d.decide(PROMPT, "r1")
+    assert d.loads.count("127.0.0.3:8000") == 1 and d.recent.items[-1] is decision
+    d.decider.lifecycle.ended(decision)
+    assert d.loads.total() == 0

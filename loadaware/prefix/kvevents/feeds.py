@@ -22,40 +22,13 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from loadaware.telemetry.metrics import Metrics
+from loadaware.fleet.addresses import FeedAddress, tcp_url
 from loadaware.prefix.blocks import BlockIndex, block_keys
 from loadaware.prefix.kvevents.codec import AllBlocksCleared, BlockRemoved, BlockStored, DecodeError, EventBatch, \
     decode_batch, decode_seq
 from loadaware.prefix.kvevents.sync import ApplyCounts, FeedSync, Verdict, apply_batch
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class FeedAddress:
-    pub: str  # tcp://host:port of the engine's PUB socket
-    replay: str | None  # tcp://host:port of its ROUTER replay socket, if it has one
-
-
-def _tcp(host: str, port: int) -> str:
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
-
-
-def parse_feed_map(text: str) -> dict[str, FeedAddress]:
-    """`ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT],...` -> {endpoint: FeedAddress}. Raises ValueError."""
-    out: dict[str, FeedAddress] = {}
-    for item in (t.strip() for t in text.split(",")):
-        if not item:
-            continue
-        endpoint, sep, target = item.partition("=")
-        if not sep:
-            raise ValueError(f"{item!r} is not ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT]")
-        target, _, replay = target.strip().partition("/")
-        host, colon, port = target.rpartition(":")
-        if not colon or not host or not port.isdigit() or (replay and not replay.isdigit()):
-            raise ValueError(f"{item!r} is not ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT]")
-        host = host.strip("[]")
-        out[endpoint.strip()] = FeedAddress(_tcp(host, int(port)), _tcp(host, int(replay)) if replay else None)
-    return out
 
 
 def feed_address(endpoint: str, explicit: Mapping[str, FeedAddress], pub_port: int,
@@ -66,7 +39,7 @@ def feed_address(endpoint: str, explicit: Mapping[str, FeedAddress], pub_port: i
     if pub_port <= 0:
         return None
     host = endpoint.rpartition(":")[0].strip("[]")
-    return FeedAddress(_tcp(host, pub_port), _tcp(host, replay_port) if replay_port > 0 else None)
+    return FeedAddress(tcp_url(host, pub_port), tcp_url(host, replay_port) if replay_port > 0 else None)
 
 
 class EngineFeed:

@@ -1,0 +1,92 @@
+"""How endpoints, and the maps that hang other addresses on them, are written. Parsed here and only here.
+
+    endpoint        HOST:PORT                        (IPv6 hosts may be bracketed)
+    endpoint list   ENDPOINT,ENDPOINT,...            (commas or newlines; duplicates dropped, order kept)
+    instance map    INSTANCE_ID=ENDPOINT,...         (--lmcache-instance-map)
+    feed map        ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT],...   (--kv-events-endpoints)
+
+Every parser raises ValueError with a short reason; the configuration names the flag around it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def parse_hostport(text: str) -> tuple[str, int]:
+    host, sep, port_text = text.strip().rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    host = host.strip("[]")
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port {port} out of range")
+    return host, port
+
+
+def parse_endpoint(text: str) -> str:
+    host, port = parse_hostport(text)
+    if port == 0:
+        raise ValueError(f"{text!r}: an endpoint needs a real port")
+    return f"{host}:{port}"
+
+
+def parse_endpoint_list(text: str) -> tuple[str, ...]:
+    items = [t.strip() for t in text.replace("\n", ",").split(",") if t.strip()]
+    return tuple(dict.fromkeys(parse_endpoint(item) for item in items))
+
+
+def parse_map(text: str, key: Callable[[str], K], value: Callable[[str], V], form: str) -> dict[K, V]:
+    """`KEY=VALUE,...`: the one grammar of every map setting; `form` names the expected shape in errors."""
+    out: dict[K, V] = {}
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        left, sep, right = item.partition("=")
+        if not sep or not left.strip():
+            raise ValueError(f"{item!r} is not {form}")
+        try:
+            out[key(left.strip())] = value(right.strip())
+        except ValueError as exc:
+            raise ValueError(f"{item!r} is not {form}: {exc}") from None
+    return out
+
+
+def parse_instance_map(text: str) -> dict[str, str]:
+    """`INSTANCE_ID=HOST:PORT,...` -> {instance id: endpoint}."""
+    return parse_map(text, str, parse_endpoint, "INSTANCE_ID=HOST:PORT")
+
+
+@dataclass(frozen=True, slots=True)
+class FeedAddress:
+    """Where one engine publishes its KV events (ZMQ PUB) and answers replays (ZMQ ROUTER; None = none)."""
+
+    pub: str  # tcp://host:port
+    replay: str | None
+
+    def __str__(self) -> str:
+        return self.pub if self.replay is None else f"{self.pub} (replay {self.replay})"
+
+
+def tcp_url(host: str, port: int) -> str:
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def parse_feed_address(text: str) -> FeedAddress:
+    """`HOST:PUB_PORT[/REPLAY_PORT]`; both ports real."""
+    target, _, replay_text = text.partition("/")
+    host, port = parse_hostport(target)
+    replay = int(replay_text) if replay_text else None
+    if port == 0 or (replay is not None and not 0 < replay <= 65535):
+        raise ValueError("ports must be real")
+    return FeedAddress(tcp_url(host, port), tcp_url(host, replay) if replay is not None else None)
+
+
+def parse_feed_map(text: str) -> dict[str, FeedAddress]:
+    """`ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT],...` -> {endpoint: FeedAddress}."""
+    return parse_map(text, parse_endpoint, parse_feed_address, "ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT]")

@@ -1,0 +1,107 @@
+"""A routed request's lifecycle: decided -> (served) -> ended, and the parts that listen to it.
+
+The decision pipeline emits `decided` at the moment of choice; the ext_proc server emits `served` when the
+response path learns which engine served (a retry may have walked the ranked list to another one) and
+`ended` exactly once when the request's stream ends, however it ended. Load accounting, the approximate
+prefix index and metrics subscribe; none of them is called by the pipeline or the server directly, so
+request state flows one way (docs/architecture.md, "Request lifecycle").
+
+A `Decision` is the request's record for its whole life: the stream keeps it, listeners annotate it
+(the load module parks its lease on it) and read it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+from loadaware.policies.base import Candidate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True, eq=False)
+class Decision:
+    request_id: str
+    endpoint: str | None  # the choice; None: Envoy's own fallback picks
+    outcome: str  # routed | fallback_load_only | no_endpoints
+    reasons: tuple[str, ...]
+    prompt_tokens: int
+    candidates: tuple[Candidate, ...]
+    scores: tuple[float, ...]
+    stages: dict[str, float]
+    total_s: float
+    at: float = field(default_factory=time.time)
+    # Prompt token ids while the request lives (the approximate index re-reads them when another engine
+    # serves); dropped at the end and never rendered: a token list is the prompt's text.
+    tokens: Sequence[int] | None = None
+    served: str | None = None  # the engine that served, once known; starts as the choice
+    lease: Any = None  # the load module's receipt for this request's in-flight count
+    ended: bool = False
+
+    def __post_init__(self) -> None:
+        if self.served is None:
+            self.served = self.endpoint
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id, "endpoint": self.endpoint, "served": self.served,
+            "outcome": self.outcome, "reasons": list(self.reasons), "prompt_tokens": self.prompt_tokens,
+            "candidates": [{"endpoint": c.endpoint, "matched_tokens": c.matched_tokens, "load": c.load,
+                            "score": s} for c, s in zip(self.candidates, self.scores)],
+            "stages_ms": {k: round(v * 1e3, 3) for k, v in self.stages.items()},
+            "total_ms": round(self.total_s * 1e3, 3), "at": self.at,
+        }
+
+
+class LifecycleListener(Protocol):
+    def on_decided(self, decision: Decision) -> None: ...
+
+    def on_served(self, decision: Decision, previous: str | None) -> None:
+        """`decision.served` is now the engine that served; `previous` is who was credited before."""
+        ...
+
+    def on_ended(self, decision: Decision) -> None: ...
+
+
+class RequestLifecycle:
+    """Fans each event out to the listeners, in subscription order. Listeners run synchronously and must
+    not block: `decided` runs on the hot path between the choice and the reply."""
+
+    def __init__(self) -> None:
+        self._listeners: list[LifecycleListener] = []
+
+    def subscribe(self, listener: LifecycleListener) -> None:
+        self._listeners.append(listener)
+
+    def decided(self, decision: Decision) -> None:
+        for listener in self._listeners:
+            try:
+                listener.on_decided(decision)
+            except Exception:  # noqa: BLE001 - one listener failing must not cost the others their event
+                log.exception("lifecycle listener %r failed on decided", listener)
+
+    def served(self, decision: Decision, endpoint: str) -> None:
+        """The response path reports who served. Only a change is news; after the end it is too late."""
+        if decision.ended or endpoint == decision.served or decision.endpoint is None:
+            return
+        previous, decision.served = decision.served, endpoint
+        for listener in self._listeners:
+            try:
+                listener.on_served(decision, previous)
+            except Exception:  # noqa: BLE001 - as in decided
+                log.exception("lifecycle listener %r failed on served", listener)
+
+    def ended(self, decision: Decision | None) -> None:
+        """Exactly once per decision, whatever ended the request; a no-op for None or a repeat."""
+        if decision is None or decision.ended:
+            return
+        decision.ended = True
+        for listener in self._listeners:
+            try:
+                listener.on_ended(decision)
+            except Exception:  # noqa: BLE001 - a leaked in-flight count would skew every later decision
+                log.exception("lifecycle listener %r failed on ended", listener)
+        decision.tokens = None

@@ -1,0 +1,146 @@
+"""Per-endpoint load as the policies see it: the one owner of in-flight counts and scraped engine stats.
+
+    load(i) = max(inflight(i), running(i) + waiting(i) + correction(i))   with a fresh scrape
+    load(i) = inflight(i)                                               otherwise
+
+inflight(i): requests this sidecar routed to i that have not ended. A request is counted the moment it is
+decided (no await in between, or a burst decided meanwhile would not see it) and released exactly once
+when it ends, however it ended; a leaked count would skew every later decision. Leases make the release
+idempotent and survive an endpoint leaving in between.
+
+correction(i): own requests decided since the last scrape and still open (the scrape cannot see them
+yet: without this a burst decided on one snapshot herds onto one engine) minus own requests that scrape
+counted which have ended since (without this a finished request weighs until the next scrape). The scrape
+sees traffic of other gateway replicas too; a stale scrape is ignored.
+
+The tracker listens to the request lifecycle (decided, served, ended); nothing else edits its state.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from loadaware.lifecycle import Decision
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    running: float
+    waiting: float
+    kv_usage: float | None
+    at: float  # monotonic time of the scrape
+
+
+@dataclass(slots=True)
+class Lease:
+    endpoint: str
+    generation: int  # the endpoint's generation when acquired: a removed-then-re-added endpoint starts fresh
+    snapshot: int  # the endpoint's scrape epoch when acquired: was this request in the last scrape?
+    released: bool = False
+
+
+class LoadTracker:
+    def __init__(self, stale_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.stale_s = stale_s
+        self.clock = clock
+        self._counts: dict[str, int] = {}
+        self._generation: dict[str, int] = {}
+        self._stats: dict[str, EngineStats] = {}
+        self._snapshot_epoch: dict[str, int] = {}
+        self._started_after: dict[str, int] = {}
+        self._ended_after: dict[str, int] = {}
+
+    # ---- the request lifecycle ----
+    def on_decided(self, decision: Decision) -> None:
+        if decision.endpoint is not None:
+            decision.lease = self.acquire(decision.endpoint)
+
+    def on_served(self, decision: Decision, previous: str | None) -> None:
+        """Another engine served (a retry walked the list): the count moves with the request."""
+        if decision.lease is None or decision.served is None:
+            return
+        self.release(decision.lease)
+        decision.lease = self.acquire(decision.served)
+
+    def on_ended(self, decision: Decision) -> None:
+        self.release(decision.lease)
+
+    # ---- counts ----
+    def acquire(self, endpoint: str) -> Lease:
+        self._counts[endpoint] = self._counts.get(endpoint, 0) + 1
+        self._started_after[endpoint] = self._started_after.get(endpoint, 0) + 1
+        return Lease(endpoint, self._generation.get(endpoint, 0), self._snapshot_epoch.get(endpoint, 0))
+
+    def release(self, lease: Lease | None) -> None:
+        if lease is None or lease.released:
+            return
+        lease.released = True
+        ep = lease.endpoint
+        if self._generation.get(ep, 0) != lease.generation:
+            return  # the endpoint was dropped (and maybe re-added) since: its counts were already reset
+        count = self._counts.get(ep, 0)
+        if count > 0:
+            self._counts[ep] = count - 1
+        if lease.snapshot == self._snapshot_epoch.get(ep, 0):
+            self._started_after[ep] = max(0, self._started_after.get(ep, 0) - 1)
+        else:
+            self._ended_after[ep] = self._ended_after.get(ep, 0) + 1
+
+    def count(self, endpoint: str) -> int:
+        return self._counts.get(endpoint, 0)
+
+    def snapshot(self) -> dict[str, int]:
+        return dict(self._counts)
+
+    def total(self) -> int:
+        return sum(self._counts.values())
+
+    # ---- scraped stats ----
+    def record(self, endpoint: str, stats: EngineStats) -> None:
+        """A scrape of `endpoint` arrived: it starts a new snapshot epoch for the correction."""
+        self._stats[endpoint] = stats
+        self._snapshot_epoch[endpoint] = self._snapshot_epoch.get(endpoint, 0) + 1
+        self._started_after[endpoint] = 0
+        self._ended_after[endpoint] = 0
+
+    def stats(self, endpoint: str) -> EngineStats | None:
+        return self._stats.get(endpoint)
+
+    def fresh_stats(self, endpoint: str, now: float | None = None) -> EngineStats | None:
+        stats = self._stats.get(endpoint)
+        if stats is None:
+            return None
+        now = self.clock() if now is None else now
+        return stats if now - stats.at <= self.stale_s else None
+
+    def snapshot_correction(self, endpoint: str) -> int:
+        """Own requests to add to the last scraped load: started since it and open, minus ended since it."""
+        return self._started_after.get(endpoint, 0) - self._ended_after.get(endpoint, 0)
+
+    # ---- what the policies see ----
+    def load(self, endpoint: str, now: float) -> float:
+        own = self._counts.get(endpoint, 0)
+        stats = self._stats.get(endpoint)
+        if stats is None or now - stats.at > self.stale_s:
+            return float(own)
+        scraped = stats.running + stats.waiting + self.snapshot_correction(endpoint)
+        return float(own) if own > scraped else scraped
+
+    def loads(self, endpoints: tuple[str, ...]) -> list[float]:
+        now = self.clock()
+        return [self.load(ep, now) for ep in endpoints]
+
+    # ---- the fleet ----
+    def drop(self, endpoint: str) -> None:
+        """An endpoint left the fleet: forget its counts and stats; outstanding leases become no-ops."""
+        self._counts.pop(endpoint, None)
+        self._started_after.pop(endpoint, None)
+        self._ended_after.pop(endpoint, None)
+        self._stats.pop(endpoint, None)
+        self._generation[endpoint] = self._generation.get(endpoint, 0) + 1
+
+    def clear(self) -> None:
+        for endpoint in list(self._counts):
+            self.drop(endpoint)

@@ -1,0 +1,100 @@
+"""Builds the prefix sources `--prefix-source` asks for and owns their background work, so the app only
+starts, shows and stops them. It takes plain options, never the configuration object: the app translates."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from loadaware.fleet.addresses import FeedAddress
+from loadaware.prefix.approx import TEXT_BLOCK_BYTES, ApproxIndex, ApproxPrefixSource
+from loadaware.prefix.blocks import BlockIndex
+from loadaware.prefix.combined import CombinedPrefixSource, Covered, Member
+from loadaware.prefix.kvevents.feeds import KvEventsFeeds, KvEventsPrefixSource
+from loadaware.prefix.source import PrefixSource
+from loadaware.telemetry.metrics import Metrics
+
+SOURCE_NAMES = ("lmcache", "kv-events", "approx")
+# The approximate index counts blocks of 16 tokens (vLLM's default block), or of text bytes without a tokenizer.
+APPROX_TOKEN_BLOCK = 16
+
+
+@dataclass(frozen=True)
+class PrefixOptions:
+    names: tuple[str, ...]  # among SOURCE_NAMES
+    have_tokenizer: bool
+    kv_events_max_blocks: int = 4_000_000
+    kv_events_endpoints: Mapping[str, FeedAddress] = field(default_factory=dict)
+    kv_events_port: int = 5557
+    kv_events_replay_port: int = 5558
+    kv_events_topic: str = ""
+    kv_events_replay_timeout_s: float = 2.0
+    approx_capacity_tokens: int = 100_000
+    approx_ttl_s: float = 300.0
+
+
+class PrefixWiring:
+    def __init__(self, options: PrefixOptions, metrics: Metrics, endpoints: Callable[[], tuple[str, ...]],
+                 lmcache: PrefixSource | None, lmcache_covered: Covered | None) -> None:
+        o = options
+        self.names = o.names
+        self.kv_feeds: KvEventsFeeds | None = None
+        self.approx: ApproxPrefixSource | None = None
+        exact: list[Member] = []
+        if "lmcache" in self.names and lmcache is not None:
+            exact.append(Member(lmcache, lmcache_covered or (lambda eps: set(eps))))
+        if "kv-events" in self.names:
+            index = BlockIndex(o.kv_events_max_blocks)
+            self.kv_feeds = KvEventsFeeds(index, metrics, endpoints, dict(o.kv_events_endpoints), o.kv_events_port,
+                                          o.kv_events_replay_port, o.kv_events_topic, o.kv_events_replay_timeout_s)
+            kv = KvEventsPrefixSource(index, self.kv_feeds)
+            exact.append(Member(kv, kv.covered))
+        if "approx" in self.names:
+            block = APPROX_TOKEN_BLOCK if o.have_tokenizer else TEXT_BLOCK_BYTES
+            self.approx = ApproxPrefixSource(
+                ApproxIndex(max(1, o.approx_capacity_tokens // APPROX_TOKEN_BLOCK), block, o.approx_ttl_s), metrics)
+        for name in SOURCE_NAMES:
+            metrics.prefix_source_info.labels(name, "false" if name == "approx" else "true").set(
+                1 if name in self.names else 0)
+        self.source: PrefixSource | None
+        if len(exact) == 1 and self.approx is None:
+            self.source = exact[0].source
+        elif not exact and self.approx is not None:
+            self.source = self.approx
+        elif exact or self.approx is not None:
+            self.source = CombinedPrefixSource(exact, self.approx)
+        else:
+            self.source = None
+
+    def tasks(self) -> list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]]:
+        out: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = []
+        if self.kv_feeds is not None:
+            out.append(("kv-events", self.kv_feeds.run))
+        if self.approx is not None:
+            out.append(("approx-decay", self.approx.run))
+        return out
+
+    def endpoint_removed(self, endpoint: str) -> None:
+        if self.kv_feeds is not None:
+            self.kv_feeds.remove(endpoint)
+        if self.approx is not None:
+            self.approx.drop(endpoint)
+
+    def refresh_gauges(self) -> None:
+        if self.kv_feeds is not None:
+            self.kv_feeds.refresh_gauges()
+        if self.approx is not None:
+            self.approx.refresh_gauges()
+
+    def state(self) -> dict[str, object]:
+        out: dict[str, object] = {"sources": list(self.names)}
+        if self.kv_feeds is not None:
+            out["kv_events"] = self.kv_feeds.state()
+        if self.approx is not None:
+            out["approx"] = self.approx.state()
+        return out
+
+    async def close(self) -> None:
+        if self.kv_feeds is not None:
+            await self.kv_feeds.close()

@@ -1,0 +1,83 @@
+"""What the request lifecycle tells telemetry: decision metrics, the decision log, the recent-decisions ring.
+
+Each is a lifecycle listener (loadaware/lifecycle.py); the pipeline emits `decided` and knows none of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+
+from loadaware.lifecycle import Decision
+from loadaware.telemetry.metrics import Metrics
+
+log = logging.getLogger("loadaware.routing")
+
+# A dead helper turns every decision into a fallback: one warning per reason per second is enough.
+FALLBACK_LOG_INTERVAL_S = 1.0
+
+
+class DecisionMetrics:
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def on_decided(self, decision: Decision) -> None:
+        m = self.metrics
+        m.decided(decision.endpoint or "none", decision.outcome)
+        for reason in decision.reasons:
+            m.fallback(reason)
+        m.decision_seconds.observe(decision.total_s)
+        for stage, seconds in decision.stages.items():
+            m.stage(stage, seconds)
+
+    def on_served(self, decision: Decision, previous: str | None) -> None:
+        pass
+
+    def on_ended(self, decision: Decision) -> None:
+        pass
+
+
+class DecisionLog:
+    """Every decision at DEBUG; fallbacks at WARNING, rate-limited per reason."""
+
+    def __init__(self) -> None:
+        self._last_fallback_log: dict[str, float] = {}
+
+    def on_decided(self, d: Decision) -> None:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("request_id=%s endpoint=%s outcome=%s reasons=%s tokens=%d scores=%s", d.request_id,
+                      d.endpoint, d.outcome, ",".join(d.reasons) or "-", d.prompt_tokens,
+                      ",".join(f"{c.endpoint}:{c.matched_tokens}/{c.load:g}={s:.3f}"
+                               for c, s in zip(d.candidates, d.scores)))
+        elif d.reasons and d.reasons != ("no_prompt",):
+            now = time.monotonic()
+            key = ",".join(d.reasons)
+            if now - self._last_fallback_log.get(key, 0.0) >= FALLBACK_LOG_INTERVAL_S:
+                self._last_fallback_log[key] = now
+                log.warning("request_id=%s endpoint=%s fell back to load only: %s", d.request_id, d.endpoint, key)
+
+    def on_served(self, d: Decision, previous: str | None) -> None:
+        log.info("request_id=%s chosen=%s served by %s", d.request_id, previous, d.served)
+
+    def on_ended(self, decision: Decision) -> None:
+        pass
+
+
+class RecentDecisions:
+    """The last N decisions for /debug/decisions (bounded; rendered without prompt tokens)."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.items: deque[Decision] = deque(maxlen=size)
+
+    def on_decided(self, decision: Decision) -> None:
+        self.items.append(decision)
+
+    def on_served(self, decision: Decision, previous: str | None) -> None:
+        pass
+
+    def on_ended(self, decision: Decision) -> None:
+        pass
+
+    def last(self, n: int) -> list[Decision]:
+        return list(self.items)[-n:] if n > 0 else []
