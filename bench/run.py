@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from . import kv_events as kv_events_bench
+from . import scrape_parse as scrape_parse_bench
 from .cases import BenchConfig, CaseResults, as_dict, run_decision, run_transport
 from .report import TARGETS, case_table, steps_table, summary, summary_table
 
 REPO = Path(__file__).resolve().parents[1]
-CASES = ("transport", "decision", "steps", "kv_events")
+CASES = ("transport", "decision", "steps", "kv_events", "scrape_parse")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -82,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "not the sidecar alone. CPU figures are per process (utime+stime).")
     error: str | None = None
     kv_result: dict[str, Any] | None = None
+    parse_result: dict[str, Any] | None = None
     try:
         if "transport" in cfg.cases:
             run_transport(cfg, results)
@@ -89,13 +91,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_decision(cfg, results)
         if "kv_events" in cfg.cases:  # in-process: the index and the walk, no sockets
             kv_result = kv_events_bench.run(args.quick)
+        if "scrape_parse" in cfg.cases:  # in-process: why the sidecar keeps a hand parser for /metrics
+            parse_result = scrape_parse_bench.run(args.quick)
     except Exception as exc:  # noqa: BLE001 - still print and save what was measured
         error = f"{type(exc).__name__}: {exc}"
         logging.exception("benchmark aborted")
     runtime = time.monotonic() - started
     summ = summary(results)
     doc = {"machine": mach, "config": as_dict(cfg), "targets": TARGETS, "runtime_s": runtime,
-           "summary": summ, "error": error, **results.to_dict(), "kv_events": kv_result}
+           "summary": summ, "error": error, **results.to_dict(), "kv_events": kv_result,
+           "scrape_parse": parse_result}
     out_json = cfg.out_dir / "results.json"
     out_json.write_text(json.dumps(doc, indent=2, default=str))
 
@@ -111,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parts.append(steps_table(results.steps))
     if kv_result is not None:
         parts.append(kv_events_bench.table(kv_result))
+    if parse_result is not None:
+        parts.append(scrape_parse_bench.table(parse_result))
     parts.append(summary_table(summ, cfg.rate))
     if error:
         parts.append(f"**Run aborted early:** {error}\n")

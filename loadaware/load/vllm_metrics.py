@@ -1,4 +1,11 @@
-"""Pure parsing of the few vLLM gauges we need from Prometheus text exposition."""
+"""Pure parsing of the few vLLM gauges the load tracker needs from an engine's Prometheus text exposition.
+
+A hand parser on purpose: the sidecar parses every engine's page once per scrape interval on its event
+loop. On a page shaped like a real vLLM v1 server's (~300 lines, 28 KiB, one engine) it costs 262 µs of
+CPU against 3,244 µs for prometheus_client's parser (12x; `python -m bench.scrape_parse`, also case 5 of
+`make bench`): with 100 engines scraped every second that is 2.6% of a core instead of 32%. A unit test
+checks it reads the same values as prometheus_client on the same text.
+"""
 
 from __future__ import annotations
 

@@ -1,0 +1,83 @@
+"""What parsing one engine's /metrics page costs the sidecar: its hand parser vs prometheus_client's.
+
+    python -m bench.scrape_parse [--quick]
+
+The sidecar scrapes every engine each `--scrape-interval-s` (1 s) on its event loop, so the parse is paid
+engines x once a second, between decisions. Input: a page shaped like a real vLLM v1 server's
+(sim/vllm_exposition.py, ~300 lines for one engine). Times are process CPU, single-threaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from loadaware.load.vllm_metrics import WANTED, parse_vllm_gauges
+from sim.vllm_exposition import vllm_exposition
+
+
+def library_gauges(text: str) -> dict[str, float]:
+    """The same figures read with prometheus_client's parser and aggregated as the sidecar does (sums over
+    series; kv usage averaged, the legacy name only when the current one is absent): the reference reading."""
+    sums: dict[str, float] = {}
+    series: dict[str, int] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = WANTED.get(sample.name)
+            if key is not None:
+                sums[key] = sums.get(key, 0.0) + sample.value
+                series[key] = series.get(key, 0) + 1
+    if "kv_usage" not in sums and "kv_usage_legacy" in sums:
+        sums["kv_usage"], series["kv_usage"] = sums["kv_usage_legacy"], series["kv_usage_legacy"]
+    sums.pop("kv_usage_legacy", None)
+    if "kv_usage" in sums:
+        sums["kv_usage"] /= series["kv_usage"]
+    return sums
+
+
+def _cpu_us(parse: Callable[[str], dict[str, float]], text: str, repeat: int) -> float:
+    parse(text)
+    started = time.process_time()
+    for _ in range(repeat):
+        parse(text)
+    return (time.process_time() - started) / repeat * 1e6
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    text = vllm_exposition(engines=1)
+    repeat = 20 if quick else 300
+    hand, library = _cpu_us(parse_vllm_gauges, text, repeat), _cpu_us(library_gauges, text, repeat // 4 or 1)
+    return {"lines": len(text.splitlines()), "bytes": len(text), "hand_us": hand, "prometheus_client_us": library,
+            "ratio": library / hand if hand else float("inf"),
+            "fleet_100_engines_cpu_share": {"hand": hand * 100 / 1e6, "prometheus_client": library * 100 / 1e6}}
+
+
+def table(result: dict[str, Any]) -> str:
+    r = result
+    share = r["fleet_100_engines_cpu_share"]
+    return "\n".join([
+        f"### 5. Scrape parsing: one vLLM /metrics page ({r['lines']} lines, {r['bytes'] / 1024:.0f} KiB)\n",
+        "| parser | CPU per page | one core's share for 100 engines at 1 scrape/s |", "|---|---|---|",
+        f"| sidecar hand parser | {r['hand_us']:,.0f} µs | {share['hand']:.1%} |",
+        f"| prometheus_client | {r['prometheus_client_us']:,.0f} µs ({r['ratio']:.0f}x) | "
+        f"{share['prometheus_client']:.1%} |", ""])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.scrape_parse", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    result = run(args.quick)
+    print(json.dumps(result, indent=2) if args.json else table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
