@@ -143,7 +143,7 @@ SETTINGS: tuple[Setting, ...] = (
             "engines as Envoy's cluster names them: HOST:PORT,..."),
     Setting("endpoints_file", "--endpoints-file", "LOADAWARE_ENDPOINTS_FILE", "", parse_path,
             "file of HOST:PORT lines or commas, re-read when it changes"),
-    # Endpoint discovery (sidecar/sources/discovery_*.py); the default follows --endpoints / --endpoints-file.
+    # Endpoint discovery (loadaware/fleet/discovery/); the default follows --endpoints / --endpoints-file.
     Setting("discovery", "--discovery", "LOADAWARE_DISCOVERY", "", parse_discovery,
             "static | file | envoy-admin | kubernetes (default: file with --endpoints-file, else static)"),
     Setting("envoy_admin_url", "--envoy-admin-url", "LOADAWARE_ENVOY_ADMIN_URL", "", parse_url,

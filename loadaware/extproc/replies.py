@@ -1,7 +1,8 @@
 """The ext_proc replies the sidecar sends, built and serialized once where they do not vary.
 
 The gRPC method is registered with an identity serializer, so the stream writes these bytes as they are:
-the hot path does no protobuf serialization (DESIGN.md §2: per-message overhead is the cost to beat).
+the hot path does no protobuf serialization (grpcio/asyncio per-message overhead is what the sidecar pays
+per request; serializing the same reply again each time would add to it).
 """
 
 from __future__ import annotations

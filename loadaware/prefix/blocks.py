@@ -9,7 +9,8 @@ The query side is one pass over the request's block keys: an inverted map key ->
 ANDed block after block; an engine's match ends at its first missing block (a prefix cache is only useful up
 to the first miss), and every engine that holds the prefix is credited, not just the first one.
 
-Used by the KV-events source (sidecar/sources/kv_events.py) and usable as is by a discrete-event experiment.
+Used by the KV-events source (loadaware/prefix/kvevents/) and the approximate index (approx.py), and
+usable as is by a discrete-event experiment.
 """
 
 from __future__ import annotations

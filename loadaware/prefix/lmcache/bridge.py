@@ -1,6 +1,6 @@
-"""Which endpoint an LMCache instance id stands for. Pure bookkeeping: the I/O lives in lmcache.py.
+"""Which endpoint an LMCache instance id stands for. Pure bookkeeping: the I/O lives in client.py.
 
-Rules (DESIGN.md §8 rule 4): only live instance ids earn credit; an unknown id earns none and asks for a
+Rules (docs/architecture.md, "Invariants": never over-credit): only live instance ids earn credit; an unknown id earns none and asks for a
 refresh; when two ids point at one endpoint (an engine restarted under a new id while the old one lingers
 in the controller), only the most recently registered is live; an id missing from a complete worker list
 is dead. An explicit --lmcache-instance-map entry is authoritative.

@@ -19,7 +19,7 @@ from loadaware.prefix.source import PrefixUnavailable
 
 log = logging.getLogger(__name__)
 
-LMCACHE_CHUNK_TOKENS = 256  # the controller's ChunkedTokenDatabase default (DESIGN.md §3)
+LMCACHE_CHUNK_TOKENS = 256  # the controller's ChunkedTokenDatabase default (lmcache 0.5.6)
 LookupFailed = PrefixUnavailable  # reasons: lmcache_timeout, lmcache_error, lmcache_bad_reply
 
 
