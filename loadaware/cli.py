@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from loadaware.config import ConfigError, from_args
 from loadaware.telemetry.logs import configure

@@ -11,11 +11,17 @@ import argparse
 import logging
 import math
 import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
-from loadaware.fleet.addresses import (FeedAddress, parse_endpoint, parse_endpoint_list, parse_feed_map,
-                                       parse_hostport, parse_instance_map)
+from loadaware.fleet.addresses import (
+    FeedAddress,
+    parse_endpoint_list,
+    parse_feed_map,
+    parse_hostport,
+    parse_instance_map,
+)
 from loadaware.policies import POLICY_NAMES
 
 log = logging.getLogger(__name__)

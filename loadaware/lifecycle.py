@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 from loadaware.policies.base import Candidate
 
@@ -80,7 +81,7 @@ class RequestLifecycle:
         for listener in self._listeners:
             try:
                 listener.on_decided(decision)
-            except Exception:  # noqa: BLE001 - one listener failing must not cost the others their event
+            except Exception:
                 log.exception("lifecycle listener %r failed on decided", listener)
 
     def served(self, decision: Decision, endpoint: str) -> None:
@@ -91,7 +92,7 @@ class RequestLifecycle:
         for listener in self._listeners:
             try:
                 listener.on_served(decision, previous)
-            except Exception:  # noqa: BLE001 - as in decided
+            except Exception:
                 log.exception("lifecycle listener %r failed on served", listener)
 
     def ended(self, decision: Decision | None) -> None:
@@ -102,6 +103,6 @@ class RequestLifecycle:
         for listener in self._listeners:
             try:
                 listener.on_ended(decision)
-            except Exception:  # noqa: BLE001 - a leaked in-flight count would skew every later decision
+            except Exception:
                 log.exception("lifecycle listener %r failed on ended", listener)
         decision.tokens = None

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from google.protobuf import json_format, struct_pb2
 
+from loadaware.api.v1 import loadaware_pb2 as pb
 from loadaware.fleet.discovery.catalog import DiscoveredEndpoint
 from loadaware.lifecycle import Decision
 from loadaware.load.tracker import EngineStats
 from loadaware.policies import Policy
 from loadaware.policies.loadaware import benefit, mean_load, relative_loads
-from loadaware.api.v1 import loadaware_pb2 as pb
 
 HEALTH = {"HEALTHY": pb.HEALTHY, "DEGRADED": pb.DEGRADED, "UNHEALTHY": pb.UNHEALTHY, "DRAINING": pb.DRAINING}
 

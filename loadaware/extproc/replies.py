@@ -7,7 +7,7 @@ per request; serializing the same reply again each time would add to it).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2

@@ -21,11 +21,11 @@ from typing import Any
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from loadaware.extproc.replies import Replies
 from loadaware.lifecycle import Decision, RequestLifecycle
 from loadaware.routing.pipeline import Decider
 from loadaware.routing.request import BadRequest, inference_kind, parse_body
 from loadaware.telemetry.metrics import Metrics
-from loadaware.extproc.replies import Replies
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class ExtProcServicer:
         try:
             await asyncio.wait_for(self._idle.wait(), timeout_s)
             return True
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             return False
 
     async def process(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
@@ -83,7 +83,7 @@ class ExtProcServicer:
         except asyncio.CancelledError:
             end = "cancelled"  # client abort, Envoy reset, or shutdown past its grace
             raise
-        except Exception:  # noqa: BLE001 - a stream failing must not take the server down
+        except Exception:
             end = "error"
             log.exception("ext_proc stream failed")
         finally:
@@ -95,7 +95,7 @@ class ExtProcServicer:
                 self._idle.set()
             self.metrics.streams.labels(end).inc()
 
-    async def _converse(self, context: grpc.aio.ServicerContext, stream: "StreamState") -> None:
+    async def _converse(self, context: grpc.aio.ServicerContext, stream: StreamState) -> None:
         read, write = context.read, context.write
         replies = self.replies
         kind: str | None = None
@@ -135,7 +135,7 @@ class ExtProcServicer:
             elif which == "response_trailers":
                 await write(replies.response_trailers_continue)
 
-    async def _decide_body(self, kind: str, body: bytes, request_id: str, stream: "StreamState") -> bytes:
+    async def _decide_body(self, kind: str, body: bytes, request_id: str, stream: StreamState) -> bytes:
         t = time.perf_counter()
         try:
             request = parse_body(kind, body)
@@ -157,7 +157,7 @@ class ExtProcServicer:
 class StreamState:
     """Per-stream state: the request's decision, once made. Shared fleet state lives behind the decider."""
 
-    __slots__ = ("decision", "decided")
+    __slots__ = ("decided", "decision")
 
     def __init__(self) -> None:
         self.decision: Decision | None = None

@@ -4,8 +4,7 @@ Kubernetes) feeds one registry; listeners hear about removals so counts and cred
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterable
-
+from collections.abc import Callable, Iterable
 
 log = logging.getLogger(__name__)
 

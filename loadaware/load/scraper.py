@@ -36,7 +36,7 @@ class MetricsScraper:
                     if resp.status != 200:
                         raise RuntimeError(f"HTTP {resp.status}")
                     text = await resp.text()
-        except (asyncio.TimeoutError, TimeoutError):
+        except TimeoutError:
             self.metrics.scrape_failure(endpoint, "timeout")
             return False
         except Exception as exc:  # noqa: BLE001 - any failure only costs this endpoint's refinement

@@ -19,8 +19,8 @@ The tracker listens to the request lifecycle (decided, served, ended); nothing e
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from loadaware.lifecycle import Decision
 

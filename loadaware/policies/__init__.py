@@ -23,5 +23,14 @@ def make_policy(name: str, beta: float = 1.0) -> Policy:
     raise ValueError(f"unknown policy {name!r}; expected one of {', '.join(POLICY_NAMES)}")
 
 
-__all__ = ["Candidate", "Choice", "Policy", "LoadAware", "KvAware", "LeastLoad", "RoundRobin",
-           "POLICY_NAMES", "make_policy"]
+__all__ = [
+    "POLICY_NAMES",
+    "Candidate",
+    "Choice",
+    "KvAware",
+    "LeastLoad",
+    "LoadAware",
+    "Policy",
+    "RoundRobin",
+    "make_policy",
+]

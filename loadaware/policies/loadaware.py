@@ -10,8 +10,9 @@ load is worth. beta = 0 is pure cache affinity.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import ClassVar
 
 from loadaware.policies.base import Candidate, Choice, argmax_with_tiebreak
 

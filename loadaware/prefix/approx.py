@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from loadaware.lifecycle import Decision
-from loadaware.telemetry.metrics import Metrics
 from loadaware.prefix.blocks import SlotTable, block_keys, unhold, walk
+from loadaware.telemetry.metrics import Metrics
 
 TEXT_BLOCK_BYTES = 64
 # Rough CPython cost of one guessed block: an OrderedDict entry (key, float, links) + an inverted-map entry.

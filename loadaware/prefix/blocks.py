@@ -15,10 +15,9 @@ usable as is by a discrete-event experiment.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
-from typing import Hashable
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default
 ROOT = 0  # the parent of a chain's first block; keeps keys int-only tuple hashes (stable across processes)
@@ -133,7 +132,7 @@ class StoreResult:
 
 
 class _Engine:
-    __slots__ = ("name", "bit", "block_size", "blocks", "refs")
+    __slots__ = ("bit", "block_size", "blocks", "name", "refs")
 
     def __init__(self, name: str, bit: int) -> None:
         self.name = name

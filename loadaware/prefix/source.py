@@ -6,7 +6,8 @@ pipeline only knows this interface.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 
 class PrefixUnavailable(Exception):

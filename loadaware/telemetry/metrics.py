@@ -5,7 +5,7 @@ Label children are cached: the hot path pays a dictionary lookup and an incremen
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -108,7 +109,7 @@ class PromptTokenizer:
             return self._template.render(messages=normalized, add_generation_prompt=True, **self._specials)
         except TokenizerError:
             raise
-        except Exception as exc:  # noqa: BLE001 - a template failing on odd input is a tokenizer failure
+        except Exception as exc:
             raise TokenizerError(f"chat template failed: {exc}") from exc
 
     def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:

@@ -10,8 +10,8 @@ appear here with their source name and no health information.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
 
 from loadaware.fleet.registry import EndpointRegistry
 

@@ -11,11 +11,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import aiohttp
 
-from loadaware.fleet.discovery.catalog import DEGRADED, DRAINING, HEALTHY, UNHEALTHY, DiscoveredEndpoint, DiscoveryCatalog
+from loadaware.fleet.discovery.catalog import (
+    DEGRADED,
+    DRAINING,
+    HEALTHY,
+    UNHEALTHY,
+    DiscoveredEndpoint,
+    DiscoveryCatalog,
+)
 from loadaware.fleet.discovery.metrics import DiscoveryMetrics
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,8 @@ import asyncio
 import json
 import logging
 import os
-from typing import Any, Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
 
 from loadaware.fleet.discovery.catalog import DRAINING, HEALTHY, UNHEALTHY, DiscoveredEndpoint, DiscoveryCatalog
 from loadaware.fleet.discovery.metrics import DiscoveryMetrics

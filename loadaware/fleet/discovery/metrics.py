@@ -6,7 +6,7 @@ source is added or changed in one place.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 

@@ -14,8 +14,9 @@ An unknown event tag is skipped and counted, never fatal.
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Hashable, Sequence
+from typing import Any
 
 import msgpack
 
@@ -95,7 +96,7 @@ def _hashable(value: Any) -> Hashable:
         return tuple(_hashable(v) for v in value)
     if isinstance(value, dict):
         return tuple(sorted((str(k), _hashable(v)) for k, v in value.items()))
-    return value  # type: ignore[no-any-return]
+    return value
 
 
 def _stored(body: Any) -> BlockStored:

@@ -15,18 +15,24 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from loadaware.telemetry.metrics import Metrics
 from loadaware.fleet.addresses import FeedAddress, tcp_url
 from loadaware.prefix.blocks import BlockIndex, block_keys
-from loadaware.prefix.kvevents.codec import AllBlocksCleared, BlockRemoved, BlockStored, DecodeError, EventBatch, \
-    decode_batch, decode_seq
+from loadaware.prefix.kvevents.codec import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    DecodeError,
+    EventBatch,
+    decode_batch,
+    decode_seq,
+)
 from loadaware.prefix.kvevents.sync import ApplyCounts, FeedSync, Verdict, apply_batch
+from loadaware.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +125,7 @@ class EngineFeed:
             monitor.close(linger=0)
             sub.close(linger=0)
 
-    async def _on_monitor(self, event: dict[str, object]) -> None:
+    async def _on_monitor(self, event: Mapping[str, object]) -> None:
         kind = event.get("event")
         if kind == zmq.EVENT_CONNECTED:
             self.connected = True
@@ -197,7 +203,7 @@ class EngineFeed:
                     applied += 1
                     if applied % 64 == 0:
                         await asyncio.sleep(0)  # a long replay must not starve the decisions
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             result = "timeout"
         except (DecodeError, zmq.ZMQError) as exc:
             result = "error"
@@ -252,7 +258,7 @@ class KvEventsFeeds:
                 return
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("kv-events %s: feed failed; restarting", feed.endpoint)
                 feed.reset("feed_error")
                 feed.connected = feed.synced = False

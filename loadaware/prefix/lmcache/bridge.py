@@ -1,15 +1,16 @@
 """Which endpoint an LMCache instance id stands for. Pure bookkeeping: the I/O lives in client.py.
 
-Rules (docs/architecture.md, "Invariants": never over-credit): only live instance ids earn credit; an unknown id earns none and asks for a
-refresh; when two ids point at one endpoint (an engine restarted under a new id while the old one lingers
-in the controller), only the most recently registered is live; an id missing from a complete worker list
-is dead. An explicit --lmcache-instance-map entry is authoritative.
+Rules (docs/architecture.md, "Invariants": never over-credit): only live instance ids earn credit; an
+unknown id earns none and asks for a refresh; when two ids point at one endpoint (an engine restarted
+under a new id while the old one lingers in the controller), only the most recently registered is live;
+an id missing from a complete worker list is dead. An explicit --lmcache-instance-map entry is
+authoritative.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,7 +20,7 @@ class WorkerRecord:
     registration_time: float = 0.0
 
     @classmethod
-    def from_json(cls, data: Mapping[str, object]) -> "WorkerRecord":
+    def from_json(cls, data: Mapping[str, object]) -> WorkerRecord:
         return cls(str(data["instance_id"]), str(data.get("ip", "")),
                    float(data.get("registration_time") or 0.0))  # type: ignore[arg-type]
 

@@ -7,15 +7,16 @@ import asyncio
 import json
 import logging
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import aiohttp
 from yarl import URL
 
-from loadaware.telemetry.metrics import Metrics
-from loadaware.prefix.lmcache.http1 import HttpError, KeepAliveClient
 from loadaware.prefix.lmcache.bridge import InstanceBridge, WorkerRecord
+from loadaware.prefix.lmcache.http1 import HttpError, KeepAliveClient
 from loadaware.prefix.source import PrefixUnavailable
+from loadaware.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class LMCacheClient:
                 body = json.loads(raw)
             else:
                 body = await self._post("/lookup", payload, self.timeout_s)
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             raise LookupFailed("lmcache_timeout") from None
         except LookupFailed:
             raise
@@ -174,7 +175,7 @@ class InstanceResolver:
                 continue
             try:
                 await asyncio.wait_for(self._wake.wait(), self.period_s)
-            except (TimeoutError, asyncio.TimeoutError):
+            except TimeoutError:
                 pass
 
 

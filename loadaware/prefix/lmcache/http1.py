@@ -8,7 +8,6 @@ encoding, keep-alive with one retry when a pooled connection turns out to be clo
 from __future__ import annotations
 
 import asyncio
-from typing import Optional
 
 
 class HttpError(Exception):
@@ -17,16 +16,16 @@ class HttpError(Exception):
 
 class _Connection(asyncio.Protocol):
     def __init__(self) -> None:
-        self.transport: Optional[asyncio.Transport] = None
+        self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
-        self.waiter: Optional[asyncio.Future[tuple[int, bytes]]] = None
+        self.waiter: asyncio.Future[tuple[int, bytes]] | None = None
         self.closed = False
         self.keep_alive = True
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
-    def connection_lost(self, exc: Optional[Exception]) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_exception(HttpError(f"connection lost: {exc or 'closed by peer'}"))
@@ -43,7 +42,7 @@ class _Connection(asyncio.Protocol):
         if parsed is not None:
             self.waiter.set_result(parsed)
 
-    def _parse(self) -> Optional[tuple[int, bytes]]:
+    def _parse(self) -> tuple[int, bytes] | None:
         head_end = self.buf.find(b"\r\n\r\n")
         if head_end < 0:
             return None
@@ -71,7 +70,7 @@ class _Connection(asyncio.Protocol):
         del self.buf[:body_start + length]
         return status, body
 
-    def _parse_chunked(self, pos: int) -> Optional[bytes]:
+    def _parse_chunked(self, pos: int) -> bytes | None:
         out = bytearray()
         while True:
             line_end = self.buf.find(b"\r\n", pos)
