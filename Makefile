@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 LMCACHE_STAMP := $(LMCACHE_VENV)/.installed
 EXPERIMENT_STAMP := $(VENV)/.experiment-installed
 
-.PHONY: help install lmcache demo test test-unit bench proto proto-check k8s-config clean peers experiment \
+.PHONY: help install lmcache demo test test-unit lint bench proto proto-check k8s-config clean peers experiment \
 	experiment-quick results
 
 help:
@@ -37,10 +37,16 @@ $(LMCACHE_STAMP):
 lmcache: $(LMCACHE_STAMP)
 
 demo: $(EXPERIMENT_STAMP) $(LMCACHE_STAMP)
-	$(PY) -m sim.demo
+	$(PY) -m demo
 
-test: $(EXPERIMENT_STAMP) $(LMCACHE_STAMP) proto-check
+test: $(EXPERIMENT_STAMP) $(LMCACHE_STAMP) proto-check lint
 	$(PY) -m pytest -q -ra
+
+# Zero findings or the tests do not run: ruff (style, bugs), mypy (types), import-linter (layers).
+lint: $(EXPERIMENT_STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 test-unit: $(EXPERIMENT_STAMP)
 	$(PY) -m pytest -q tests/unit
@@ -60,7 +66,8 @@ proto-check: $(STAMP)
 k8s-config: $(STAMP)
 	$(PY) k8s/envoy_config.py
 
-# The peer routers (DESIGN.md 7), Rust wheels from PyPI, in their own environment (they pull their own deps).
+# The peer routers the experiment compares against (sglang-router, vllm-router: cache-aware Rust routers, PyPI
+# wheels), in their own environment (they pull their own deps).
 PEERS_VENV := .peers-venv
 PEERS_STAMP := $(PEERS_VENV)/.installed
 $(PEERS_STAMP):
