@@ -33,7 +33,9 @@ from loadaware.load.scraper import MetricsScraper
 from loadaware.load.tracker import LoadTracker
 from loadaware.policies import make_policy
 from loadaware.prefix.lmcache.bridge import InstanceBridge
-from loadaware.prefix.lmcache.client import InstanceResolver, LMCacheClient, LMCachePrefixSource
+from loadaware.prefix.lmcache.client import LMCacheClient
+from loadaware.prefix.lmcache.resolver import InstanceResolver
+from loadaware.prefix.lmcache.source import LMCachePrefixSource
 from loadaware.prefix.wiring import PrefixOptions, PrefixWiring
 from loadaware.routing.pipeline import Decider, PromptEncoder
 from loadaware.telemetry.decisions import DecisionLog, DecisionMetrics, RecentDecisions

@@ -1,22 +1,20 @@
-"""LMCache controller over HTTP: prefix lookups (hot path, time-boxed) and the instance-id bridge's
-refresh (background, concurrent, never per request)."""
+"""The LMCache controller's HTTP API: prefix lookups (hot path, time-boxed, on a lean keep-alive client) and
+worker-info queries (background, for the instance-id bridge)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
 from yarl import URL
 
-from loadaware.prefix.lmcache.bridge import InstanceBridge, WorkerRecord
+from loadaware.prefix.lmcache.bridge import WorkerRecord
 from loadaware.prefix.lmcache.http1 import HttpError, KeepAliveClient
 from loadaware.prefix.source import PrefixUnavailable
-from loadaware.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -100,109 +98,3 @@ class LMCacheClient:
             self._fast.close()
         if self._session is not None:
             await self._session.close()
-
-
-class InstanceResolver:
-    """Keeps an InstanceBridge fresh: a periodic full refresh, plus prompt targeted refreshes when a
-    decision met an unknown holder or the fleet has unmapped endpoints. Requests never wait on it."""
-
-    def __init__(self, client: LMCacheClient, bridge: InstanceBridge, period_s: float,
-                 min_gap_s: float = 2.0) -> None:
-        self.client = client
-        self.bridge = bridge
-        self.period_s = period_s
-        self.min_gap_s = min_gap_s
-        self._wake = asyncio.Event()
-        self._pending_ids: set[str] = set()
-        self._asked: dict[str, float] = {}
-        self._last_full = 0.0
-        self._full_wanted = True
-        self.refreshes = 0
-        self.attempts = 0  # readiness waits for the first attempt, successful or not (fail open)
-
-    def report_unknown(self, instance_ids: Sequence[str]) -> None:
-        now = time.monotonic()
-        for instance_id in instance_ids:
-            if now - self._asked.get(instance_id, 0.0) >= self.min_gap_s:
-                self._pending_ids.add(instance_id)
-                self._wake.set()
-
-    def request_full(self) -> None:
-        if time.monotonic() - self._last_full >= self.min_gap_s:
-            self._full_wanted = True
-            self._wake.set()
-
-    async def refresh_full(self) -> None:
-        self._last_full = time.monotonic()
-        workers = await self.client.worker_info("all")
-        self.bridge.apply_workers(workers, complete=True)
-        self.refreshes += 1
-
-    async def refresh_ids(self, instance_ids: Sequence[str]) -> None:
-        now = time.monotonic()
-        for instance_id in instance_ids:
-            self._asked[instance_id] = now
-        # "all" is served from a 30 s cache: ask by name to see fresh registrations
-        answers = await asyncio.gather(*(self.client.worker_info(i) for i in instance_ids),
-                                       return_exceptions=True)
-        workers: list[WorkerRecord] = []
-        answered: list[str] = []
-        for instance_id, answer in zip(instance_ids, answers):
-            if isinstance(answer, BaseException):
-                continue
-            workers.extend(answer)
-            answered.append(instance_id)
-        self.bridge.apply_workers(workers, complete=False, queried_ids=answered)
-        self.refreshes += 1
-
-    async def run(self) -> None:
-        self._full_wanted = True
-        while True:
-            self._wake.clear()
-            try:
-                pending = sorted(self._pending_ids)
-                self._pending_ids.clear()
-                if pending:
-                    await self.refresh_ids(pending)
-                if self._full_wanted or time.monotonic() - self._last_full >= self.period_s:
-                    self._full_wanted = False
-                    await self.refresh_full()
-            except Exception as exc:  # noqa: BLE001 - the controller being away only delays the bridge
-                log.warning("LMCache worker-info refresh failed: %s", exc)
-            self.attempts += 1
-            if self._pending_ids or self._full_wanted:
-                await asyncio.sleep(self.min_gap_s / 4)  # a burst of unknowns is batched, not looped on
-                continue
-            try:
-                await asyncio.wait_for(self._wake.wait(), self.period_s)
-            except TimeoutError:
-                pass
-
-
-class LMCachePrefixSource:
-    """Prefix matches from the LMCache controller, credited to live endpoints through the instance bridge."""
-
-    name = "lmcache"
-
-    def __init__(self, client: LMCacheClient, bridge: InstanceBridge, resolver: InstanceResolver | None,
-                 metrics: Metrics) -> None:
-        self.client = client
-        self.bridge = bridge
-        self.resolver = resolver
-        self.metrics = metrics
-
-    async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...]) -> dict[str, int]:
-        try:
-            layout = await self.client.lookup(tokens)
-        except PrefixUnavailable:
-            self.metrics.lookup_result("failed")
-            raise
-        credit = self.bridge.credit(layout, endpoints)
-        if credit.unknown_ids:
-            self.metrics.unmapped_holders.labels("unknown").inc(len(credit.unknown_ids))
-            if self.resolver is not None:
-                self.resolver.report_unknown(credit.unknown_ids)
-        if credit.ignored_ids:
-            self.metrics.unmapped_holders.labels("dead_or_outside").inc(len(credit.ignored_ids))
-        self.metrics.lookup_result("match" if credit.matches else "empty")
-        return credit.matches
