@@ -6,12 +6,17 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from sim.stack import ENVOY_PASSTHROUGH_CONFIG, EnvoyProc, ManagedProc, ProcError, Stack, free_port
+from testkit.envoy import EnvoyProc
+from testkit.paths import ENVOY_PASSTHROUGH_CONFIG
+from testkit.ports import free_port
+from testkit.procs import ManagedProc
+from testkit.retry import start_with_retries
+from testkit.stack import Stack
 
 from .loadgen import LoadSpec
 from .measure import ArmResult, measure, run_loadgen
@@ -24,9 +29,6 @@ FAST_FLEET = ["--prefill-tokens-per-s", "1e9", "--prefill-overhead-ms", "0", "--
               "--decode-base-ms", "0", "--decode-per-seq-ms", "0", "--max-num-seqs", "4096",
               "--serialize-prefill", "0"]
 SIDECAR_COMMON = ["--log-level", "warning"]
-
-T = TypeVar("T")
-
 
 @dataclass
 class BenchConfig:
@@ -73,29 +75,16 @@ class CaseResults:
                 "notes": self.notes}
 
 
-def _with_retries(start: Callable[[], T], attempts: int, what: str) -> T:
-    """Ports are shared with other runs on this machine: on a start failure wait and try again."""
-    for attempt in range(1, attempts + 1):
-        try:
-            return start()
-        except ProcError as exc:
-            if attempt == attempts:
-                raise
-            log.warning("%s failed to start (attempt %d/%d), retrying in 15 s: %s", what, attempt, attempts,
-                        str(exc).splitlines()[0])
-            time.sleep(15)
-    raise AssertionError("unreachable")
-
-
 @contextlib.contextmanager
 def bench_stack(cfg: BenchConfig, policy: str, lmcache: bool) -> Iterator[tuple[Stack, EnvoyProc]]:
     """The shipped stack plus a pass-through Envoy (no ext_proc) on spare ports in front of the same fleet."""
     stack = Stack(cfg.log_dir, engines=3, lmcache=lmcache, fleet_args=FAST_FLEET,
                   sidecar_args=[*SIDECAR_COMMON, "--policy", policy])
-    _with_retries(stack.start, cfg.start_retries, f"stack ({policy})")
+    # Ports are shared with other runs on this machine: on a start failure wait and try again.
+    start_with_retries(stack.start, attempts=cfg.start_retries, what=f"stack ({policy})", delay_s=15.0)
     try:
         alone = EnvoyProc(ENVOY_PASSTHROUGH_CONFIG, cfg.log_dir, listen_port=free_port(), admin_port=free_port())
-        _with_retries(alone.start, cfg.start_retries, "pass-through envoy")
+        start_with_retries(alone.start, attempts=cfg.start_retries, what="pass-through envoy", delay_s=15.0)
         try:
             yield stack, alone
         finally:

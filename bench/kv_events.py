@@ -31,7 +31,7 @@ from loadaware.prefix.kvevents.sync import ApplyCounts, apply_batch
 
 TARGETS = {"decision_cpu_us": 1000.0, "ingest_block_events_per_s": 50_000.0}
 BS = 16
-PREFIX_TOKENS, SUFFIX_TOKENS = 1544, 34  # 1,578 in all (DESIGN.md §6)
+PREFIX_TOKENS, SUFFIX_TOKENS = 1544, 34  # 1,578 in all: the reference workload's prompt (experiment/README.md)
 
 
 def _prefix(i: int) -> list[int]:

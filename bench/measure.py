@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import subprocess
 import sys
@@ -14,13 +13,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sim.stack import ManagedProc, SidecarProc
+from testkit.paths import REPO, repo_env
+from testkit.procs import ManagedProc
+from testkit.sidecar import SidecarProc
 
 from . import promtext
 from .loadgen import LoadResult, LoadSpec
 from .stats import latency_summary_ms
 
-REPO = Path(__file__).resolve().parents[1]
 STAGES = ("parse", "tokenize", "lookup", "score")
 
 
@@ -34,7 +34,7 @@ def run_loadgen(spec: LoadSpec, work_dir: Path, tag: str) -> LoadResult:
     out_path.unlink(missing_ok=True)
     budget = spec.duration + spec.drain_timeout + 30.0
     proc = subprocess.run([sys.executable, "-m", "bench.loadgen", str(spec_path), str(out_path)], cwd=REPO,
-                          capture_output=True, text=True, timeout=budget, env=dict(os.environ))
+                          capture_output=True, text=True, timeout=budget, env=repo_env())
     if proc.returncode != 0 or not out_path.exists():
         raise RuntimeError(f"load generator failed (rc={proc.returncode}):\n{proc.stderr[-3000:]}")
     return LoadResult.from_dict(json.loads(out_path.read_text()))

@@ -2,38 +2,28 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)')
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+from testkit.metrics_text import escape_label_value, samples
 
 Labels = tuple[tuple[str, str], ...]
 
 
 def parse_samples(text: str) -> dict[tuple[str, Labels], float]:
-    """{(metric name, sorted labels): value} for every sample line; comments and junk are skipped."""
+    """{(metric name, sorted labels): value} for every sample; comments and junk are skipped. Label values
+    are spelled as in the exposition (escaped), so a key reads the same as the line it came from."""
     out: dict[tuple[str, Labels], float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if m is None:
-            continue
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        labels = tuple(sorted(_LABEL.findall(m.group(2) or "")))
-        out[(m.group(1), labels)] = value
+    for s in samples(text):
+        labels = tuple(sorted((k, escape_label_value(v)) for k, v in s.labels.items()))
+        out[(s.name, labels)] = float(s.value)
     return out
 
 
 def histogram_sums_counts(text: str, name: str, by: str | None = None) -> dict[str, tuple[float, float]]:
     """{label value of `by` (or "" when by is None): (sum, count)} for histogram `name`."""
-    samples = parse_samples(text)
+    parsed = parse_samples(text)
     out: dict[str, list[float]] = {}
-    for (metric, labels), value in samples.items():
+    for (metric, labels), value in parsed.items():
         if metric not in (f"{name}_sum", f"{name}_count"):
             continue
         key = dict(labels).get(by, "") if by is not None else ""

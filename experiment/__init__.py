@@ -1,4 +1,4 @@
-"""The reference experiment (DESIGN.md section 6), reproducible on a simulated fleet.
+"""The reference experiment (experiment/README.md), reproducible on a simulated fleet.
 
 Modules, each usable on its own (the real-time driver through Envoy reuses all but `des`):
 

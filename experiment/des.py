@@ -20,7 +20,8 @@ It runs the SAME engine model as the real-time simulated engines and the SAME de
   stops at the first chunk nobody holds and credits each chunk to the FIRST REGISTERED engine holding it
   (registration order = engine index), an engine's match being the end of its last credited chunk;
   "multi" = every holder credited with its own contiguous match, as the reference's patched lookup and a
-  KV-events index do (DESIGN.md section 3b).
+  KV-events index do (vLLM's KV events report every engine's blocks; see docs/architecture.md, "Data
+  sources").
 
 Each prompt is hashed once per workload (`prepare`), not once per lookup: that and the per-engine step-time
 table are what make 20 seeds x 7 arms run in seconds. See `experiment.des_run` for the CLI.

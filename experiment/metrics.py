@@ -1,4 +1,4 @@
-"""Per-seed metrics exactly as the reference defines them (DESIGN.md section 6). Pure functions.
+"""Per-seed metrics exactly as the reference defines them (experiment/README.md). Pure functions.
 
 - imbalance   = busiest / idlest engine's mean `vllm:num_requests_running` over the seed's window
 - prefix hit  = sum over engines of delta prefix_cache_hits / sum of delta prefix_cache_queries (tokens)

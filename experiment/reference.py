@@ -1,6 +1,7 @@
-"""The reference experiment's published numbers (DESIGN.md section 6) and its per-seed data.
+"""The reference experiment's published numbers (experiment/README.md, "The reference experiment") and its
+per-seed data.
 
-The per-seed CSVs live outside the repository (../shared/reference/); `EXPERIMENT_REFERENCE_DIR` overrides
+The per-seed CSVs are in experiment/reference_data/ (see its README); `EXPERIMENT_REFERENCE_DIR` overrides
 the location. Prefix hit rates exist only in the published table, not in the CSVs.
 """
 
@@ -12,8 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-REFERENCE_DIR = Path(os.environ.get("EXPERIMENT_REFERENCE_DIR",
-                                    Path(__file__).resolve().parents[2] / "shared" / "reference"))
+REFERENCE_DIR = Path(os.environ.get("EXPERIMENT_REFERENCE_DIR", Path(__file__).resolve().parent / "reference_data"))
 PER_SEED_CSV = "seed-benchmark-per-seed.csv"
 GEN2_SUMMARY_CSV = "seed-benchmark-gen2-summary-per-seed.csv"
 CONFIRMATORY = "gen2-confirmatory"  # the sweep the published table summarises
@@ -27,7 +27,7 @@ class ReferenceRow:
     slo_miss: float
 
 
-# Medians over seeds 1-20 (DESIGN.md section 6). Cell names as in the CSVs.
+# Medians over seeds 1-20, as published. Cell names as in the CSVs.
 TABLE: dict[str, ReferenceRow] = {
     "kvaware": ReferenceRow(2.358, 0.320, 0.912, 0.616),
     "loadaware-b0": ReferenceRow(2.662, 0.325, 0.9125, 0.616),

@@ -41,7 +41,7 @@ from experiment.realtime import outputs
 from experiment.realtime.arms import arm_by_name
 from experiment.realtime.crosscheck import TWIN_CSV, agreement, twin_of_run
 from experiment.records import RunRecords
-from experiment.stats import median_difference, paired_comparison
+from experiment.stats import median_difference, paired_comparison, spearman
 
 Results = dict[str, list[SeedMetrics]]
 SLO_S = 0.150
@@ -236,24 +236,6 @@ def agreement_section(rt_dir: Path, label: str) -> list[str]:
             cells.append(f"{_f(r * scale, dg)} / {_f(t * scale, dg)} ({_f(100 * d, 0)}%)")
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     return lines + ["", agreement_summary(agree, metrics), ""]
-
-
-def _average_ranks(values: Sequence[float]) -> np.ndarray:
-    order = np.argsort(values, kind="stable")
-    ranks = np.empty(len(values))
-    ranks[order] = np.arange(1, len(values) + 1)
-    for v in set(values):  # ties share their mean rank
-        tied = np.array(values) == v
-        ranks[tied] = ranks[tied].mean()
-    return ranks
-
-
-def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    """Spearman's rank correlation (Pearson on average ranks); NaN when either side is constant."""
-    rx, ry = _average_ranks(x), _average_ranks(y)
-    if rx.std() == 0 or ry.std() == 0:
-        return math.nan
-    return float(np.corrcoef(rx, ry)[0, 1])
 
 
 def agreement_summary(agree: Mapping[str, Mapping[str, tuple[float, float, float]]], metrics: Sequence[str]) -> str:

@@ -1,5 +1,6 @@
 """Paired statistics of the reference analysis: exact one-sided Wilcoxon signed-rank test, median paired
-relative change with a seeded bootstrap 95% CI. Pure functions over per-seed values.
+relative change with a seeded bootstrap 95% CI; and Spearman's rank correlation (on the same average
+ranks). Pure functions over per-seed values.
 
 The exact test is our own so its behaviour with ties is explicit: |differences| get average ranks, zeros
 are dropped (Wilcoxon's convention, scipy's default `zero_method="wilcox"`), and the null distribution is
@@ -30,8 +31,9 @@ class WilcoxonResult:
 
 
 def average_ranks(values: Sequence[float]) -> list[float]:
-    """1-based ranks, ties sharing the mean of the ranks they span."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
+    """1-based ranks, ties sharing the mean of the ranks they span. NaNs rank last, each on its own (NaN
+    equals nothing), so a missing value cannot scramble the order of the others."""
+    order = sorted(range(len(values)), key=lambda i: (math.isnan(values[i]), values[i]))
     ranks = [0.0] * len(values)
     i = 0
     while i < len(order):
@@ -42,6 +44,14 @@ def average_ranks(values: Sequence[float]) -> list[float]:
             ranks[order[k]] = (i + j) / 2 + 1
         i = j + 1
     return ranks
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's rank correlation (Pearson on average ranks); NaN when either side is constant."""
+    rx, ry = np.asarray(average_ranks(x)), np.asarray(average_ranks(y))
+    if rx.std() == 0 or ry.std() == 0:
+        return math.nan
+    return float(np.corrcoef(rx, ry)[0, 1])
 
 
 def signed_rank_null(ranks: Sequence[float]) -> dict[int, int]:
@@ -107,19 +117,25 @@ class Effect:
     n: int
 
 
+def bootstrap_median(values: np.ndarray, *, n_boot: int = 10_000, seed: int = 0,
+                     confidence: float = 0.95) -> Effect:
+    """The median of per-seed `values` with a percentile bootstrap CI over seeds (seeded, so the report
+    regenerates bit for bit); NaN with n = 0 when there are no values."""
+    n = len(values)
+    if n == 0:
+        return Effect(math.nan, math.nan, math.nan, 0)
+    rng = np.random.default_rng(seed)
+    boots = np.median(values[rng.integers(0, n, size=(n_boot, n))], axis=1)
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(boots, [tail, 100 - tail])
+    return Effect(float(np.median(values)), float(low), float(high), n)
+
+
 def median_relative_change(arm: Sequence[float], base: Sequence[float], *, n_boot: int = 10_000,
                            seed: int = 0, confidence: float = 0.95) -> Effect:
     """Median over seeds of (arm - base) / base, with a percentile bootstrap CI over seeds (seeded, so the
     report regenerates bit for bit)."""
-    rel = relative_changes(arm, base)
-    n = len(rel)
-    if n == 0:
-        return Effect(math.nan, math.nan, math.nan, 0)
-    rng = np.random.default_rng(seed)
-    boots = np.median(rel[rng.integers(0, n, size=(n_boot, n))], axis=1)
-    tail = (1 - confidence) / 2 * 100
-    low, high = np.percentile(boots, [tail, 100 - tail])
-    return Effect(float(np.median(rel)), float(low), float(high), n)
+    return bootstrap_median(relative_changes(arm, base), n_boot=n_boot, seed=seed, confidence=confidence)
 
 
 @dataclass(frozen=True)
@@ -150,14 +166,5 @@ def paired_comparison(metric: str, arm: str, base: str, arm_values: Sequence[flo
 def median_difference(arm: Sequence[float], base: Sequence[float], *, n_boot: int = 10_000, seed: int = 0,
                       confidence: float = 0.95) -> Effect:
     """Median over seeds of arm - base (absolute, e.g. hit-rate points), with a seeded bootstrap CI."""
-    a, b = np.asarray(arm, dtype=float), np.asarray(base, dtype=float)
-    d = a - b
-    d = d[np.isfinite(d)]
-    n = len(d)
-    if n == 0:
-        return Effect(math.nan, math.nan, math.nan, 0)
-    rng = np.random.default_rng(seed)
-    boots = np.median(d[rng.integers(0, n, size=(n_boot, n))], axis=1)
-    tail = (1 - confidence) / 2 * 100
-    low, high = np.percentile(boots, [tail, 100 - tail])
-    return Effect(float(np.median(d)), float(low), float(high), n)
+    d = np.asarray(arm, dtype=float) - np.asarray(base, dtype=float)
+    return bootstrap_median(d[np.isfinite(d)], n_boot=n_boot, seed=seed, confidence=confidence)

@@ -1,4 +1,4 @@
-"""The reference workload (DESIGN.md section 6), deterministic per seed, as token ids and as HTTP bodies.
+"""The reference workload (experiment/README.md), deterministic per seed, as token ids and as HTTP bodies.
 
     128 shared prefixes, Zipf s = 0.9 over them; each prompt = a prefix of 1,544 tokens + a unique suffix
     of 34 tokens (1,578 in all); open-loop arrivals at `rate` (Poisson by default); 500 requests per seed;

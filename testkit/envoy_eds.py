@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from sim.stack import ENVOY_CONFIG
+from testkit.paths import ENVOY_CONFIG
 
 ASSIGNMENT_FILE = "eds.yaml"
 

@@ -1,6 +1,6 @@
 """A local stand-in for the Kubernetes API server's EndpointSlice list and watch, for tests.
 
-It speaks the real wire format (shapes recorded in sim/assets/k8s/): a list answers an EndpointSliceList
+It speaks the real wire format (shapes recorded in testkit/assets/k8s/): a list answers an EndpointSliceList
 with metadata.resourceVersion (honouring limit/continue); `?watch=true&resourceVersion=R` streams one JSON
 event per line for everything after R, then waits for changes until timeoutSeconds; a resourceVersion older
 than the compaction point gets the real `ERROR` event with a 410 Expired Status. Tests change the slices,

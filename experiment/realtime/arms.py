@@ -4,7 +4,8 @@ Sidecar arms go through Envoy + the loadaware sidecar (`--policy`, `--loadaware-
 peer arms send straight to a peer router (sglang-router, vllm-router) in front of the same engines. Names
 follow the DES (`experiment.des`) and the reference's cells, so per-seed rows of both modes line up; the
 KV-events arms carry a `-kvev` suffix because the same policy with a different prefix source is a
-different arm (stock LMCache credits one holder per chunk, KV events credit every holder: DESIGN.md 3b).
+different arm (stock LMCache credits one holder per chunk, KV events credit every holder: see
+docs/architecture.md, "Data sources").
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ ARMS: tuple[RealArm, ...] = (
     RealArm("leastload", "sidecar", "leastload"),
     sidecar_loadaware(0.5, "kv-events"), sidecar_loadaware(1.0, "kv-events"),
     RealArm("kvaware-kvev", "sidecar", "kvaware", prefix_source="kv-events"),
-    # Peers with their default thresholds (DESIGN.md 7): only --policy cache_aware is set.
+    # Peers with their default thresholds (the comparison is with them as shipped): only --policy cache_aware
+    # is set.
     RealArm("sglang-router", "peer", "cache_aware", peer="sglang-router"),
     RealArm("vllm-router", "peer", "cache_aware", peer="vllm-router"),
 )

@@ -3,7 +3,8 @@
 Full-size prompts and the reference's 2 engines at 16 req/s, but 160 measured requests per seed after one
 warm-up pass over the 128 prefixes (the reference makes two; the cold pass is prefill-bound, ~25 s whatever
 its rate), so the six runs take ~4 minutes. Arms: kvaware, loadaware beta = 0.5 on stock
-LMCache credit, and the same on KV-events credit: the multi-holder story of DESIGN.md 3b in one table.
+LMCache credit, and the same on KV-events credit: stock LMCache credits one holder per chunk, KV events
+credit every engine that holds it (docs/architecture.md, "Data sources"), in one table.
 Two seeds cannot make a test significant (the smallest one-sided exact Wilcoxon p with n pairs is 2^-n);
 `make experiment` is the real thing. The `tiny` point runs the same path in seconds (the demo's test).
 """

@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -46,10 +45,16 @@ from experiment.realtime.points import OperatingPoint, point_by_name
 from experiment.realtime.scrape import sum_by_label
 from experiment.realtime.sender import SenderSpec, result_from_json
 from experiment.workload import build
-from sim.service_model import ServiceModel
 from sim.fleet import engine_ips
-from sim.stack import (ENVOY_ADMIN_PORT, ENVOY_LISTEN_PORT, REPO, SIDECAR_PORT, TINY_TOKENIZER, EnvoyProc, FleetProc, LMCacheControllerProc,
-                       ManagedProc, ProcError, SidecarProc, _python, free_port, loopback_lock)
+from sim.service_model import ServiceModel
+from testkit.envoy import EnvoyProc
+from testkit.fleet import FleetProc
+from testkit.lmcache import LMCacheControllerProc
+from testkit.loopback_lock import loopback_lock
+from testkit.paths import REPO, TINY_TOKENIZER, python, repo_env
+from testkit.ports import ENVOY_ADMIN_PORT, ENVOY_LISTEN_PORT, SIDECAR_PORT, free_port, wait_addresses_free
+from testkit.procs import ManagedProc, ProcError
+from testkit.sidecar import SidecarProc
 
 # `make experiment-quick`: sized to finish in under 15 minutes on the 2-core machine (see docs/results.md).
 # The warm-up goes at twice the offered rate there: it is half of a short run's wall time otherwise.
@@ -128,14 +133,15 @@ class Fleet:
 
     def wait_addresses_free(self, timeout: float) -> None:
         """A run that does not share our lock (another checkout with another TMPDIR) may hold the fixed
-        addresses; Envoy and grpc bind with SO_REUSEPORT, so starting beside it would silently split the
-        traffic between the two stacks. Wait until nothing listens on any of them."""
-        deadline = time.monotonic() + timeout
-        while busy := [f"{h}:{p}" for h, p in self.fixed_addresses() if _listening(h, p)]:
-            if time.monotonic() > deadline:
-                raise ProcError(f"fixed addresses still in use after {timeout:.0f}s: {', '.join(busy)}")
+        addresses: wait until nothing listens on any of them (testkit.ports.wait_addresses_free says why)."""
+
+        def report(busy: list[str]) -> None:
             print(f"[experiment] waiting for another run to free {', '.join(busy[:4])} ...", flush=True)
-            time.sleep(15.0)
+
+        try:
+            wait_addresses_free(self.fixed_addresses(), timeout, poll_s=15.0, on_busy=report)
+        except TimeoutError as e:
+            raise ProcError(str(e)) from None
 
     def start(self) -> None:
         try:
@@ -164,12 +170,6 @@ class Fleet:
     def procs(self) -> dict[str, ManagedProc]:
         return {n: p for n, p in (("fleet", self.fleet), ("envoy", self.envoy), ("lmcache", self.lmcache))
                 if p is not None and p.running}
-
-
-def _listening(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(0.2)
-        return sock.connect_ex((host, port)) == 0
 
 
 def _cpu(procs: dict[str, ManagedProc]) -> dict[str, float]:
@@ -234,9 +234,9 @@ def run_one(cfg: DriverConfig, fleet: Fleet, arm: RealArm, seed: int) -> dict[st
         cpu0, t0 = _cpu(procs), time.monotonic()
         bound = _run_bound_s(point)
         with open(log_dir / "sender.log", "wb") as log:
-            proc = subprocess.run([_python(), "-m", "experiment.realtime.sender", str(spec_path), str(out_path)],
+            proc = subprocess.run([python(), "-m", "experiment.realtime.sender", str(spec_path), str(out_path)],
                                   cwd=REPO, stdout=log, stderr=subprocess.STDOUT, timeout=bound,
-                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                  env={**repo_env(), "PYTHONUNBUFFERED": "1"})
         wall = time.monotonic() - t0
         cpu1 = _cpu(procs)
         counters = sidecar_counters(router)

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from sim.stack import ENVOY_CONFIG
+from testkit.paths import ENVOY_CONFIG
 
 
 def engines_config(endpoints: Sequence[str], directory: Path, base: Path = ENVOY_CONFIG) -> Path:

@@ -16,7 +16,8 @@ from dataclasses import fields
 
 from experiment.realtime.scrape import RUNNING, WAITING, parse_engine_metrics
 from sim.service_model import ServiceModel
-from sim.stack import ProcError, _http
+from testkit import http
+from testkit.procs import ProcError
 
 
 def service_flags(svc: ServiceModel) -> list[str]:
@@ -35,7 +36,7 @@ def reset_caches(engines: Mapping[str, str]) -> int:
     """Clear every engine's caches; returns the number of cached blocks dropped (for the log)."""
     dropped = 0
     for name, url in engines.items():
-        status, body = _http("POST", f"{url}/sim/reset_cache", b"{}", timeout=5.0)
+        status, body = http.request("POST", f"{url}/sim/reset_cache", b"{}", timeout=5.0)
         if status != 200:
             raise ProcError(f"{name}: /sim/reset_cache -> HTTP {status}: {body[:200]!r}")
         dropped += int(json.loads(body).get("cleared_blocks", 0))
@@ -45,7 +46,7 @@ def reset_caches(engines: Mapping[str, str]) -> int:
 def engine_loads(engines: Mapping[str, str]) -> dict[str, tuple[float, float]]:
     out = {}
     for name, url in engines.items():
-        status, body = _http("GET", f"{url}/metrics", timeout=5.0)
+        status, body = http.request("GET", f"{url}/metrics", timeout=5.0)
         if status != 200:
             raise ProcError(f"{name}: /metrics -> HTTP {status}")
         v = parse_engine_metrics(body.decode())
@@ -71,7 +72,7 @@ def wait_lmcache_empty(lmcache_url: str, probes: Sequence[Sequence[int]], timeou
     while True:
         held = []
         for tokens in probes:
-            status, body = _http("POST", f"{lmcache_url}/lookup", json.dumps({"tokens": list(tokens)}).encode(),
+            status, body = http.request("POST", f"{lmcache_url}/lookup", json.dumps({"tokens": list(tokens)}).encode(),
                                  timeout=5.0)
             if status == 200 and json.loads(body).get("layout_info"):
                 held.append(json.loads(body)["layout_info"])

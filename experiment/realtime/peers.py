@@ -1,4 +1,5 @@
-"""The peer routers (DESIGN.md 7) as managed processes, from their own virtual environment.
+"""The peer routers (sglang-router, vllm-router: the cache-aware routers the sidecar is compared with) as
+managed processes, from their own virtual environment.
 
     make peers   # .peers-venv: sglang-router==0.3.2, vllm-router==0.1.17 (Rust routers, PyPI wheels)
 
@@ -15,7 +16,10 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from sim.stack import REPO, ManagedProc, ProcError, _http, free_port
+from testkit import http
+from testkit.paths import REPO
+from testkit.ports import free_port
+from testkit.procs import ManagedProc, ProcError
 
 PEERS_VENV_BIN = Path(os.environ.get("EXPERIMENT_PEERS_BIN", REPO / ".peers-venv" / "bin"))
 PEER_VERSIONS = {"sglang-router": "0.3.2", "vllm-router": "0.1.17"}
@@ -59,5 +63,5 @@ class PeerProc(ManagedProc):
             raise ProcError(f"{self.peer} not installed in {PEERS_VENV_BIN}; run `make peers`")
 
     def _is_ready(self) -> bool:
-        status, _ = _http("GET", f"{self.url}/health", timeout=1.0)
+        status, _ = http.request("GET", f"{self.url}/health", timeout=1.0)
         return status == 200

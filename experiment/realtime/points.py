@@ -1,7 +1,8 @@
 """Operating points of the real-time experiment: fleet size, engine service model, workload shape.
 
-- `reference`: DESIGN.md 6 as published: 2 engines, 128 prefixes, Zipf 0.9, 1,578-token prompts, Poisson
-  16 req/s, 500 requests per seed, 64 output tokens; the engines run the calibrated service model.
+- `reference`: the reference experiment as published (experiment/README.md): 2 engines, 128 prefixes,
+  Zipf 0.9, 1,578-token prompts, Poisson 16 req/s, 500 requests per seed, 64 output tokens; the engines run
+  the calibrated service model.
 - `queueing`: the second operating point, where the fleet queues and placement can cut latency:
   `experiment.calibration.QUEUEING_*` (4 engines at 40 req/s, 10 per engine against 8 at the reference
   point), the DES's second point, so both modes run the same point.

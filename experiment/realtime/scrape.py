@@ -1,14 +1,15 @@
 """An engine's Prometheus text -> one `EngineSample` (the five vLLM v1 series the reference used).
 
-Only the lines we need are parsed, by name prefix, so a scrape of a busy engine costs microseconds in the
-sender's event loop (which also times every streamed token). Labels are ignored: one engine exposes one
-series per name (vLLM's `engine="0"`); if several appear (data-parallel ranks) they are summed, which is
-what "the engine's running requests" means.
+Labels are ignored: one engine exposes one series per name (vLLM's `engine="0"`); if several appear
+(data-parallel ranks) they are summed, which is what "the engine's running requests" means. A simulated
+engine's scrape is a few dozen lines, so parsing all of it (prometheus_client's parser) costs well under a
+millisecond in the sender's event loop.
 """
 
 from __future__ import annotations
 
 from experiment.records import EngineSample
+from testkit import metrics_text
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
@@ -21,22 +22,9 @@ _WANTED = (RUNNING, WAITING, KV_USAGE, PREFIX_QUERIES, PREFIX_HITS)
 def parse_engine_metrics(text: str) -> dict[str, float]:
     """{series name: value summed over label sets} for the five series; missing ones are absent."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line.startswith("vllm:"):
-            continue
-        name_end = len(line)
-        for i, ch in enumerate(line):
-            if ch in "{ ":
-                name_end = i
-                break
-        name = line[:name_end]
-        if name not in _WANTED:
-            continue
-        try:
-            value = float(line.rsplit(None, 1)[-1])
-        except ValueError:
-            continue
-        out[name] = out.get(name, 0.0) + value
+    for s in metrics_text.samples(text):
+        if s.name in _WANTED:
+            out[s.name] = out.get(s.name, 0.0) + float(s.value)
     return out
 
 
@@ -49,22 +37,4 @@ def to_sample(t: float, engine: str, text: str) -> EngineSample:
 
 def sum_by_label(text: str, metric: str, label: str) -> dict[str, float]:
     """{value of `label`: sum of `metric`'s samples} from any Prometheus text (the sidecar's counters)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line.startswith(metric) or line.startswith("#"):
-            continue
-        head, _, value = line.rpartition(" ")
-        name = head.split("{", 1)[0]
-        if name != metric:
-            continue
-        key = ""
-        marker = f'{label}="'
-        i = head.find(marker)
-        if i >= 0:
-            j = head.find('"', i + len(marker))
-            key = head[i + len(marker) : j]
-        try:
-            out[key] = out.get(key, 0.0) + float(value)
-        except ValueError:
-            continue
-    return out
+    return metrics_text.sum_by_label(text, metric, label)

@@ -17,8 +17,13 @@ import grpc
 
 from loadaware.api.v1 import loadaware_pb2 as pb
 from loadaware.api.v1 import loadaware_pb2_grpc as pb_grpc
-from sim.envoy_eds import eds_config, write_assignment
-from sim.stack import TINY_TOKENIZER, EnvoyProc, FleetProc, LMCacheControllerProc, SidecarProc, free_port
+from testkit.envoy import EnvoyProc
+from testkit.envoy_eds import eds_config, write_assignment
+from testkit.fleet import FleetProc
+from testkit.lmcache import LMCacheControllerProc
+from testkit.paths import TINY_TOKENIZER
+from testkit.ports import free_port
+from testkit.sidecar import SidecarProc
 
 
 @dataclass(frozen=True)
@@ -114,7 +119,7 @@ def wait_for(check: Callable[[], Any], timeout: float = 10.0, what: str = "condi
 
 def free_fleet_address(engines: int) -> tuple[str, int]:
     """A loopback base ip and one port free on each of `engines` consecutive ips, away from the shipped
-    fixed addresses (127.0.0.2-4:8000), so these tests need not queue on sim.stack.loopback_lock()."""
+    fixed addresses (127.0.0.2-4:8000), so these tests need not queue on testkit.loopback_lock.loopback_lock()."""
     import ipaddress
     import random
     import socket
@@ -137,7 +142,7 @@ def free_fleet_address(engines: int) -> tuple[str, int]:
 
 class FreeStack:
     """LMCache controller (optional) + engines + sidecar + Envoy on free addresses only. Envoy's engines
-    cluster is EDS from a file listing the fleet (sim.envoy_eds), its sidecar cluster the sidecar's port."""
+    cluster is EDS from a file listing the fleet (testkit.envoy_eds), its sidecar cluster the sidecar's port."""
 
     def __init__(self, log_dir: Path, engines: int = 3, lmcache: bool = True,
                  sidecar_args: Sequence[str] = (), fleet_args: Sequence[str] = ()) -> None:

@@ -13,8 +13,11 @@ from typing import Callable, Iterator
 
 import pytest
 
-from sim.envoy_eds import eds_config, write_assignment
-from sim.stack import EnvoyProc, FleetProc, SidecarProc, free_port
+from testkit.envoy import EnvoyProc
+from testkit.envoy_eds import eds_config, write_assignment
+from testkit.fleet import FleetProc
+from testkit.ports import free_port
+from testkit.sidecar import SidecarProc
 
 from .discovery_helpers import RouterClient, Traffic, free_fleet_address, wait_for
 

@@ -13,8 +13,11 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from sim.k8s_apiserver import PodEndpoint, StandInApiServer, ThreadedStandIn, make_slice
-from sim.stack import FleetProc, LMCacheControllerProc, SidecarProc, free_port
+from testkit.fleet import FleetProc
+from testkit.k8s_apiserver import PodEndpoint, StandInApiServer, ThreadedStandIn, make_slice
+from testkit.lmcache import LMCacheControllerProc
+from testkit.ports import free_port
+from testkit.sidecar import SidecarProc
 
 from .discovery_helpers import free_fleet_address, wait_for
 from .grpcurl_cli import Grpcurl

@@ -24,9 +24,16 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
-from sim.stack import (ENVOY_CONFIG, ENVOY_PASSTHROUGH_CONFIG, REPO, SIDECAR_PORT, EnvoyProc, FleetProc,
-                       LMCacheControllerProc, ManagedProc, ProcError, SidecarProc, Stack, _venv_tool,
-                       loopback_lock)
+from testkit.envoy import EnvoyProc
+from testkit.fleet import FleetProc
+from testkit.lmcache import LMCacheControllerProc
+from testkit.loopback_lock import loopback_lock
+from testkit.paths import ENVOY_CONFIG, ENVOY_PASSTHROUGH_CONFIG, REPO
+from testkit.paths import venv_tool as _venv_tool
+from testkit.ports import SIDECAR_PORT
+from testkit.procs import ManagedProc, ProcError
+from testkit.sidecar import SidecarProc
+from testkit.stack import Stack
 
 pytestmark = pytest.mark.e2e
 
@@ -348,7 +355,7 @@ async def test_whole_stack_serves_a_completion(log_dir: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# sim/stack.py mechanics (no Envoy needed)
+# testkit launcher mechanics (no Envoy needed)
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -357,7 +364,7 @@ def test_sidecar_readiness_probe_follows_grpc_health() -> None:
 
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-    from sim.stack import free_port
+    from testkit.ports import free_port
 
     port = free_port()
     probe = SidecarProc(["--listen", f"127.0.0.1:{port}"])  # constructed, never started

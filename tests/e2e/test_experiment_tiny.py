@@ -14,7 +14,7 @@ from experiment.realtime.arms import parse_arms
 from experiment.realtime.driver import DriverConfig, run_experiment
 from experiment.realtime.peers import peers_available
 from experiment.realtime.points import point_by_name
-from sim.stack import LMCacheControllerProc
+from testkit.lmcache import LMCacheControllerProc
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not LMCacheControllerProc.available(),
                                                   reason="LMCache venv missing: run `make lmcache`")]

@@ -12,7 +12,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from sim.stack import LMCacheControllerProc, SidecarProc, free_port
+from testkit.lmcache import LMCacheControllerProc
+from testkit.ports import free_port
+from testkit.sidecar import SidecarProc
 
 from .discovery_helpers import FreeStack, wait_for
 from .grpcurl_cli import Grpcurl

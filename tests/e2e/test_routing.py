@@ -21,7 +21,12 @@ from tokenizers import Tokenizer
 
 from loadaware.policies.loadaware import loadaware_scores
 from loadaware.policies import Candidate
-from sim.stack import LMCacheControllerProc, SidecarProc, Stack, free_port, loopback_lock
+from testkit.lmcache import LMCacheControllerProc
+from testkit.loopback_lock import loopback_lock
+from testkit.metrics_text import metric_sum
+from testkit.ports import free_port
+from testkit.sidecar import SidecarProc
+from testkit.stack import Stack
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = REPO / "sim" / "assets" / "tiny-model"
@@ -97,13 +102,7 @@ class Harness:
     def metric(self, name: str, **labels: str) -> float:
         with urllib.request.urlopen(f"http://{self.metrics_addr}/metrics", timeout=5) as resp:
             text = resp.read().decode()
-        total = 0.0
-        for line in text.splitlines():
-            if not line.startswith(name + "{") and not line.startswith(name + " "):
-                continue
-            if all(f'{k}="{v}"' in line for k, v in labels.items()):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return metric_sum(text, name, labels)
 
     def wait_inflight_zero(self, timeout: float = 5.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout

@@ -1,4 +1,4 @@
-"""`make demo` end to end: `python -m sim.demo` against the real stack (LMCache controller, simulated
+"""`make demo` end to end: `python -m demo` against the real stack (LMCache controller, simulated
 engines, sidecar, Envoy), asserting on the facts it prints."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.stack import LMCACHE_VENV_BIN, REPO
+from testkit.paths import LMCACHE_VENV_BIN, REPO
 
 CONTROLLER = LMCACHE_VENV_BIN / "lmcache_controller"
 # The demo takes ~10 s, plus ~1.5 min for its short experiment on the tiny point; it may first queue
@@ -33,7 +33,7 @@ def _python() -> str:
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
     log_dir: Path = tmp_path_factory.mktemp("demo-logs")
-    proc = subprocess.run([_python(), "-m", "sim.demo", "--log-dir", str(log_dir), "--experiment-point", "tiny"], cwd=REPO,
+    proc = subprocess.run([_python(), "-m", "demo", "--log-dir", str(log_dir), "--experiment-point", "tiny"], cwd=REPO,
                           capture_output=True, text=True, timeout=TIMEOUT_S,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     if "still in use by another run" in proc.stdout:

@@ -12,7 +12,9 @@ import pytest
 
 from sim.fleet import Fleet, start_fleet
 from sim.lmcache_chunks import chunk_keys
-from sim.lmcache_controller import DEFAULT_BINARY, ControllerProcess, start_controller
+from testkit.lmcache import CONTROLLER_BINARY as DEFAULT_BINARY
+from testkit.lmcache import LMCacheControllerProc as ControllerProcess
+from testkit.lmcache import start_controller
 from sim.service_model import ServiceModel
 from sim.tokenization import SimTokenizer
 from sim.fleet import DEFAULT_TOKENIZER
@@ -132,7 +134,7 @@ async def test_stop_deregisters_and_forgets_chunks(controller: ControllerProcess
 
 async def test_engine_serves_without_a_controller(tok: SimTokenizer) -> None:
     from sim.lmcache_reporter import ControllerAddress
-    from sim.lmcache_controller import free_ports
+    from testkit.ports import free_ports
 
     pull, reply = free_ports(2)
     f = await start_fleet(1, base_ip="127.0.0.46", port=0, tokenizer=tok,

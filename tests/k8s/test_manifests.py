@@ -26,7 +26,8 @@ from loadaware.app import LIVENESS_SERVICE
 from loadaware.config import SETTINGS
 from loadaware.fleet.discovery.metrics import DiscoveryMetrics
 from loadaware.telemetry.metrics import Metrics
-from sim.stack import EnvoyProc, free_port
+from testkit.envoy import EnvoyProc
+from testkit.ports import free_port
 
 from . import envoyfilter
 from .crd_schemas import SCHEMAS

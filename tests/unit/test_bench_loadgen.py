@@ -57,7 +57,7 @@ def test_loadgen_reports_non_2xx_and_connection_errors() -> None:
     assert result.statuses == {"418": 25} and result.ok == 0 and result.errors == 25
 
     async def refused() -> LoadResult:
-        from sim.stack import free_port
+        from testkit.ports import free_port
 
         return await run_load(LoadSpec(url=f"http://127.0.0.1:{free_port()}/x", rate=20, duration=0.25,
                                        arrivals="fixed", timeout=2.0))

@@ -18,7 +18,7 @@ from loadaware.fleet.discovery.kubernetes import KubernetesDiscovery, SliceSet, 
     slice_endpoints
 from loadaware.fleet.discovery.metrics import DiscoveryMetrics
 from loadaware.fleet.registry import EndpointRegistry
-from sim.k8s_apiserver import PodEndpoint, StandInApiServer, make_slice, recorded_events, recorded_list
+from testkit.k8s_apiserver import PodEndpoint, StandInApiServer, make_slice, recorded_events, recorded_list
 
 
 # ---- recorded shapes ----------------------------------------------------------------------------------

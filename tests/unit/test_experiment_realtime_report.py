@@ -128,7 +128,7 @@ def test_results_doc_from_run_outputs(tmp_path: Path) -> None:
 def test_spearman_matches_scipy_with_ties() -> None:
     from scipy.stats import spearmanr
 
-    from experiment.results_doc import spearman
+    from experiment.stats import spearman
 
     cases = [([1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 30.0, 40.0]), ([1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 1.0]),
              ([1.0, 2.0, 2.0, 3.0, 5.0], [0.3, 0.1, 0.4, 0.4, 0.9]), ([2.5, 0.1, 7.0, 3.3, 3.3, 1.0],

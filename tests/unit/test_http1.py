@@ -95,7 +95,7 @@ async def test_timeout_discards_the_connection(server: tuple[str, int, dict[str,
 
 
 async def test_refused() -> None:
-    from sim.stack import free_port
+    from testkit.ports import free_port
 
     client = KeepAliveClient("127.0.0.1", free_port())
     with pytest.raises(OSError):

@@ -1,0 +1,38 @@
+"""The demo against a running stack: one HTTP session, the storyline, the burst."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from demo.burst import burst
+from demo.session import DemoFailure, DemoSession
+from demo.storyline import storyline
+from sim.tokenization import SimTokenizer
+from testkit.paths import TINY_TOKENIZER
+from testkit.stack import Stack
+
+
+async def walk_through(stack: Stack, metrics_url: str, beta: float) -> DemoSession:
+    """Once the sidecar says ready: steps 1-5, then the burst. A failure ends the walk and is recorded as a
+    failed check; the session (checks, facts) is returned either way."""
+    assert stack.fleet is not None
+    names = {f"{e['ip']}:{e['port']}": str(e["name"]) for e in stack.fleet.engines}
+    urls = {str(e["name"]): str(e["url"]) for e in stack.fleet.engines}
+    tok = SimTokenizer(TINY_TOKENIZER)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
+        demo = DemoSession(stack, session, tok, beta, names, urls, metrics_url)
+
+        async def sidecar_ready() -> bool:
+            return bool((await demo.get_json(f"{metrics_url}/debug/state")).get("ready"))
+
+        try:
+            if await demo.wait_for(f"the sidecar's {metrics_url}/debug/state says ready", sidecar_ready, 15.0):
+                await storyline(demo)
+                await burst(demo)
+        except DemoFailure as e:
+            demo.check(False, str(e))
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, KeyError, ValueError) as e:
+            demo.check(False, f"unexpected {type(e).__name__}: {e}")
+        return demo
