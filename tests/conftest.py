@@ -1,0 +1,95 @@
+"""Shared by every test directory: waiting on a condition instead of sleeping for a guessed time.
+
+Tests import the helpers (`from tests.conftest import wait_until, wait_until_async`; pytest's
+`pythonpath = ["."]` makes `tests` importable), so helper modules that are not tests use them too.
+
+A test waits for the state it needs, never for a fixed time: on a busy machine (two cores shared by Envoy,
+the sidecar, the simulated engines and the load generator) any fixed sleep is sometimes too short. The
+timeout only bounds how long a broken behaviour takes to fail, so it is generous; a passing wait returns as
+soon as its condition holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_INTERVAL_S = 0.05
+
+Message = str | Callable[[], str]
+
+
+class _Attempts:
+    """What the predicate last answered, for a failure message that shows how far the wait got."""
+
+    def __init__(self, message: Message, timeout: float) -> None:
+        self.message = message
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
+        self.count = 0
+        self.last_value: object = None
+        self.last_error: BaseException | None = None
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self.deadline
+
+    def failure(self) -> AssertionError:
+        what = self.message() if callable(self.message) else self.message
+        if self.last_error is not None:
+            last = f"last attempt raised {self.last_error!r}"
+        else:
+            last = f"last value {self.last_value!r}"
+        error = AssertionError(f"timed out after {self.timeout:g} s ({self.count} checks) waiting for {what}; {last}")
+        error.__cause__ = self.last_error
+        return error
+
+
+def wait_until(predicate: Callable[[], T], *, message: Message, timeout: float = DEFAULT_TIMEOUT_S,
+               interval: float = DEFAULT_INTERVAL_S,
+               ignoring: tuple[type[BaseException], ...] = ()) -> T:
+    """Call `predicate` until it returns something truthy and return that; fail after `timeout` seconds
+    with an AssertionError naming `message` (a string, or a callable evaluated at failure for the state
+    then). Exceptions of the `ignoring` types count as "not yet" (e.g. a port that does not accept yet)."""
+    attempts = _Attempts(message, timeout)
+    while True:
+        attempts.count += 1
+        try:
+            value = predicate()
+        except ignoring as exc:
+            attempts.last_error = exc
+        else:
+            if value:
+                return value
+            attempts.last_value, attempts.last_error = value, None
+        if attempts.expired():
+            raise attempts.failure()
+        time.sleep(interval)
+
+
+async def wait_until_async(predicate: Callable[[], T | Awaitable[T]], *, message: Message,
+                           timeout: float = DEFAULT_TIMEOUT_S, interval: float = DEFAULT_INTERVAL_S,
+                           ignoring: tuple[type[BaseException], ...] = ()) -> T:
+    """`wait_until` for async tests: the event loop keeps running between checks, and `predicate` may be
+    a coroutine function (or return an awaitable, e.g. `asyncio.to_thread(...)`), which is awaited."""
+    attempts = _Attempts(message, timeout)
+    while True:
+        attempts.count += 1
+        try:
+            value = predicate()
+            if inspect.isawaitable(value):
+                value = await value
+        except ignoring as exc:
+            attempts.last_error = exc
+        else:
+            if value:
+                return value  # type: ignore[return-value]
+            attempts.last_value, attempts.last_error = value, None
+        if attempts.expired():
+            raise attempts.failure()
+        await asyncio.sleep(interval)
