@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import time
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -20,8 +19,12 @@ from loadaware.app import Sidecar
 from loadaware.config import from_args
 from testkit.ports import free_port
 from testkit.sidecar import SidecarProc
+from tests.conftest import wait_until, wait_until_async
 
 FLEET = "127.0.0.2:18000,127.0.0.3:18000"
+# Long enough that "left when its last stream ended" and "left when the grace ran out" cannot be confused
+# on a slow machine.
+SHUTDOWN_GRACE_S = 30
 HEADER = "x-gateway-destination-endpoint"
 
 
@@ -78,11 +81,8 @@ async def test_post_is_decided_on_its_body(sidecar: tuple[Sidecar, str]) -> None
     chosen = set_headers(r2.request_body.response.header_mutation)[HEADER]
     assert chosen in FLEET.split(",")
     assert app.recent.items[-1].request_id == "test-1"
-    for _ in range(50):  # the stream ended: the count is released
-        if app.loads.total() == 0:
-            break
-        await asyncio.sleep(0.01)
-    assert app.loads.total() == 0
+    # the stream ended: the count is released (the server sees the end asynchronously)
+    await wait_until_async(lambda: app.loads.total() == 0, message="the in-flight count released")
 
 
 async def test_bad_json_is_answered_locally(sidecar: tuple[Sidecar, str]) -> None:
@@ -111,28 +111,32 @@ async def test_open_stream_holds_its_count_until_it_ends(sidecar: tuple[Sidecar,
         endpoint = set_headers(reply.request_body.response.header_mutation)[HEADER]
         assert app.loads.count(endpoint) == 1  # the HTTP request is still running upstream
         call.cancel()  # Envoy resets the stream (client abort)
-    for _ in range(100):
-        if app.loads.total() == 0:
-            break
-        await asyncio.sleep(0.01)
-    assert app.loads.total() == 0
+    await wait_until_async(lambda: app.loads.total() == 0, message="the reset stream's count released")
 
 
 def test_sigterm_drains_open_streams(tmp_path: Path) -> None:
     port = free_port()
     proc = SidecarProc(["--listen", f"127.0.0.1:{port}", "--endpoints", FLEET, "--metrics-listen", "off",
-                        "--policy", "leastload", "--shutdown-grace-s", "3"], log_dir=tmp_path)
+                        "--policy", "leastload", "--shutdown-grace-s", str(SHUTDOWN_GRACE_S)], log_dir=tmp_path)
     proc._is_ready = lambda: True  # type: ignore[method-assign]  # no engines to scrape: not SERVING by design
     proc.start(timeout=20)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:  # wait for the port
-        try:
-            grpc.channel_ready_future(grpc.insecure_channel(f"127.0.0.1:{port}")).result(timeout=0.5)
-            break
-        except grpc.FutureTimeoutError:
-            pass
+    try:
+        _check_sigterm_drains_open_streams(proc, port)
+    finally:
+        proc.stop()
 
-    async def run() -> float:
+
+def _check_sigterm_drains_open_streams(proc: SidecarProc, port: int) -> None:
+    def port_accepts() -> bool:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as probe:
+            grpc.channel_ready_future(probe).result(timeout=0.5)
+        return True
+
+    # start() was told the sidecar is ready at once, so the port may not accept yet; it must, soon.
+    wait_until(port_accepts, ignoring=(grpc.FutureTimeoutError,), timeout=20,
+               message=f"the sidecar's gRPC port 127.0.0.1:{port} to accept connections")
+
+    async def run() -> None:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             call = pb_grpc.ExternalProcessorStub(channel).Process()
             await call.write(headers("POST", "/v1/completions"))
@@ -141,25 +145,29 @@ def test_sigterm_drains_open_streams(tmp_path: Path) -> None:
             await call.read()
             assert proc.proc is not None
             proc.proc.send_signal(signal.SIGTERM)
-            await asyncio.sleep(0.5)
+            await wait_until_async(lambda: "draining 1 open streams" in proc.log_tail(20),
+                                   message="the sidecar to start draining after SIGTERM")
             # the open stream is still served during the grace period...
             assert proc.running
-            # ...and new streams are refused
-            with pytest.raises(grpc.aio.AioRpcError):
-                other = pb_grpc.ExternalProcessorStub(channel).Process()
-                await other.write(headers("GET", "/x", end=True))
-                await asyncio.wait_for(other.read(), 2)
-            started = time.monotonic()
-            await call.done_writing()
-            return started
 
-    started = asyncio.run(run())
-    deadline = time.monotonic() + 10
-    while proc.running and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not proc.running
-    assert time.monotonic() - started < 3  # it left as soon as the stream ended, not at the end of the grace
+            # ...and new streams are refused (the server stops taking them right after logging the drain)
+            async def new_stream_is_refused() -> bool:
+                other = pb_grpc.ExternalProcessorStub(channel).Process()
+                try:
+                    await other.write(headers("GET", "/x", end=True))
+                    await asyncio.wait_for(other.read(), 2)
+                except grpc.aio.AioRpcError:
+                    return True
+                await other.done_writing()
+                return False
+
+            await wait_until_async(new_stream_is_refused, message="a new stream refused while draining")
+            await call.done_writing()
+
+    asyncio.run(run())
+    # It leaves as soon as its last stream ends: long before the grace would run out.
+    wait_until(lambda: not proc.running, timeout=SHUTDOWN_GRACE_S / 2,
+               message=f"the sidecar to exit once its last stream ended (grace {SHUTDOWN_GRACE_S} s)")
     log = proc.log_tail(20)
     assert "draining 1 open streams" in log
     assert "released 0 in-flight counts" in log  # the stream's own end released it, before shutdown
-    proc.stop()

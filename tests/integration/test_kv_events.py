@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -19,16 +18,9 @@ from sim.fleet import KvEventsOptions, start_fleet
 from sim.kv_events_publisher import KvEventsPublisher
 from sim.prefix_cache import PrefixCache
 from sim.tokenization import SimTokenizer
+from tests.conftest import wait_until_async
 
 BS = 16
-
-
-async def until(cond: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def value(metric: object, *labels: str) -> float:
@@ -65,14 +57,16 @@ class Rig:
         self.task = asyncio.create_task(self.feeds.run())
 
     async def connected(self) -> None:
-        await until(lambda: self.feeds.covered(self.endpoints) == set(self.endpoints), what="feeds connected")
+        await wait_until_async(lambda: self.feeds.covered(self.endpoints) == set(self.endpoints),
+                               message="feeds connected")
 
     def truth(self, tokens: list[int]) -> dict[str, int]:
         return {ep: c.match(tokens) for ep, c in self.caches.items() if c.match(tokens)}
 
-    async def converged(self, tokens: list[int], timeout: float = 5.0) -> None:
-        await until(lambda: self.source.lookup(tokens, self.endpoints) == self.truth(tokens), timeout,
-                    f"index == caches ({self.source.lookup(tokens, self.endpoints)} vs {self.truth(tokens)})")
+    async def converged(self, tokens: list[int]) -> None:
+        await wait_until_async(
+            lambda: self.source.lookup(tokens, self.endpoints) == self.truth(tokens),
+            message=lambda: f"index == caches ({self.source.lookup(tokens, self.endpoints)} vs {self.truth(tokens)})")
 
     async def close(self) -> None:
         if self.task is not None:
@@ -117,11 +111,14 @@ async def test_gap_is_replayed() -> None:
         pub = r.pubs[a]
         r.caches[a].insert(PROMPT[:5 * BS])
         await r.converged(PROMPT)
+        published, next_seq = pub.published, pub.next_seq
         pub.drop_next(2)  # two batches lost on the wire (still in the replay buffer)
         r.caches[a].insert(PROMPT[:10 * BS])
-        await asyncio.sleep(0)
+        pub.flush()  # the end of an engine step: one batch
         r.caches[a].insert(PROMPT)
-        await asyncio.sleep(0.1)
+        pub.flush()
+        # Both batches were numbered and neither was sent, so nothing can be on its way to the index.
+        assert (pub.next_seq, pub.published) == (next_seq + 2, published)
         assert r.source.lookup(PROMPT, r.endpoints) == {a: 80}  # nothing new arrived yet
         r.caches[a].insert(list(range(100, 100 + 3 * BS)))  # the next batch shows the gap
         await r.converged(PROMPT)
@@ -138,14 +135,16 @@ async def test_gap_the_replay_cannot_fill_drops_the_index() -> None:
         cache.insert(PROMPT)
         await r.converged(PROMPT)
         pub.drop_next(3)
+        # Each change ends its own engine step (flush): one batch each.
         cache.clear()  # lost: AllBlocksCleared
-        await asyncio.sleep(0)
+        pub.flush()
         cache.insert(PROMPT[:4 * BS])  # lost
-        await asyncio.sleep(0)
+        pub.flush()
         cache.insert(list(range(7, 7 + 2 * BS)))  # lost, and the only batch the replay buffer still has
-        await asyncio.sleep(0)
+        pub.flush()
         cache.insert(list(range(900, 900 + 2 * BS)))  # arrives: gap
-        await until(lambda: value(r.metrics.kv_resets, "gap_unrecovered") >= 1, what="gap_unrecovered")
+        await wait_until_async(lambda: value(r.metrics.kv_resets, "gap_unrecovered") >= 1,
+                               message="the unrecoverable gap detected")
         # the prompt's first 4 blocks are really there again, but we cannot know it: under-credit, never over
         assert r.source.lookup(PROMPT, r.endpoints) == {}
         assert r.index.blocks(a) <= len(cache)
@@ -174,7 +173,8 @@ async def test_late_joiner_replays_the_history() -> None:
     cache = PrefixCache(200, BS)
     cache.add_observer(pub)
     cache.insert(PROMPT)  # published before anyone listened
-    await asyncio.sleep(0.05)
+    pub.flush()
+    assert pub.published == 1  # on the wire, to nobody: only the replay can deliver it
     index, metrics = BlockIndex(), Metrics("loadaware")
     ep = "127.0.0.38:8000"
     feeds = KvEventsFeeds(index, metrics, lambda: (ep,),
@@ -183,7 +183,7 @@ async def test_late_joiner_replays_the_history() -> None:
     task = asyncio.create_task(feeds.run())
     try:
         source = KvEventsPrefixSource(index, feeds)
-        await until(lambda: source.lookup(PROMPT, (ep,)) == {ep: 320}, what="join replay")
+        await wait_until_async(lambda: source.lookup(PROMPT, (ep,)) == {ep: 320}, message="the join replay")
         assert value(metrics.kv_replays, "join", "ok") >= 1 and value(metrics.kv_batches, ep, "replay") >= 1
     finally:
         task.cancel()
@@ -199,10 +199,11 @@ async def test_vanished_and_removed_engines_lose_their_credit() -> None:
             r.caches[ep].insert(PROMPT)
         await r.converged(PROMPT)
         await r.pubs[a].stop()  # the engine dies: its publisher's connection goes
-        await until(lambda: r.source.lookup(PROMPT, r.endpoints) == {b: 320}, what="vanished engine dropped")
+        await wait_until_async(lambda: r.source.lookup(PROMPT, r.endpoints) == {b: 320},
+                               message="the vanished engine's credit dropped")
         assert value(r.metrics.kv_resets, "vanished") >= 1 and a not in r.feeds.covered(r.endpoints)
         r.endpoints = (a,)  # b leaves the fleet
-        await until(lambda: b not in r.feeds.feeds, what="feed removed")
+        await wait_until_async(lambda: b not in r.feeds.feeds, message="the departed engine's feed removed")
         assert r.index.blocks(b) == 0 and value(r.metrics.kv_resets, "removed") == 1
 
 
@@ -221,7 +222,7 @@ async def test_simulated_engines_publish_and_every_holder_is_credited(hash_forma
         task = asyncio.create_task(feeds.run())
         source = KvEventsPrefixSource(index, feeds)
         try:
-            await until(lambda: feeds.covered(endpoints) == set(endpoints), what="connected")
+            await wait_until_async(lambda: feeds.covered(endpoints) == set(endpoints), message="feeds connected")
             tok = SimTokenizer("sim/assets/tiny-model")
             prompt = "the shared system prompt of a hot conversation " * 40
             async with aiohttp.ClientSession() as session:
@@ -232,12 +233,14 @@ async def test_simulated_engines_publish_and_every_holder_is_credited(hash_forma
             ids = tok.tokenizer.encode(prompt).ids
             full = len(ids) // BS * BS
             a, b, c = endpoints
-            await until(lambda: source.lookup(ids, endpoints) == {a: full, b: full}, what="both holders")
+            await wait_until_async(lambda: source.lookup(ids, endpoints) == {a: full, b: full},
+                                   message="both holders credited")
             # a cache reset on the engine is an AllBlocksCleared event
             async with aiohttp.ClientSession() as session:
                 async with session.post(fleet.engines[0].url + "/sim/reset_cache") as resp:
                     assert resp.status == 200
-            await until(lambda: source.lookup(ids, endpoints) == {b: full}, what="reset seen")
+            await wait_until_async(lambda: source.lookup(ids, endpoints) == {b: full},
+                                   message="the cache reset seen")
             assert value(metrics.kv_events, "all_blocks_cleared") == 1
             assert block_keys(ids, BS)  # the prompt is long enough to have blocks at all
         finally:

@@ -8,15 +8,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 from sim.fleet import DEFAULT_TOKENIZER, Fleet, start_fleet
-from sim.service_model import ServiceModel
+from sim.service_model import PrefillLane, ServiceModel
 from sim.tokenization import SimTokenizer
+from tests.conftest import wait_until_async
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = " ".join(["the cache engine token model prefix router load"] * 200)  # ~1,600 tokens
@@ -54,13 +56,49 @@ async def state(http: aiohttp.ClientSession, url: str) -> dict:
         return await r.json()
 
 
-async def wait_idle(http: aiohttp.ClientSession, url: str, timeout: float = 2.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
+async def wait_state(http: aiohttp.ClientSession, url: str, condition: Callable[[dict], bool], what: str) -> dict:
+    """The engine's /sim/state once `condition` holds on it (slots change asynchronously to the client)."""
+    async def matching_state() -> dict | None:
         st = await state(http, url)
-        if (st["running"], st["waiting"]) == (0, 0) or time.monotonic() > deadline:
-            return st
-        await asyncio.sleep(0.02)
+        return st if condition(st) else None
+
+    return await wait_until_async(matching_state, message=f"{url}: {what}")
+
+
+async def wait_idle(http: aiohttp.ClientSession, url: str) -> dict:
+    return await wait_state(http, url, lambda st: (st["running"], st["waiting"]) == (0, 0),
+                            "nothing running or waiting")
+
+
+@dataclass(frozen=True)
+class Booking:
+    start: float
+    end: float
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+class RecordingPrefillLane(PrefillLane):
+    """The engine's prefill lane, remembering every prefill it booked: the engine's own schedule, which
+    tests can assert exactly, unlike wall-clock durations on a machine shared with other processes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bookings: list[Booking] = []
+
+    def reserve(self, now: float, duration: float) -> float:
+        start = max(now, self.free_at)
+        end = super().reserve(now, duration)
+        self.bookings.append(Booking(start, end))
+        return end
+
+
+def record_prefills(fleet: Fleet, engine: int = 0) -> RecordingPrefillLane:
+    lane = RecordingPrefillLane()
+    fleet.engines[engine].core._prefill_lane = lane  # the lane is internal: swapped in before any request
+    return lane
 
 
 def sse_events(raw: bytes) -> list[str]:
@@ -145,16 +183,17 @@ async def test_abort_after_drops_connection_and_frees_slot(fleet: Fleet, http: a
 async def test_client_disconnect_frees_running_and_waiting_slots(fleet: Fleet, http: aiohttp.ClientSession) -> None:
     url = fleet.engines[1].url  # max_num_seqs=2: 2 run, 1 waits
 
+    # 5,000 tokens of >= 5 ms each: no request can finish on its own while the test looks, however slow
+    # the machine; they end only when the test hangs up.
     async def stream_one_then_hang_up() -> None:
-        async with http.post(url + "/v1/completions", json={"prompt": "the cache", "max_tokens": 1000,
+        async with http.post(url + "/v1/completions", json={"prompt": "the cache", "max_tokens": 5000,
                                                             "stream": True}) as r:
             await r.content.readline()
-            await asyncio.sleep(10)
+            await asyncio.Event().wait()  # keep the connection open until cancelled
 
     tasks = [asyncio.create_task(stream_one_then_hang_up()) for _ in range(2)]
-    waiter = asyncio.create_task(http.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 1000}))
-    await asyncio.sleep(0.2)
-    st = await state(http, url)
+    waiter = asyncio.create_task(http.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 5000}))
+    st = await wait_state(http, url, lambda st: st["running"] + st["waiting"] == 3, "all three requests in")
     assert (st["running"], st["waiting"]) == (2, 1)
     for t in (*tasks, waiter):
         t.cancel()
@@ -164,12 +203,25 @@ async def test_client_disconnect_frees_running_and_waiting_slots(fleet: Fleet, h
 
 
 async def test_queueing_shows_in_metrics(fleet: Fleet, http: aiohttp.ClientSession) -> None:
-    url = fleet.engines[0].url
+    engine = fleet.engines[0]
+    url = engine.url
+    scheduler = engine.core.scheduler  # the engine runs in this process and event loop
+    # The test holds both slots (max_num_seqs=2) so that all five requests are queued when it looks, however
+    # slowly they arrive; handing the slots over then admits the first two exactly as finishing requests do.
+    for _ in range(scheduler.max_num_seqs):
+        await scheduler.acquire()
     reqs = [asyncio.create_task(http.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 20}))
             for _ in range(5)]
-    await asyncio.sleep(0.05)
+    await wait_until_async(lambda: scheduler.waiting == 5, message="five requests queued behind the held slots")
     async with http.get(url + "/metrics") as r:
         text = await r.text()
+    assert 'vllm:num_requests_running{engine="0",model_name="tiny-model"} 2.0' in text
+    assert 'vllm:num_requests_waiting{engine="0",model_name="tiny-model"} 5.0' in text
+    for _ in range(scheduler.max_num_seqs):
+        scheduler.release()
+    # Read in the same tick as the hand-over (no await in between), so no request has finished yet: the
+    # text the /metrics handler renders.
+    text = engine.core.metrics.render()
     assert 'vllm:num_requests_running{engine="0",model_name="tiny-model"} 2.0' in text
     assert 'vllm:num_requests_waiting{engine="0",model_name="tiny-model"} 3.0' in text
     for resp in await asyncio.gather(*reqs):
@@ -184,20 +236,28 @@ async def test_queueing_shows_in_metrics(fleet: Fleet, http: aiohttp.ClientSessi
 
 async def test_prefix_cache_hit_is_faster_and_counted(tok: SimTokenizer, http: aiohttp.ClientSession) -> None:
     # A slow prefill makes the hit obvious: 1,600 cold tokens = 160 ms, a hit recomputes ~1 block.
-    f = await start_fleet(1, base_ip="127.0.0.36", port=0, tokenizer=tok,
-                          service=ServiceModel(prefill_tokens_per_s=10_000, prefill_overhead_ms=1))
+    service = ServiceModel(prefill_tokens_per_s=10_000, prefill_overhead_ms=1)
+    f = await start_fleet(1, base_ip="127.0.0.36", port=0, tokenizer=tok, service=service)
     try:
         url = f.engines[0].url
+        lane = record_prefills(f)
         n = len(tok.encode_prompt(PROMPT))
+        reused = min((n // 16) * 16, n - 1)  # every full block, but the last token is always recomputed
         times = []
         for _ in range(2):
             t0 = time.monotonic()
             async with http.post(url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 1}) as r:
                 assert r.status == 200
             times.append(time.monotonic() - t0)
-        assert times[0] > 0.15 and times[1] < 0.08, times
+        # The engine's own schedule, exact whatever the machine's load: the hit computes only the uncached
+        # tail, and the cold request's wall time includes its whole prefill (a lower bound always holds).
+        cold, hit = lane.bookings
+        assert cold.seconds == pytest.approx(service.prefill_seconds(n))
+        assert hit.seconds == pytest.approx(service.prefill_seconds(n - reused))
+        assert hit.seconds < cold.seconds / 10
+        assert times[0] >= cold.seconds, times
         st = await state(http, url)
-        assert st["prefix_cache_hits_total"] == min((n // 16) * 16, n - 1)
+        assert st["prefix_cache_hits_total"] == reused
         assert st["cached_blocks"] == n // 16
         async with http.get(url + "/metrics") as r:
             text = await r.text()
@@ -266,18 +326,26 @@ def test_cli_prints_ready_and_exits_cleanly_on_sigterm() -> None:
 
 
 async def test_concurrent_cold_prefills_share_the_engine(tok: SimTokenizer, http: aiohttp.ClientSession) -> None:
-    f = await start_fleet(1, base_ip="127.0.0.37", port=0, tokenizer=tok,
-                          service=ServiceModel(prefill_tokens_per_s=20_000, prefill_overhead_ms=0))
+    service = ServiceModel(prefill_tokens_per_s=20_000, prefill_overhead_ms=0)
+    f = await start_fleet(1, base_ip="127.0.0.37", port=0, tokenizer=tok, service=service)
     try:
         url = f.engines[0].url
+        lane = record_prefills(f)
+        started = time.monotonic()
 
         async def ttft(i: int) -> float:
-            t0 = time.monotonic()
             async with http.post(url + "/v1/completions", json={"prompt": f"{i} " + PROMPT, "max_tokens": 1}) as r:
                 assert r.status == 200
-            return time.monotonic() - t0
+            return time.monotonic() - started
 
         times = sorted(await asyncio.gather(ttft(1), ttft(2)))  # ~80 ms of prefill each
-        assert times[0] < 0.13 and times[1] > 0.15, times
+        # Orderings that hold whatever the scheduling: the second prefill starts only when the first has
+        # ended (one GPU, FIFO), each takes its own full prefill time (not stretched by sharing), and so the
+        # later request waited for both prefills.
+        first, second = lane.bookings
+        assert second.start >= first.end, lane.bookings
+        cold = [service.prefill_seconds(len(tok.encode_prompt(f"{i} " + PROMPT))) for i in (1, 2)]
+        assert sorted([first.seconds, second.seconds]) == pytest.approx(sorted(cold))
+        assert times[0] >= min(cold) and times[1] >= sum(cold), times
     finally:
         await f.stop()

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TypeVar
 
 import aiohttp
 import pytest
@@ -18,9 +19,12 @@ from testkit.lmcache import start_controller
 from sim.service_model import ServiceModel
 from sim.tokenization import SimTokenizer
 from sim.fleet import DEFAULT_TOKENIZER
+from tests.conftest import wait_until, wait_until_async
 
 pytestmark = pytest.mark.skipif(not DEFAULT_BINARY.exists(),
                                 reason=f"real LMCache controller not installed at {DEFAULT_BINARY} (make lmcache)")
+
+T = TypeVar("T")
 
 WORDS = "the cache engine token model prefix router load balance query answer document context".split()
 
@@ -42,14 +46,10 @@ def tok() -> SimTokenizer:
     return SimTokenizer(DEFAULT_TOKENIZER)
 
 
-async def eventually(check, timeout: float = 3.0):  # type: ignore[no-untyped-def]
-    """Admits travel over PUSH/PULL asynchronously: poll until the controller agrees."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        result = await asyncio.to_thread(check)
-        if result is not None or asyncio.get_running_loop().time() > deadline:
-            return result
-        await asyncio.sleep(0.05)
+async def eventually(check: Callable[[], T], what: str) -> T:
+    """Admits, evictions and deregistrations travel over PUSH/PULL asynchronously: poll until the controller
+    agrees (its client is blocking, so each check runs off the event loop)."""
+    return await wait_until_async(lambda: asyncio.to_thread(check), message=what)
 
 
 @pytest.fixture
@@ -78,7 +78,7 @@ async def test_lookup_credits_the_engine_that_served_the_prompt(controller: Cont
         layout = controller.lookup(tokens)
         return layout if layout.get(a.name) == ["LocalCPUBackend", expected] else None
 
-    layout = await eventually(credited)
+    layout = await eventually(credited, f"the controller to credit {a.name} with {expected} tokens")
     assert layout == {a.name: ["LocalCPUBackend", expected]}, controller.lookup(tokens)
     # Our key computation is the controller's: every chunk key we admitted is what it hashed.
     assert len(chunk_keys(tokens)) == n // 256 == len(a.core.lmcache)
@@ -93,7 +93,7 @@ async def test_lookup_credits_the_engine_that_served_the_prompt(controller: Cont
     async with aiohttp.ClientSession() as s:
         async with s.post(a.url + "/sim/reset_cache") as r:
             assert (await r.json())["evicted_chunks"] == n // 256
-    assert await eventually(lambda: {} if controller.lookup(tokens) == {} else None) == {}
+    await eventually(lambda: controller.lookup(tokens) == {}, "the reset's evictions to reach the controller")
 
 
 async def test_chat_prompt_is_keyed_on_its_template_tokens(controller: ControllerProcess, fleet: Fleet,
@@ -106,7 +106,7 @@ async def test_chat_prompt_is_keyed_on_its_template_tokens(controller: Controlle
     tokens = tok.encode_chat(messages)
     expected = (len(tokens) // 256) * 256
     assert expected >= 512
-    layout = await eventually(lambda: (lambda l: l or None)(controller.lookup(tokens)))
+    layout = await eventually(lambda: controller.lookup(tokens), "the controller to credit the chat prompt")
     assert layout == {b.name: ["LocalCPUBackend", expected]}
 
 
@@ -121,15 +121,12 @@ async def test_stop_deregisters_and_forgets_chunks(controller: ControllerProcess
         async with s.post(e.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 1}) as r:
             assert r.status == 200
     tokens = tok.encode_prompt(prompt)
-    assert await eventually(lambda: controller.lookup(tokens) or None) is not None
+    await eventually(lambda: controller.lookup(tokens), "the controller to credit the prompt")
     await f.stop()
 
-    def gone() -> bool | None:
-        return True if controller.lookup(tokens) == {} else None
-
-    assert await eventually(gone)
-    info = await asyncio.to_thread(controller.post, "/query_worker_info", {"instance_id": "dereg-engine"})
-    assert info["worker_infos"] == []
+    await eventually(lambda: controller.lookup(tokens) == {}, "the stopped engine's chunks forgotten")
+    await eventually(lambda: not controller.post("/query_worker_info", {"instance_id": "dereg-engine"})["worker_infos"],
+                     "the stopped engine deregistered")
 
 
 async def test_engine_serves_without_a_controller(tok: SimTokenizer) -> None:
@@ -173,8 +170,10 @@ def test_cli_fleet_registers_and_deregisters(controller: ControllerProcess) -> N
             assert [(w["ip"], w["port"]) for w in info["worker_infos"]] == [(e["ip"], e["lmcache_worker_port"])]  # type: ignore[index]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
+        # the DeRegisterMsg is a PUSH: the controller handles it after the process is gone
         for name in names:
-            assert controller.post("/query_worker_info", {"instance_id": name})["worker_infos"] == []
+            wait_until(lambda name=name: not controller.post("/query_worker_info", {"instance_id": name})["worker_infos"],
+                       message=f"{name} deregistered")
     finally:
         if proc.poll() is None:
             proc.kill()

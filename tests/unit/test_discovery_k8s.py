@@ -19,6 +19,7 @@ from loadaware.fleet.discovery.kubernetes import KubernetesDiscovery, SliceSet, 
 from loadaware.fleet.discovery.metrics import DiscoveryMetrics
 from loadaware.fleet.registry import EndpointRegistry
 from testkit.k8s_apiserver import PodEndpoint, StandInApiServer, make_slice, recorded_events, recorded_list
+from tests.conftest import wait_until_async
 
 
 # ---- recorded shapes ----------------------------------------------------------------------------------
@@ -102,17 +103,20 @@ class Harness:
         self.task.cancel()
         await asyncio.gather(self.task, return_exceptions=True)
 
-    async def until(self, cond: Callable[[], bool], timeout: float = 5.0) -> None:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while not cond():
-            assert asyncio.get_running_loop().time() < deadline, "condition not reached"
-            await asyncio.sleep(0.01)
+    async def until(self, cond: Callable[[], bool], what: str) -> None:
+        await wait_until_async(cond, message=what, interval=0.01)
 
     def watches(self) -> list[dict[str, str]]:
         return [r.params for r in self.server.requests if r.watch]
 
     def lists(self) -> int:
         return sum(not r.watch for r in self.server.requests)
+
+
+def discovery_errors(metrics: DiscoveryMetrics) -> float:
+    """Every failure the Kubernetes source counted, whatever its reason label."""
+    return sum(sample.value for family in metrics.errors.collect() for sample in family.samples
+               if sample.name.endswith("_total") and sample.labels["source"] == "kubernetes")
 
 
 def slice_of(*pods: tuple[str, str], name: str = "vllm-aaaaa", ready: bool = True) -> dict[str, Any]:
@@ -136,24 +140,24 @@ async def test_list_then_watch_follows_changes_and_maps_pod_names(harness: Harne
     await harness.server.upsert(other)
     assert not harness.registry.ready
     harness.start()
-    await harness.until(lambda: harness.registry.ready)
+    await harness.until(lambda: harness.registry.ready, "the first list applied")
     assert harness.registry.snapshot() == ("10.1.0.1:8000", "10.1.0.2:8000")
     assert harness.ids == {"vllm-0": "10.1.0.1:8000", "vllm-1": "10.1.0.2:8000"}
     assert "labelSelector" in harness.server.requests[0].params
     assert harness.server.requests[0].params["labelSelector"] == "kubernetes.io/service-name=vllm"
-    await harness.until(lambda: len(harness.watches()) == 1)
+    await harness.until(lambda: len(harness.watches()) == 1, "the first watch")
     # scale up in a second slice
     await harness.server.upsert(slice_of(("10.1.0.3", "vllm-2"), name="vllm-bbbbb"))
-    await harness.until(lambda: len(harness.registry.snapshot()) == 3)
+    await harness.until(lambda: len(harness.registry.snapshot()) == 3, "the second slice's pod added")
     assert harness.ids["vllm-2"] == "10.1.0.3:8000"
     # a pod goes not-ready: out of the fleet at once, its counts released, its credit gone
     await harness.server.upsert(slice_of(("10.1.0.3", "vllm-2"), name="vllm-bbbbb", ready=False))
-    await harness.until(lambda: "10.1.0.3:8000" in harness.removed)
+    await harness.until(lambda: "10.1.0.3:8000" in harness.removed, "the not-ready pod removed")
     assert "vllm-2" not in harness.ids
     assert harness.catalog.entry("10.1.0.3:8000").health == "UNHEALTHY"
     # the slice is deleted
     await harness.server.delete("vllm-aaaaa")
-    await harness.until(lambda: harness.registry.snapshot() == ())
+    await harness.until(lambda: harness.registry.snapshot() == (), "the deleted slice's pods removed")
     assert set(harness.removed) == {"10.1.0.1:8000", "10.1.0.2:8000", "10.1.0.3:8000"}
     assert harness.lists() == 1 and len(harness.watches()) == 1  # all of it on one watch
 
@@ -161,15 +165,16 @@ async def test_list_then_watch_follows_changes_and_maps_pod_names(harness: Harne
 async def test_dropped_watch_resumes_from_the_last_resource_version(harness: Harness) -> None:
     await harness.server.upsert(slice_of(("10.1.0.1", "vllm-0")))
     harness.start()
-    await harness.until(lambda: len(harness.watches()) == 1)
+    await harness.until(lambda: len(harness.watches()) == 1, "the first watch")
     await harness.server.upsert(slice_of(("10.1.0.1", "vllm-0"), ("10.1.0.2", "vllm-1")))
-    await harness.until(lambda: len(harness.registry.snapshot()) == 2)
+    await harness.until(lambda: len(harness.registry.snapshot()) == 2, "the added pod seen")
     seen_rv = harness.source.resource_version
     assert seen_rv is not None
     await harness.server.drop_watches()
     # a change while nobody watches is delivered by the resumed watch, with no new list
     await harness.server.upsert(slice_of(("10.1.0.2", "vllm-1")))
-    await harness.until(lambda: harness.registry.snapshot() == ("10.1.0.2:8000",))
+    await harness.until(lambda: harness.registry.snapshot() == ("10.1.0.2:8000",),
+                        "the change made while nobody watched")
     watches = harness.watches()
     assert len(watches) == 2
     assert watches[1]["resourceVersion"] == seen_rv
@@ -181,13 +186,13 @@ async def test_dropped_watch_resumes_from_the_last_resource_version(harness: Har
 async def test_expired_resource_version_relists(harness: Harness) -> None:
     await harness.server.upsert(slice_of(("10.1.0.1", "vllm-0")))
     harness.start()
-    await harness.until(lambda: len(harness.watches()) == 1)
+    await harness.until(lambda: len(harness.watches()) == 1, "the first watch")
     # In one loop turn (the client cannot reconnect in between): the watch drops, the slice changes and
     # history is compacted past the resourceVersion the client holds.
     await harness.server.drop_watches()
     await harness.server.upsert(slice_of(("10.1.0.5", "vllm-5")))
     harness.server.compact()
-    await harness.until(lambda: harness.registry.snapshot() == ("10.1.0.5:8000",))
+    await harness.until(lambda: harness.registry.snapshot() == ("10.1.0.5:8000",), "the re-list after 410")
     assert harness.lists() == 2  # 410 Expired -> a fresh list
     assert harness.ids == {"vllm-5": "10.1.0.5:8000"}
 
@@ -195,12 +200,12 @@ async def test_expired_resource_version_relists(harness: Harness) -> None:
 async def test_bookmarks_advance_the_resource_version(harness: Harness) -> None:
     await harness.server.upsert(slice_of(("10.1.0.1", "vllm-0")))
     harness.start()
-    await harness.until(lambda: len(harness.watches()) == 1)
+    await harness.until(lambda: len(harness.watches()) == 1, "the first watch")
     before = harness.source.resource_version
     await harness.server.bookmark()
-    await harness.until(lambda: harness.source.resource_version != before)
+    await harness.until(lambda: harness.source.resource_version != before, "the bookmark's resourceVersion")
     await harness.server.drop_watches()
-    await harness.until(lambda: len(harness.watches()) == 2)
+    await harness.until(lambda: len(harness.watches()) == 2, "the resumed watch")
     assert int(harness.watches()[1]["resourceVersion"]) > int(before or 0)
 
 
@@ -208,10 +213,12 @@ async def test_api_server_errors_keep_the_last_set_and_retry(harness: Harness) -
     harness.server.list_failures = 2
     await harness.server.upsert(slice_of(("10.1.0.1", "vllm-0")))
     harness.start()
-    await harness.until(lambda: harness.registry.snapshot() == ("10.1.0.1:8000",))
+    await harness.until(lambda: harness.registry.snapshot() == ("10.1.0.1:8000",), "the list after two failures")
     assert harness.lists() == 3
     assert harness.metrics.errors.labels("kubernetes", "RuntimeError")._value.get() == 2
-    # the API server goes away entirely: the fleet stays as it was
+    # the API server goes away entirely: once the source has failed to reach it, the fleet is as it was
+    failures_before = discovery_errors(harness.metrics)
     await harness.server.stop()
-    await asyncio.sleep(0.3)
+    await harness.until(lambda: discovery_errors(harness.metrics) > failures_before,
+                        "a failed attempt to reach the stopped API server")
     assert harness.registry.snapshot() == ("10.1.0.1:8000",)

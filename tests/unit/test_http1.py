@@ -9,6 +9,7 @@ import pytest
 from aiohttp import web
 
 from loadaware.prefix.lmcache.http1 import KeepAliveClient
+from tests.conftest import wait_until_async
 
 
 @pytest.fixture
@@ -50,6 +51,13 @@ async def server() -> AsyncIterator[tuple[str, int, dict[str, int]]]:
     await runner.cleanup()
 
 
+async def wait_idle_connections_dropped(client: KeepAliveClient, count: int) -> None:
+    """Until the server (keepalive_timeout=0.3 s) has closed every pooled connection: a fixed sleep would
+    race the server's timer on a busy machine."""
+    await wait_until_async(lambda: len(client._idle) == count and all(c.closed for c in client._idle),
+                           message=f"the server to close the {count} idle keep-alive connection(s)")
+
+
 async def test_keep_alive_reuse_and_bodies(server: tuple[str, int, dict[str, int]]) -> None:
     host, port, seen = server
     client = KeepAliveClient(host, port)
@@ -68,7 +76,7 @@ async def test_connection_close_and_server_side_idle_close(server: tuple[str, in
     assert await client.post("/close", b"") == (200, b"bye")
     assert client._idle == []
     assert await client.post("/echo", b"abc") == (200, b"len=3")
-    await asyncio.sleep(0.8)  # the server drops the idle keep-alive connection
+    await wait_idle_connections_dropped(client, 1)
     assert await client.post("/echo", b"abcd") == (200, b"len=4")  # retried on a fresh connection
     client.close()
 
@@ -78,7 +86,7 @@ async def test_many_stale_idle_connections_after_a_lull(server: tuple[str, int, 
     client = KeepAliveClient(host, port)
     await asyncio.gather(*(client.post("/echo", b"x") for _ in range(4)))  # concurrency pools 4 connections
     assert len(client._idle) == 4
-    await asyncio.sleep(0.8)  # the server closes every idle one
+    await wait_idle_connections_dropped(client, 4)  # the server closes every idle one
     assert await client.post("/echo", b"abcde") == (200, b"len=5")  # not "no usable connection"
     client.close()
 

@@ -4,20 +4,23 @@ import asyncio
 
 from sim.metrics import EngineMetrics
 from sim.scheduler import Scheduler
+from tests.conftest import wait_until_async
 
 
 async def test_scheduler_queues_beyond_max_and_hands_slots_over_fifo() -> None:
     s = Scheduler(max_num_seqs=1)
     order: list[int] = []
+    finish = asyncio.Event()  # each job holds its slot until the test lets them all finish
 
     async def job(i: int) -> None:
         async with s.slot():
             order.append(i)
-            await asyncio.sleep(0.01)
+            await finish.wait()
 
     tasks = [asyncio.create_task(job(i)) for i in range(3)]
-    await asyncio.sleep(0.001)
+    await wait_until_async(lambda: s.running + s.waiting == 3, message="all three jobs at the scheduler")
     assert (s.running, s.waiting) == (1, 2)
+    finish.set()
     await asyncio.gather(*tasks)
     assert order == [0, 1, 2] and (s.running, s.waiting) == (0, 0)
 
@@ -32,7 +35,7 @@ async def test_cancelled_waiter_and_cancelled_runner_leak_nothing() -> None:
 
     runner = asyncio.create_task(job())
     waiter = asyncio.create_task(job())
-    await asyncio.sleep(0.001)
+    await wait_until_async(lambda: (s.running, s.waiting) == (1, 1), message="one job running, one waiting")
     waiter.cancel()
     runner.cancel()
     await asyncio.gather(runner, waiter, return_exceptions=True)
@@ -74,10 +77,13 @@ async def test_waiter_cancelled_in_the_same_tick_as_a_release() -> None:
         async with s.slot():
             await hold.wait()
 
+    # One loop turn each (not a wait for time): the runner takes the slot, then the waiter queues.
     runner = asyncio.create_task(job())
     await asyncio.sleep(0)
+    assert (s.running, s.waiting) == (1, 0)
     waiter = asyncio.create_task(job())
     await asyncio.sleep(0)
+    assert (s.running, s.waiting) == (1, 1)
     # The runner wakes first and its release() pops the waiter's already-cancelled future.
     runner.cancel()
     waiter.cancel()
