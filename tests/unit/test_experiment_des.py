@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -10,6 +11,9 @@ from experiment.calibration import CALIBRATED, fleet_flags
 from experiment.des import SIDECAR_ARMS, FleetConfig, Simulation, arm_by_name, prepare, simulate
 from experiment.metrics import seed_metrics
 from experiment.workload import WorkloadSpec, build
+from loadaware.load.tracker import EngineStats, LoadTracker
+from loadaware.policies import Policy
+from loadaware.policies.base import Candidate, Choice
 from sim.service_model import ServiceModel
 
 TINY = WorkloadSpec(n_prefixes=8, n_requests=40, rate=8.0, max_tokens=8)
@@ -75,10 +79,62 @@ def test_every_sidecar_arm_runs_deterministically_and_yields_sane_metrics(tiny) 
     assert a == b
 
 
+@dataclass(frozen=True)
+class SeenDecision:
+    loads: tuple[float, ...]  # what the policy saw per candidate: own counts refined by the scrapes
+    own_counts: tuple[int, ...]  # the router's own in-flight counts at that moment
+    chosen: int
+
+
+class RecordingPolicy:
+    """Passes every decision to the arm's policy and remembers what it was shown and what it chose."""
+
+    def __init__(self, policy: Policy, loads: LoadTracker) -> None:
+        self.policy = policy
+        self.loads = loads
+        self.uses_prefix = policy.uses_prefix
+        self.seen: list[SeenDecision] = []
+
+    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:
+        choice = self.policy.choose(prompt_tokens, candidates)
+        assert choice is not None
+        self.seen.append(SeenDecision(tuple(c.load for c in candidates),
+                                      tuple(self.loads.count(c.endpoint) for c in candidates), choice.index))
+        return choice
+
+
 def test_router_scrapes_feed_the_sidecars_load_view(tiny) -> None:  # type: ignore[no-untyped-def]
-    fleet = FleetConfig(engines=3, service=CALIBRATED, router_scrape_interval_s=0.5, router_scrape_lag_s=0.2)
-    m = seed_metrics(simulate(tiny, arm_by_name("leastload"), fleet))
+    lag_s = 0.2
+    fleet = FleetConfig(engines=3, service=CALIBRATED, router_scrape_interval_s=0.5, router_scrape_lag_s=lag_s)
+    sim = Simulation(tiny, arm_by_name("leastload"), fleet)
+    applied: list[tuple[float, str, EngineStats]] = []  # (when applied, engine, the scrape)
+    record = sim.loads.record
+
+    def recording_record(endpoint: str, stats: EngineStats) -> None:
+        applied.append((sim.now, endpoint, stats))
+        record(endpoint, stats)
+
+    sim.loads.record = recording_record  # type: ignore[method-assign]
+    policy = RecordingPolicy(sim.policy, sim.loads)
+    sim.policy = policy  # type: ignore[assignment]
+    m = seed_metrics(sim.run())
     assert m.ok == 40
+    # The scrapes reached the router's load view: every engine's, each applied `lag` after it was taken,
+    # carrying the engines' real load (not zeros), and the view holds the last of them.
+    assert {endpoint for _, endpoint, _ in applied} == set(sim.endpoints)
+    assert all(now == pytest.approx(stats.at + lag_s) for now, _, stats in applied)
+    assert max(stats.running + stats.waiting for _, _, stats in applied) > 0
+    last = {endpoint: stats for _, endpoint, stats in applied}
+    assert all(sim.loads.stats(endpoint) == last[endpoint] for endpoint in sim.endpoints)
+    # ...and they moved decisions: the policy saw loads its own counts alone would not give, and least-load
+    # chose an engine whose own count was not the lowest, which only the scraped load can explain.
+    assert any(seen.loads != tuple(map(float, seen.own_counts)) for seen in policy.seen)
+    assert any(seen.own_counts[seen.chosen] > min(seen.own_counts) for seen in policy.seen)
+    # Without scrapes the same router sees exactly its own counts.
+    unscraped = Simulation(tiny, arm_by_name("leastload"), replace(fleet, router_scrape_interval_s=0.0))
+    unscraped.policy = baseline = RecordingPolicy(unscraped.policy, unscraped.loads)  # type: ignore[assignment]
+    unscraped.run()
+    assert all(seen.loads == tuple(map(float, seen.own_counts)) for seen in baseline.seen)
 
 
 def test_arm_names_and_fleet_flags() -> None:
