@@ -50,7 +50,8 @@ def test_with_ties_and_zeros_matches_the_exact_permutation_distribution() -> Non
 
 
 def test_reference_paired_p_values_reproduce() -> None:
-    """DESIGN.md section 6: SLO misses beta=0.5 vs kvaware p = 0.0021; TTFT p95 beta=1.0 p = 0.0053;
+    """The reference experiment's published paired tests (20 seeds, its per-seed data in
+    experiment/reference.py): SLO misses beta=0.5 vs kvaware p = 0.0021; TTFT p95 beta=1.0 p = 0.0053;
     imbalance beta=0.5 p < 0.0001; TTFT p95 beta=0.5 not significant."""
     if not reference.available():
         pytest.skip("reference data not present")

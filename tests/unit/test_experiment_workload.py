@@ -68,7 +68,8 @@ def test_warmup_is_two_full_passes_over_every_prefix() -> None:
 def test_zipf_rank1_probability_and_empirical_distribution() -> None:
     spec = WorkloadSpec()
     p = zipf_probabilities(128, 0.9)
-    assert p[0] == pytest.approx(0.147, abs=0.0005)  # DESIGN.md: rank-1 probability 0.147
+    # the reference workload's published rank-1 probability: 1 / sum(k^-0.9 for k in 1..128) = 0.147
+    assert p[0] == pytest.approx(0.147, abs=0.0005)
     ranks = prefix_sequence(spec, 1, n=40_000)
     counts = np.bincount(ranks, minlength=128)
     assert counts[0] / 40_000 == pytest.approx(p[0], abs=0.006)

@@ -1,4 +1,6 @@
-"""LMCache instance id -> endpoint: only live ids are credited (DESIGN.md §8 rule 4)."""
+"""LMCache instance id -> endpoint: only live ids are credited. The controller may still list an instance
+whose engine has gone, or one we cannot place, and crediting it would send traffic after a cache that is not
+there: prefix credit may under-credit, never over-credit (docs/architecture.md, "Invariants")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The scoring arithmetic, exhaustively (DESIGN.md §8 rule 1)."""
+"""The scoring arithmetic, exhaustively. Policies are pure functions of the prompt length and the candidates
+(no I/O, no clocks: docs/architecture.md, "The request's path"), so every rule is checked here on plain values."""
 
 from __future__ import annotations
 
