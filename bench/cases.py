@@ -159,17 +159,17 @@ def run_decision(cfg: BenchConfig, results: CaseResults) -> None:
             procs = _procs(stack, alone, True)
             for rate in cfg.step_rates:
                 spec = _spec(cfg, url, rate, cfg.step_duration, bodies_file=bodies_file, seed=int(rate))
-                arm = measure("steps", f"{rate:g}/s", spec, procs, cfg.work_dir, sidecar=sidecar,
-                              warmup_s=min(1.0, cfg.warmup))
+                step = measure("steps", f"{rate:g}/s", spec, procs, cfg.work_dir, sidecar=sidecar,
+                               warmup_s=min(1.0, cfg.warmup))
                 reasons = []
-                if arm.errors:
-                    reasons.append(f"{arm.errors} errors")
-                if arm.achieved_rate < cfg.step_min_achieved * rate:
-                    reasons.append(f"achieved {arm.achieved_rate:.0f}/s < {cfg.step_min_achieved:.0%}")
-                if not arm.latency["p99_ms"] <= cfg.step_p99_limit_ms:
-                    reasons.append(f"p99 {arm.latency['p99_ms']:.1f} ms > {cfg.step_p99_limit_ms:g} ms")
-                results.steps.append(StepResult(rate, not reasons, arm, "; ".join(reasons)))
-                _log_arm(arm, "; ".join(reasons) or "sustained")
+                if step.errors:
+                    reasons.append(f"{step.errors} errors")
+                if step.achieved_rate < cfg.step_min_achieved * rate:
+                    reasons.append(f"achieved {step.achieved_rate:.0f}/s < {cfg.step_min_achieved:.0%}")
+                if not step.latency["p99_ms"] <= cfg.step_p99_limit_ms:
+                    reasons.append(f"p99 {step.latency['p99_ms']:.1f} ms > {cfg.step_p99_limit_ms:g} ms")
+                results.steps.append(StepResult(rate, not reasons, step, "; ".join(reasons)))
+                _log_arm(step, "; ".join(reasons) or "sustained")
                 failed = sum(1 for st in results.steps if not st.ok)
                 # One more step after a latency-only failure shows where throughput itself gives out.
                 if failed >= cfg.step_max_failures or any(not r.startswith("p99") for r in reasons):

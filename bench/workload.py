@@ -16,7 +16,7 @@ MODEL = "tiny-model"
 PROMPT_TOKENS = 1578
 PREFIX_TOKENS = 1544
 
-_WORDS = (
+_WORDS = (  # noqa: SIM905 - a word list reads best as running text
     "the of and to in is was for on that with as by at from this be are or an it not have which but all "
     "were they their one been has more when will would there who can time about if so out up into some "
     "other could than then its only first new two these may any after most also made over such where "

@@ -85,7 +85,7 @@ class DemoSession:
             try:
                 if await probe():
                     return True
-            except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, ValueError):
+            except (TimeoutError, aiohttp.ClientError, KeyError, ValueError):
                 pass
             if time.monotonic() >= deadline:
                 return self.check(False, f"{what} within {timeout:.0f}s")

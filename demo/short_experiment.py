@@ -16,9 +16,10 @@ def run_short_experiment(out: Path, point_name: str) -> str:
     point = demo_point(point_name)
     wl = point.workload
     print(f"\n== Experiment (short, {point.name} point): seeds {DEMO_SEEDS}, arms {DEMO_ARMS}", flush=True)
-    print(f"   {point.engines} engines, {wl.rate:g} req/s, ~{wl.prefix_tokens + wl.suffix_tokens:,}-token prompts over "
-          f"{wl.n_prefixes} Zipf({wl.zipf_s:g}) prefixes, {wl.warmup_passes} warm-up pass(es), {wl.n_requests} "
-          "measured requests per seed (`make experiment` runs 500 x 20 seeds, every arm and both peer routers)", flush=True)
+    print(f"   {point.engines} engines, {wl.rate:g} req/s, ~{wl.prefix_tokens + wl.suffix_tokens:,}-token prompts "
+          f"over {wl.n_prefixes} Zipf({wl.zipf_s:g}) prefixes, {wl.warmup_passes} warm-up pass(es), "
+          f"{wl.n_requests} measured requests per seed (`make experiment` runs 500 x 20 seeds, every arm and both "
+          "peer routers)", flush=True)
     table = run_demo_experiment(out, point_name)
     print("\nmedians over seeds (imbalance = busiest / idlest mean running; SLO = TTFT <= 150 ms):", flush=True)
     print(table, flush=True)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import aiohttp
 
 from demo.burst import burst
@@ -33,6 +31,6 @@ async def walk_through(stack: Stack, metrics_url: str, beta: float) -> DemoSessi
                 await burst(demo)
         except DemoFailure as e:
             demo.check(False, str(e))
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, KeyError, ValueError) as e:
+        except (TimeoutError, aiohttp.ClientError, OSError, KeyError, ValueError) as e:
             demo.check(False, f"unexpected {type(e).__name__}: {e}")
         return demo

@@ -38,9 +38,9 @@ from typing import Literal
 
 from experiment.records import EngineSample, RequestRecord, RunRecords
 from experiment.workload import Request, Workload
+from loadaware.load.tracker import EngineStats, Lease, LoadTracker
 from loadaware.policies import Policy, make_policy
 from loadaware.policies.base import Candidate
-from loadaware.load.tracker import EngineStats, Lease, LoadTracker
 from sim.lmcache_chunks import LMCACHE_CHUNK_SIZE, LMCacheStore, chunk_keys
 from sim.prefix_cache import Block, PrefixCache, block_key, iter_blocks
 from sim.service_model import ServiceModel, split_prompt
@@ -160,8 +160,8 @@ _ARRIVE, _LANE_DONE, _PREFILL_DONE, _TOKEN, _SAMPLE, _SCRAPE, _APPLY = range(7)
 
 
 class _Engine:
-    __slots__ = ("name", "index", "cache", "lmcache", "lane_free", "running", "waiting", "active",
-                 "queries", "hits", "served")
+    __slots__ = ("active", "cache", "hits", "index", "lane_free", "lmcache", "name", "queries", "running",
+                 "served", "waiting")
 
     def __init__(self, name: str, index: int, svc: ServiceModel) -> None:
         self.name = name
@@ -178,7 +178,7 @@ class _Engine:
 
 
 class _Req:
-    __slots__ = ("sim", "engine", "lease", "record", "produced", "last_t", "prefilled")
+    __slots__ = ("engine", "last_t", "lease", "prefilled", "produced", "record", "sim")
 
     def __init__(self, sim: SimRequest, record: RequestRecord | None) -> None:
         self.sim = sim

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -122,7 +123,8 @@ def parse_point(text: str, base: Point) -> Point:
         elif key == "credit":
             fleet = replace(fleet, credit=value)  # type: ignore[arg-type]
         elif key in ("rate", "burst_cv", "zipf_s", "warmup_rate"):
-            spec = replace(spec, **{key: float(value)})
+            float_field: dict[str, Any] = {key: float(value)}  # one of the float fields just listed
+            spec = replace(spec, **float_field)
         elif key in ("requests", "n_requests"):
             spec = replace(spec, n_requests=int(value))
         elif key == "arrival":
@@ -201,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              out / "ttft_cdf.png", f"TTFT CDF ({title})", slo_s)
         series = {a: rows[0].series for a, rows in ref.items()
                   if rows and rows[0].series and a in ("kvaware", "loadaware-b0.5", "loadaware-b1.0", "roundrobin")}
-        report.plot_running(series, out / "running.png", f"Running requests per engine, seed {seeds[0]}")  # type: ignore[arg-type]
+        report.plot_running(series, out / "running.png", f"Running requests per engine, seed {seeds[0]}")
         md += ["![imbalance](imbalance.png) ![TTFT CDF](ttft_cdf.png) ![running](running.png)", ""]
 
     if args.second.lower() != "none":

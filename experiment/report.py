@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -149,7 +150,7 @@ def best_beta(sweep: Mapping[float, Results], criterion: str = "ttft_p95") -> di
 
 
 # ---- plots (matplotlib, headless) ------------------------------------------------------------------------
-def _plt():  # type: ignore[no-untyped-def]
+def _plt() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")

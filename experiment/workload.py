@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from tokenizers import Tokenizer
 
 from sim.make_tokenizer import WORDS
 from sim.tokenization import SimTokenizer

@@ -11,7 +11,6 @@ running / waiting counts to the gauges; GET /sim/state; POST /sim/reset_cache.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -60,7 +59,8 @@ class Engine:
             reporter = LMCacheReporter(config.lmcache, config.name, config.ip, config.lmcache_worker_port,
                                        current_keys=lambda: self.core.lmcache.keys())
         self.reporter = reporter
-        filler = filler_texts(tokenizer.decode_one, lambda s: tokenizer.tokenizer.encode(s, add_special_tokens=False).ids)
+        filler = filler_texts(tokenizer.decode_one,
+                              lambda s: tokenizer.tokenizer.encode(s, add_special_tokens=False).ids)
         self.core = EngineCore(config.name, config.model_id, config.service, filler, reporter)
         self.port = config.port
         self._runner: web.ServerRunner | None = None

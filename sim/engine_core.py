@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sim.lmcache_chunks import LMCacheStore
@@ -93,7 +93,7 @@ class EngineCore:
         return {"cleared_blocks": blocks, "evicted_chunks": len(evicted)}
 
     # ---- one request -----------------------------------------------------------------------------------
-    async def generate(self, prompt: Sequence[int], max_tokens: int) -> AsyncIterator[str]:
+    async def generate(self, prompt: Sequence[int], max_tokens: int) -> AsyncGenerator[str, None]:
         """Yields the output text token by token with the model's timing. Closing it early frees the slot."""
         loop = asyncio.get_running_loop()
         arrival = loop.time()

@@ -61,7 +61,7 @@ class LMCacheReporter:
         self._current_keys = current_keys
         self._ctx = ctx or zmq.asyncio.Context.instance()
         # PUSH is only ever sent with NOBLOCK, so a plain socket does: no futures to check per send.
-        self._sync_ctx = zmq.Context.instance()
+        self._sync_ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._register_timeout_s = register_timeout_s
         self._retry_interval_s = retry_interval_s
         self._push: zmq.Socket[bytes] | None = None
@@ -111,7 +111,7 @@ class LMCacheReporter:
             if not isinstance(reply, dict) or reply.get("type") != "RegisterRetMsg":
                 log.warning("%s: unexpected register reply %r", self.instance_id, reply)
                 return False
-        except (asyncio.TimeoutError, zmq.ZMQError, ValueError) as e:
+        except (TimeoutError, zmq.ZMQError, ValueError) as e:
             log.warning("%s: LMCache controller registration failed: %r", self.instance_id, e)
             return False
         finally:

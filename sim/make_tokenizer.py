@@ -20,7 +20,7 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-WORDS = (
+WORDS = (  # noqa: SIM905 - a word list reads best as running text
     "the of and to in is that for it as was with be by on not he this are or his from at which but have an "
     "they you were her she there been one all we their has would when if so no will more what up out about who "
     "system user assistant request engine cache prefix token model latency load balance router gateway envoy "

@@ -52,7 +52,7 @@ class Scheduler:
                 return
         self.running -= 1
 
-    def slot(self) -> "_Slot":
+    def slot(self) -> _Slot:
         return _Slot(self)
 
 

@@ -9,8 +9,9 @@ sidecar's envoy-admin source following a real Envoy, the way it would follow Ist
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import yaml
 

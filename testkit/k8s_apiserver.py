@@ -16,9 +16,10 @@ import asyncio
 import copy
 import json
 import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from aiohttp import web
 
@@ -217,7 +218,7 @@ class StandInApiServer:
                 async with self._changed:
                     try:
                         await asyncio.wait_for(self._changed.wait(), remaining)
-                    except (TimeoutError, asyncio.TimeoutError):
+                    except TimeoutError:
                         pass
             else:
                 return resp  # dropped: the transport is already gone

@@ -30,7 +30,7 @@ def loopback_lock(timeout: float = 300.0) -> Iterator[None]:
     global _depth, _file
     with _guard:
         if _depth == 0:
-            f = open(LOOPBACK_LOCK_PATH, "a+")
+            f = open(LOOPBACK_LOCK_PATH, "a+")  # noqa: SIM115 - held open for as long as the lock is held
             deadline = time.monotonic() + timeout
             while True:
                 try:
@@ -39,7 +39,8 @@ def loopback_lock(timeout: float = 300.0) -> Iterator[None]:
                 except BlockingIOError:
                     if time.monotonic() >= deadline:
                         f.close()
-                        raise ProcError(f"{LOOPBACK_LOCK_PATH} still held after {timeout:.1f}s by another run")
+                        raise ProcError(
+                            f"{LOOPBACK_LOCK_PATH} still held after {timeout:.1f}s by another run") from None
                     time.sleep(0.1)
             _file = f
         _depth += 1

@@ -7,7 +7,8 @@ For every sidecar arm and seed of the real-time run it simulates the same worklo
 model with `experiment.des`, set up as the real stack runs: stock-LMCache arms get single-holder credit,
 KV-events arms multi-holder credit; the router refines its own in-flight counts with engine scrapes every
 second (the sidecar's default `--scrape-interval-s`); the metrics are sampled at the driver's scrape
-interval. KV-events credit is modelled from the engines' GPU prefix caches (`KvEventsCreditSimulation`). Peer arms have no twin (their code is not ours to simulate). It writes `des_twin.csv` (the same
+interval. KV-events credit is modelled from the engines' GPU prefix caches (`KvEventsCreditSimulation`).
+Peer arms have no twin (their code is not ours to simulate). It writes `des_twin.csv` (the same
 columns as per_seed.csv) next to the run, and prints how closely the two modes agree per arm.
 
 `des` runs the same simulation on its own, over many seeds, for the real-time arm set (including the
@@ -69,7 +70,8 @@ def simulate_twin(workload: WorkloadSpec, service: ServiceModel, engines: int, a
         for arm in arms:
             if arm.kind != "sidecar":
                 continue
-            fleet = des.FleetConfig(engines=engines, service=service, credit="multi" if arm.credit == "multi" else "single",
+            credit: des.Credit = "multi" if arm.credit == "multi" else "single"
+            fleet = des.FleetConfig(engines=engines, service=service, credit=credit,
                                     sample_interval_s=sample_interval_s, router_scrape_interval_s=SIDECAR_SCRAPE_S)
             sim_cls = KvEventsCreditSimulation if arm.prefix_source == "kv-events" else des.Simulation
             run = sim_cls(prepared, des_arm(arm), fleet, seed).run()
@@ -89,7 +91,7 @@ def twin_of_run(out_dir: Path) -> dict[str, dict[int, SeedMetrics]]:
     twin = simulate_twin(workload, service, int(p["engines"]), arms, seeds, float(config.get("scrape_interval_s", 0.5)))
     path = out_dir / TWIN_CSV
     path.unlink(missing_ok=True)
-    for arm, rows in twin.items():
+    for rows in twin.values():
         for seed in sorted(rows):
             outputs.append_seed_metrics_to(path, rows[seed])
     return twin

@@ -143,7 +143,7 @@ class Client:
                     rec.error = "short"
                 else:
                     rec.ok = True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             rec.error, rec.end_t = "timeout", clock()
         except aiohttp.ClientError as e:
             rec.error, rec.end_t = f"client_{type(e).__name__}", clock()
@@ -191,7 +191,7 @@ class Scraper:
             async with self.session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
                 text = await resp.text()
             self.samples.append(to_sample(clock(), name, text))
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             self.errors += 1
 
     async def _run(self) -> None:
@@ -269,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     spec = SenderSpec.from_json(Path(args[0]).read_text())
     try:
-        import uvloop  # type: ignore[import-not-found]
+        import uvloop
 
         result = uvloop.run(run(spec))
     except ImportError:  # pragma: no cover - uvloop is a dependency, but keep the client usable without
