@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import aiohttp
 import grpc
@@ -24,6 +24,7 @@ from testkit.lmcache import LMCacheControllerProc
 from testkit.paths import TINY_TOKENIZER
 from testkit.ports import free_port
 from testkit.sidecar import SidecarProc
+from tests.conftest import wait_until
 
 
 @dataclass(frozen=True)
@@ -91,30 +92,15 @@ class RouterClient:
     def routable(self) -> set[str]:
         return {e.endpoint for e in self.endpoints().endpoints if e.routable}
 
-    def wait_routable(self, expected: Iterable[str], timeout: float = 10.0) -> float:
+    def wait_routable(self, expected: Iterable[str]) -> float:
         """Wait until the sidecar routes to exactly `expected`; returns when it was first seen so."""
         want = set(expected)
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.routable() == want:
-                return time.monotonic()
-            if time.monotonic() > deadline:
-                raise AssertionError(f"sidecar routes to {sorted(self.routable())}, expected {sorted(want)}")
-            time.sleep(0.05)
+        wait_until(lambda: self.routable() == want,
+                   message=lambda: f"the sidecar to route to {sorted(want)} (it routes to {sorted(self.routable())})")
+        return time.monotonic()
 
     def close(self) -> None:
         self.channel.close()
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def free_fleet_address(engines: int) -> tuple[str, int]:

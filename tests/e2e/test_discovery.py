@@ -18,12 +18,15 @@ from testkit.envoy_eds import eds_config, write_assignment
 from testkit.fleet import FleetProc
 from testkit.ports import free_port
 from testkit.sidecar import SidecarProc
+from tests.conftest import wait_until
 
-from .discovery_helpers import RouterClient, Traffic, free_fleet_address, wait_for
+from .discovery_helpers import RouterClient, Traffic, free_fleet_address
 
 pytestmark = pytest.mark.e2e
 
-HOLD_S = 1.2  # traffic time per phase
+# Requests per phase that must start once the change is visible (and before the next): a count of requests,
+# not a time, so a slow machine holds a phase longer instead of checking too little traffic.
+PHASE_REQUESTS = 20
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +58,11 @@ def run_phases(traffic: Traffic, client: RouterClient, names: dict[str, str],
         change()
         visible_at = client.wait_routable(expected)
         windows.append((visible_at, float("inf"), expected))
-        time.sleep(HOLD_S)
+        wait_until(lambda since=visible_at: len(traffic.between(since, float("inf"))) >= PHASE_REQUESTS,
+                   timeout=30, message=f"{PHASE_REQUESTS} requests after the sidecar showed {sorted(expected)}")
     for start, end, expected in windows:
         sent = traffic.between(start, end)
-        assert len(sent) >= 10, f"too little traffic in a phase ({len(sent)})"
+        assert len(sent) >= PHASE_REQUESTS, f"too little traffic in a phase ({len(sent)})"
         went = {names[s.served_by] for s in sent if s.status == 200}
         assert went <= expected, f"requests reached {sorted(went - expected)} after it left the fleet"
 
@@ -86,7 +90,7 @@ def test_file_reload_adds_and_removes_endpoints_under_traffic(fleet: FleetProc, 
             return lambda: endpoints_file.write_text("# engines\n" + "\n".join(eps) + "\n")
 
         with Traffic(envoy.url, workers=6) as traffic:
-            time.sleep(0.5)
+            wait_until(lambda: traffic.sent, message="traffic flowing through Envoy")
             run_phases(traffic, client, names, [
                 ({a, b, c}, write(a, b, c)),
                 ({c}, write(c)),
@@ -96,8 +100,8 @@ def test_file_reload_adds_and_removes_endpoints_under_traffic(fleet: FleetProc, 
         assert traffic.failures() == [], traffic.failures()[:5]
         assert {names[s.served_by] for s in traffic.sent} == {a, b, c}
         # counts of removed endpoints went with them; the rest drain to zero
-        state = wait_for(lambda: (s := debug_state(metrics_listen))["inflight_total"] == 0 and s,
-                         what="in-flight counts to drain")
+        state = wait_until(lambda: (s := debug_state(metrics_listen))["inflight_total"] == 0 and s,
+                           message="in-flight counts to drain")
         assert set(state["inflight"]) <= {b}
         client.close()
 
@@ -128,7 +132,7 @@ def test_envoy_admin_discovery_follows_a_real_envoy(fleet: FleetProc, tmp_path: 
                 return lambda: write_assignment(eds_dir, list(hosts), next(version))
 
             with Traffic(envoy.url, workers=6) as traffic:
-                time.sleep(0.5)
+                wait_until(lambda: traffic.sent, message="traffic flowing through Envoy")
                 run_phases(traffic, client, names, [
                     ({a, b}, eds((a, "HEALTHY"), (b, "HEALTHY"))),  # c leaves the cluster
                     ({a, c}, eds((a, "HEALTHY"), (b, "UNHEALTHY"), (c, "HEALTHY"))),  # c back, b unhealthy

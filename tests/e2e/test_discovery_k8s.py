@@ -18,8 +18,9 @@ from testkit.k8s_apiserver import PodEndpoint, StandInApiServer, ThreadedStandIn
 from testkit.lmcache import LMCacheControllerProc
 from testkit.ports import free_port
 from testkit.sidecar import SidecarProc
+from tests.conftest import wait_until
 
-from .discovery_helpers import free_fleet_address, wait_for
+from .discovery_helpers import free_fleet_address
 from .grpcurl_cli import Grpcurl
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,7 +109,7 @@ def test_kubernetes_discovery_end_to_end(world: World, tmp_path: Path) -> None:
             # credited, and the scrape no longer shows the warming request running (even loads)
             return reply if holder["matched_tokens"] > 0 and holder["load"] == 0 else None
 
-        reply = wait_for(credited, what="LMCache credit for vllm-1 at even loads")
+        reply = wait_until(credited, message="LMCache credit for vllm-1 at even loads")
         by_ep = {e["endpoint"]: e for e in reply["endpoints"]}
         assert by_ep[world.endpoint["vllm-1"]]["lmcache_instance_id"] == "vllm-1"
         assert reply["endpoint"] == world.endpoint["vllm-1"]
@@ -125,7 +126,7 @@ def test_kubernetes_discovery_end_to_end(world: World, tmp_path: Path) -> None:
                   and not rows[world.endpoint["vllm-1"]]["routable"])
             return rows if ok else None
 
-        rows = wait_for(moved, what="the resumed watch to deliver the change")
+        rows = wait_until(moved, message="the resumed watch to deliver the change")
         gone = rows[world.endpoint["vllm-1"]]
         assert gone["health"] == "DRAINING" and gone["health_detail"] == "terminating"
         watches = [r for r in api.requests if r.watch]
@@ -142,8 +143,8 @@ def test_kubernetes_discovery_end_to_end(world: World, tmp_path: Path) -> None:
         call(api.delete("vllm-abcde"))
         call(api.upsert(world.slice_("vllm-fghij", [("vllm-2", True, False)])))
         call(_compact(api))
-        wait_for(lambda: [e["endpoint"] for e in g.call("loadaware.v1.Router/ListEndpoints")["endpoints"]]
-                 == [world.endpoint["vllm-2"]], what="the re-list after 410")
+        wait_until(lambda: [e["endpoint"] for e in g.call("loadaware.v1.Router/ListEndpoints")["endpoints"]]
+                   == [world.endpoint["vllm-2"]], message="the re-list after 410")
         assert len([r for r in api.requests if not r.watch]) == 2
 
 

@@ -36,11 +36,15 @@ def test_every_pair_has_its_metrics(run: Path) -> None:
     per_seed = outputs.load_per_seed(run)
     arms = SIDECAR_ARMS.split(",") + (["sglang-router", "vllm-router"] if peers_available() else [])
     assert sorted(per_seed) == sorted(arms)
+    # Latencies are checked against the engines' model and each other, never against wall-clock targets
+    # that a busy machine would miss: every prefill (even a full cache hit) costs its fixed overhead.
+    prefill_floor_s = point_by_name("tiny").service.prefill_overhead_ms / 1000
     for arm, seeds in per_seed.items():
         assert sorted(seeds) == [1, 2], arm
         for m in seeds.values():
             assert m.sent == 24 and m.errors == 0, (arm, m)
-            assert m.ttft_p95 < 1.0 and 0.0 < m.itl_p50 < 0.1, (arm, m)
+            assert prefill_floor_s <= m.ttft_p50 <= m.ttft_p95 and m.e2e_mean >= m.ttft_mean, (arm, m)
+            assert 0.0 < m.itl_p50 <= m.itl_p95, (arm, m)
             # 16 prefixes of 512 tokens, warmed: most of each prompt is a prefix-cache hit on some engine
             assert 0.5 < m.prefix_hit_rate <= 1.0, (arm, m)
             assert m.throughput_req_s > 0

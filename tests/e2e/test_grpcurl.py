@@ -15,8 +15,9 @@ import pytest
 from testkit.lmcache import LMCacheControllerProc
 from testkit.ports import free_port
 from testkit.sidecar import SidecarProc
+from tests.conftest import wait_until
 
-from .discovery_helpers import FreeStack, wait_for
+from .discovery_helpers import FreeStack
 from .grpcurl_cli import Grpcurl
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,7 +81,7 @@ def test_explain_on_a_warm_prefix_shows_the_holder_and_the_formula(stack: FreeSt
         return reply if rows[holder]["matched_tokens"] > 0 and all(r["load"] == 0 for r in rows.values()) else None
 
     decisions_before = stack.sidecar.metrics_text().count("loadaware_decisions_total{")
-    reply = wait_for(explained, what="LMCache to credit the holder")
+    reply = wait_until(explained, message="LMCache to credit the holder")
     rows = {e["endpoint"]: e for e in reply["endpoints"]}
     n = reply["prompt_tokens"]
     assert reply["outcome"] == "routed" and reply["policy"] == "loadaware" and reply["beta"] == 1
@@ -108,9 +109,11 @@ def test_list_endpoints_reflects_a_scraped_load_change(stack: FreeStack, grpcurl
         def loaded() -> dict[str, Any] | None:
             rows = {e["endpoint"]: e for e in grpcurl.call("loadaware.v1.Router/ListEndpoints")["endpoints"]}
             row = rows[endpoint]
-            return row if row["last_scrape"]["running"] == 7 and row["last_scrape"]["waiting"] == 3 else None
+            scrape = row["last_scrape"]
+            # a fresh scrape: a stale one (older than --scrape-stale-s) still shows its numbers but is ignored
+            return row if scrape["running"] == 7 and scrape["waiting"] == 3 and scrape["fresh"] else None
 
-        row = wait_for(loaded, what="the scrape to see the phantom load")
+        row = wait_until(loaded, message="the scrape to see the phantom load")
         assert row["load"] >= 10 and row["last_scrape"]["fresh"] and row["last_scrape"]["age_seconds"] < 2
         assert row["routable"] and row["health"] == "HEALTHY" and row["source"] == "static"
         assert row["lmcache_instance_id"] == engine["name"]
@@ -120,8 +123,8 @@ def test_list_endpoints_reflects_a_scraped_load_change(stack: FreeStack, grpcurl
         assert scores[endpoint]["relative_load"] > 0 and reply["endpoint"] != endpoint
     finally:
         post_json(f"http://{endpoint}/sim/phantom_load", {"running": 0, "waiting": 0})
-    wait_for(lambda: {e["endpoint"]: e for e in grpcurl.call("loadaware.v1.Router/ListEndpoints")["endpoints"]}
-             [endpoint]["last_scrape"]["running"] == 0, what="the load to clear")
+    wait_until(lambda: {e["endpoint"]: e for e in grpcurl.call("loadaware.v1.Router/ListEndpoints")["endpoints"]}
+               [endpoint]["last_scrape"]["running"] == 0, message="the load to clear")
 
 
 def test_get_config_shows_origins(grpcurl: Grpcurl) -> None:
@@ -151,10 +154,10 @@ def test_health_serving_and_not_serving(stack: FreeStack, grpcurl: Grpcurl, tmp_
         listed = second.call("loadaware.v1.Router/ListEndpoints")
         assert listed["endpoints"] == [] and listed["ready"] is False and listed["discovery"] == "file"
         endpoints_file.write_text("\n".join(stack.fleet.endpoints) + "\n")
-        wait_for(lambda: second.health("") == "SERVING", what="SERVING once the fleet is in and scraped")
+        wait_until(lambda: second.health("") == "SERVING", message="SERVING once the fleet is in and scraped")
         assert second.call("loadaware.v1.Router/ListEndpoints")["ready"] is True
         endpoints_file.write_text("")
-        wait_for(lambda: second.health("") == "NOT_SERVING", what="NOT_SERVING with the fleet gone")
+        wait_until(lambda: second.health("") == "NOT_SERVING", message="NOT_SERVING with the fleet gone")
         assert second.health("liveness") == "SERVING"
 
 

@@ -3,8 +3,10 @@ engines publishing vLLM KV events alongside their LMCache reports.
 
 Two engines hold a hot prefix. With the KV-events source both are credited, so under loadaware the traffic
 follows whichever of them is less loaded. With stock LMCache only the first registered holder is credited, so
-the same loads leave every request on it (DESIGN.md §3, §3b). Both arms run in this one test run, on the same
-fleet and the same caches. Then a third holder is killed and restarted: its credit goes with it.
+the same loads leave every request on it: its lookup walks 256-token chunks and credits each chunk to the
+first registered instance holding it (docs/architecture.md, "Data sources and who owns which state"). Both
+arms run in this one test run, on the same fleet and the same caches. Then a third holder is killed and
+restarted: its credit goes with it.
 
 Engine-2 runs in its own fleet process so that it can be killed on its own.
 """
@@ -14,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
@@ -31,6 +32,7 @@ from testkit.metrics_text import metric_sum
 from testkit.ports import free_port
 from testkit.sidecar import SidecarProc
 from testkit.stack import Stack
+from tests.conftest import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = REPO / "sim" / "assets" / "tiny-model"
@@ -89,13 +91,12 @@ class Rig:
     def phantom(self, **running: int) -> None:
         for name, n in running.items():
             http("POST", f"http://{self.engines[name]}/sim/phantom_load", {"running": n, "waiting": 0})
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:  # wait until the sidecar's scrape has seen them all
+
+        def scraped_all() -> bool:
             seen = {ep["endpoint"]: ep["scraped"] for ep in self.debug("/debug/state")["endpoints"]}
-            if all(seen.get(self.engines[n]) and seen[self.engines[n]]["running"] == v for n, v in running.items()):
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"the sidecar never saw phantom loads {running}")
+            return all(seen.get(self.engines[n]) and seen[self.engines[n]]["running"] == v for n, v in running.items())
+
+        wait_until(scraped_all, message=f"the sidecar's scrape to see the phantom loads {running}")
 
     def warm_directly(self, name: str, prompt: str) -> None:
         status, _, body = http("POST", f"http://{self.engines[name]}/v1/completions",
@@ -125,14 +126,6 @@ def assert_formula(decision: dict[str, Any]) -> None:
     cands = [Candidate(c["endpoint"], c["matched_tokens"], c["load"]) for c in decision["candidates"]]
     expected = loadaware_scores(decision["prompt_tokens"], cands, float(BETA))
     assert [c["score"] for c in decision["candidates"]] == pytest.approx(expected)
-
-
-def wait(cond: Any, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out: {what}")
-        time.sleep(0.05)
 
 
 def start_engine2(log_dir: Path, lmcache: LMCacheControllerProc) -> FleetProc:
@@ -167,15 +160,15 @@ def test_every_holder_shares_hot_prefix_traffic_but_lmcache_credit_cannot(rig: R
     prefix = hot_prefix(1)
     for name in ("engine-0", "engine-1"):
         rig.warm_directly(name, prefix + f" warm {name}?")
-    wait(lambda: len(rig.lmcache_holders(prefix + " probe?")) == 1, "LMCache credits the prefix")
+    wait_until(lambda: len(rig.lmcache_holders(prefix + " probe?")) == 1, message="LMCache credits the prefix")
     # stock LMCache: both engines hold every chunk, exactly one is credited (the first registered)
     (credited,) = rig.lmcache_holders(prefix + " probe?")
     other = "engine-1" if credited == "engine-0" else "engine-0"
 
     # ---- arm 1: the KV-events source credits both holders ----
     rig.start_sidecar("kv-events")
-    wait(lambda: all(rig.kv_engine(n)["blocks"] > 100 and rig.kv_engine(n)["synced"] for n in (credited, other)),
-         "the KV-events index holds both engines' blocks")
+    wait_until(lambda: all(rig.kv_engine(n)["blocks"] > 100 and rig.kv_engine(n)["synced"] for n in (credited, other)),
+               message="the KV-events index holds both engines' blocks")
     served_kv: Counter[str] = Counter()
     for phase, loads in enumerate(({credited: 4, other: 0}, {credited: 0, other: 4})):
         rig.phantom(**loads, **{"engine-2": 4})
@@ -192,7 +185,7 @@ def test_every_holder_shares_hot_prefix_traffic_but_lmcache_credit_cannot(rig: R
     # ---- arm 2: the LMCache source credits one holder: the same loads cannot move the traffic ----
     rig.start_sidecar("lmcache")
     rig.phantom(**{credited: 0, other: 0, "engine-2": 0})
-    wait(lambda: rig.route(prefix + " lmcache warm-up?")[0] == credited, "the LMCache instance map")
+    wait_until(lambda: rig.route(prefix + " lmcache warm-up?")[0] == credited, message="the LMCache instance map")
     served_lm: Counter[str] = Counter()
     for phase, loads in enumerate(({credited: 4, other: 0}, {credited: 0, other: 4})):
         rig.phantom(**loads, **{"engine-2": 4})
@@ -210,25 +203,25 @@ def test_killed_and_restarted_engine_loses_its_credit(rig: Rig) -> None:
     prefix = hot_prefix(2)
     rig.start_sidecar("kv-events")
     rig.warm_directly("engine-2", prefix + " warm?")
-    wait(lambda: rig.kv_engine("engine-2")["blocks"] > 100, "engine-2's blocks indexed")
+    wait_until(lambda: rig.kv_engine("engine-2")["blocks"] > 100, message="engine-2's blocks indexed")
     _, decision = rig.route(prefix + " before the kill?")
     assert rig.matched(decision)["engine-2"] > 1900
 
     os.killpg(rig.engine2.pid, signal.SIGKILL)  # no goodbye: the connection just drops
     rig.engine2.stop()
-    wait(lambda: not rig.kv_engine("engine-2")["connected"] and rig.kv_engine("engine-2")["blocks"] == 0,
-         "the dead engine's index dropped")
+    wait_until(lambda: not rig.kv_engine("engine-2")["connected"] and rig.kv_engine("engine-2")["blocks"] == 0,
+               message="the dead engine's index dropped")
     assert rig.sidecar is not None
     assert 'reason="vanished"' in rig.sidecar.metrics_text()
 
     assert rig.stack.lmcache is not None
     rig.engine2 = start_engine2(rig.log_dir, rig.stack.lmcache)  # same address, empty cache, numbering from 0
-    wait(lambda: rig.kv_engine("engine-2")["connected"], "the restarted engine's feed reconnected")
+    wait_until(lambda: rig.kv_engine("engine-2")["connected"], message="the restarted engine's feed reconnected")
     _, decision = rig.route(prefix + " after the restart?")
     assert rig.matched(decision)["engine-2"] == 0, decision
     # and the fresh engine earns credit again from its own new events
     rig.warm_directly("engine-2", prefix + " warm again?")
-    wait(lambda: rig.kv_engine("engine-2")["blocks"] > 100, "engine-2 indexed again")
+    wait_until(lambda: rig.kv_engine("engine-2")["blocks"] > 100, message="engine-2 indexed again")
     _, decision = rig.route(prefix + " after rewarming?")
     assert rig.matched(decision)["engine-2"] > 1900
 
