@@ -1,9 +1,9 @@
 """An engine's Prometheus text -> one `EngineSample` (the five vLLM v1 series the reference used).
 
 Labels are ignored: one engine exposes one series per name (vLLM's `engine="0"`); if several appear
-(data-parallel ranks) they are summed, which is what "the engine's running requests" means. A simulated
-engine's scrape is a few dozen lines, so parsing all of it (prometheus_client's parser) costs well under a
-millisecond in the sender's event loop.
+(data-parallel ranks) they are summed, which is what "the engine's running requests" means. Parsing a
+simulated engine's page (~100 lines) with prometheus_client's parser costs ~1 ms of CPU, so the sender
+keeps the raw pages during a run and parses them afterwards.
 """
 
 from __future__ import annotations
