@@ -15,7 +15,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar, overload
 
 T = TypeVar("T")
 
@@ -50,7 +50,7 @@ class _Attempts:
         return error
 
 
-def wait_until(predicate: Callable[[], T], *, message: Message, timeout: float = DEFAULT_TIMEOUT_S,
+def wait_until(predicate: Callable[[], T | None], *, message: Message, timeout: float = DEFAULT_TIMEOUT_S,
                interval: float = DEFAULT_INTERVAL_S,
                ignoring: tuple[type[BaseException], ...] = ()) -> T:
     """Call `predicate` until it returns something truthy and return that; fail after `timeout` seconds
@@ -72,9 +72,21 @@ def wait_until(predicate: Callable[[], T], *, message: Message, timeout: float =
         time.sleep(interval)
 
 
-async def wait_until_async(predicate: Callable[[], T | Awaitable[T]], *, message: Message,
+@overload
+async def wait_until_async(predicate: Callable[[], Awaitable[T | None]], *, message: Message,
+                           timeout: float = ..., interval: float = ...,
+                           ignoring: tuple[type[BaseException], ...] = ()) -> T: ...
+
+
+@overload
+async def wait_until_async(predicate: Callable[[], T | None], *, message: Message,
+                           timeout: float = ..., interval: float = ...,
+                           ignoring: tuple[type[BaseException], ...] = ()) -> T: ...
+
+
+async def wait_until_async(predicate: Callable[[], Any], *, message: Message,
                            timeout: float = DEFAULT_TIMEOUT_S, interval: float = DEFAULT_INTERVAL_S,
-                           ignoring: tuple[type[BaseException], ...] = ()) -> T:
+                           ignoring: tuple[type[BaseException], ...] = ()) -> Any:
     """`wait_until` for async tests: the event loop keeps running between checks, and `predicate` may be
     a coroutine function (or return an awaitable, e.g. `asyncio.to_thread(...)`), which is awaited."""
     attempts = _Attempts(message, timeout)
@@ -88,7 +100,7 @@ async def wait_until_async(predicate: Callable[[], T | Awaitable[T]], *, message
             attempts.last_error = exc
         else:
             if value:
-                return value  # type: ignore[return-value]
+                return value
             attempts.last_value, attempts.last_error = value, None
         if attempts.expired():
             raise attempts.failure()

@@ -5,6 +5,7 @@ request goes to an engine outside the new set, and a removed engine's counts are
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import urllib.request
@@ -45,6 +46,11 @@ def debug_state(metrics_listen: str) -> dict:
         return json.loads(resp.read())
 
 
+def started_since(traffic: Traffic, since: float, count: int) -> bool:
+    """At least `count` requests that started at or after `since` have completed."""
+    return len(traffic.between(since, float("inf"))) >= count
+
+
 def run_phases(traffic: Traffic, client: RouterClient, names: dict[str, str],
                phases: list[tuple[set[str], Callable[[], object]]]) -> None:
     """For each (expected routable set, change): apply the change, wait until the sidecar shows it, hold
@@ -58,8 +64,8 @@ def run_phases(traffic: Traffic, client: RouterClient, names: dict[str, str],
         change()
         visible_at = client.wait_routable(expected)
         windows.append((visible_at, float("inf"), expected))
-        wait_until(lambda since=visible_at: len(traffic.between(since, float("inf"))) >= PHASE_REQUESTS,
-                   timeout=30, message=f"{PHASE_REQUESTS} requests after the sidecar showed {sorted(expected)}")
+        wait_until(functools.partial(started_since, traffic, visible_at, PHASE_REQUESTS), timeout=30,
+                   message=f"{PHASE_REQUESTS} requests after the sidecar showed {sorted(expected)}")
     for start, end, expected in windows:
         sent = traffic.between(start, end)
         assert len(sent) >= PHASE_REQUESTS, f"too little traffic in a phase ({len(sent)})"

@@ -4,6 +4,7 @@ exactly what a real LMCache worker would have admitted, and forget it on reset a
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TypeVar
@@ -170,10 +171,12 @@ def test_cli_fleet_registers_and_deregisters(controller: ControllerProcess) -> N
             assert [(w["ip"], w["port"]) for w in info["worker_infos"]] == [(e["ip"], e["lmcache_worker_port"])]  # type: ignore[index]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
+        def deregistered(instance_id: str) -> bool:
+            return not controller.post("/query_worker_info", {"instance_id": instance_id})["worker_infos"]
+
         # the DeRegisterMsg is a PUSH: the controller handles it after the process is gone
         for name in names:
-            wait_until(lambda name=name: not controller.post("/query_worker_info", {"instance_id": name})["worker_infos"],
-                       message=f"{name} deregistered")
+            wait_until(functools.partial(deregistered, name), message=f"{name} deregistered")
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -30,13 +30,12 @@ def test_message_can_describe_the_state_at_failure() -> None:
 
 
 def test_ignored_errors_count_as_not_yet_and_show_in_the_failure() -> None:
-    attempts = iter([ConnectionRefusedError("refused"), ConnectionRefusedError("refused"), "up"])
+    refusals = iter([ConnectionRefusedError("refused"), ConnectionRefusedError("refused")])
 
     def probe() -> str:
-        answer = next(attempts)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
+        for refusal in refusals:
+            raise refusal
+        return "up"
 
     assert wait_until(probe, message="the server", ignoring=(ConnectionRefusedError,), interval=0) == "up"
 
