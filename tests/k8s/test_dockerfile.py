@@ -86,7 +86,7 @@ def test_copied_files_exist_and_are_in_the_build_context() -> None:
         assert not ignored(source), f"{source} is excluded by .dockerignore"
     for outside in ("tests/unit/test_api.py", "sim/engine.py", ".venv", "out/logs", "k8s/base/envoy.yaml"):
         assert ignored(outside), outside
-    assert ignored("sidecar/__pycache__/app.cpython-311.pyc")
+    assert ignored("loadaware/__pycache__/app.cpython-311.pyc")
 
 
 def test_image_matches_the_manifests() -> None:
@@ -114,8 +114,9 @@ def test_the_build_context_builds_the_package(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     (wheel,) = out.glob("loadaware_sidecar-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "sidecar/api/v1/loadaware_pb2.py" in names and "sidecar/api/v1/loadaware_pb2_grpc.py" in names
-    assert "sidecar/sources/discovery_k8s.py" in names
-    assert not any(n.startswith(("sim/", "tests/")) for n in names)
+    assert "loadaware/api/v1/loadaware_pb2.py" in names and "loadaware/api/v1/loadaware_pb2_grpc.py" in names
+    assert "loadaware/fleet/discovery/kubernetes.py" in names
+    # only the product: the simulator, test kit, demo, bench and experiment never reach the image
+    assert not any(n.startswith(("sim/", "testkit/", "demo/", "bench/", "experiment/", "tests/")) for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "loadaware-sidecar = loadaware.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
