@@ -22,7 +22,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from loadaware.app import LIVENESS_SERVICE
+from loadaware.extproc.health import LIVENESS_SERVICE
 from loadaware.config import SETTINGS
 from loadaware.fleet.discovery.metrics import DiscoveryMetrics
 from loadaware.telemetry.metrics import Metrics
