@@ -18,27 +18,15 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadaware.load.vllm_metrics import WANTED, parse_vllm_gauges
+from loadaware.load.vllm_metrics import WANTED, combine, parse_vllm_gauges
 from sim.vllm_exposition import vllm_exposition
 
 
 def library_gauges(text: str) -> dict[str, float]:
-    """The same figures read with prometheus_client's parser and aggregated as the sidecar does (sums over
-    series; kv usage averaged, the legacy name only when the current one is absent): the reference reading."""
-    sums: dict[str, float] = {}
-    series: dict[str, int] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            key = WANTED.get(sample.name)
-            if key is not None:
-                sums[key] = sums.get(key, 0.0) + sample.value
-                series[key] = series.get(key, 0) + 1
-    if "kv_usage" not in sums and "kv_usage_legacy" in sums:
-        sums["kv_usage"], series["kv_usage"] = sums["kv_usage_legacy"], series["kv_usage_legacy"]
-    sums.pop("kv_usage_legacy", None)
-    if "kv_usage" in sums:
-        sums["kv_usage"] /= series["kv_usage"]
-    return sums
+    """The same figures read with prometheus_client's parser, combined as the sidecar combines them: the
+    reference reading the hand parser is checked against."""
+    return combine((WANTED[s.name], s.value) for family in text_string_to_metric_families(text)
+                   for s in family.samples if s.name in WANTED)
 
 
 def _cpu_us(parse: Callable[[str], dict[str, float]], text: str, repeat: int) -> float:

@@ -9,6 +9,8 @@ checks it reads the same values as prometheus_client on the same text.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 WANTED = {
     "vllm:num_requests_running": "running",
     "vllm:num_requests_waiting": "waiting",
@@ -23,8 +25,7 @@ def parse_vllm_gauges(text: str) -> dict[str, float]:
     Returns keys among running, waiting, kv_usage; a metric absent from the text is absent from the result.
     kv_usage is averaged over series rather than summed, since it is a fraction.
     """
-    sums: dict[str, float] = {}
-    series: dict[str, int] = {}
+    samples: list[tuple[str, float]] = []
     for line in text.splitlines():
         if not line.startswith("vllm:"):
             continue
@@ -43,6 +44,16 @@ def parse_vllm_gauges(text: str) -> dict[str, float]:
             value = float(value_text[0])
         except ValueError:
             continue
+        samples.append((key, value))
+    return combine(samples)
+
+
+def combine(samples: Iterable[tuple[str, float]]) -> dict[str, float]:
+    """(wanted key, value) per series -> the gauges: sums over series, kv usage averaged (a fraction), the
+    legacy kv name only when the current one is absent."""
+    sums: dict[str, float] = {}
+    series: dict[str, int] = {}
+    for key, value in samples:
         sums[key] = sums.get(key, 0.0) + value
         series[key] = series.get(key, 0) + 1
     if "kv_usage" not in sums and "kv_usage_legacy" in sums:
