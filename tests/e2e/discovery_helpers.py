@@ -8,9 +8,9 @@ import asyncio
 import contextlib
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import aiohttp
 import grpc
@@ -66,7 +66,7 @@ class Traffic:
                         self.sent.append(Sent(started, 0, "", repr(exc)))
             await asyncio.gather(*(worker(w) for w in range(self.workers)))
 
-    def __enter__(self) -> "Traffic":
+    def __enter__(self) -> Traffic:
         self._thread.start()
         return self
 
@@ -148,7 +148,7 @@ class FreeStack:
         assert self.envoy is not None
         return self.envoy.url
 
-    def __enter__(self) -> "FreeStack":
+    def __enter__(self) -> FreeStack:
         try:
             if self.use_lmcache:
                 self.lmcache = self._exit.enter_context(LMCacheControllerProc(self.log_dir))

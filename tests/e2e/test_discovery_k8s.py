@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 

@@ -76,7 +76,7 @@ class Upstreams:
 @pytest.fixture
 async def upstreams() -> AsyncIterator[Upstreams]:
     state = Upstreams()
-    def make_handler(ip: str):  # noqa: ANN202 - aiohttp handler factory
+    def make_handler(ip: str):
         async def handle(request: web.Request) -> web.Response:
             body = await request.read()
             state.hits[ip] += 1
@@ -116,7 +116,7 @@ class _Processor(ep_grpc.ExternalProcessorServicer):
     def __init__(self, state: FakeSidecar) -> None:
         self.state = state
 
-    async def Process(self, request_iterator, context):  # noqa: N802, ANN001, ANN201 - grpc signature
+    async def Process(self, request_iterator, context):
         async for req in request_iterator:
             kind = req.WhichOneof("request")
             if kind == "request_headers":

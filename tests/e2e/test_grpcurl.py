@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 import socket
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -22,8 +23,10 @@ from .grpcurl_cli import Grpcurl
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = REPO / "sim" / "assets" / "tiny-model"
-WORDS = ("gateway cluster prefix engine cache token batch decode prefill latency route policy score load "
-         "fleet window answer context question document").split()
+WORDS = [
+    "gateway", "cluster", "prefix", "engine", "cache", "token", "batch", "decode", "prefill", "latency", "route",
+    "policy", "score", "load", "fleet", "window", "answer", "context", "question", "document",
+]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not LMCacheControllerProc.available(),
                                                   reason="LMCache venv missing: run `make lmcache`")]

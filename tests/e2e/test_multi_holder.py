@@ -18,8 +18,9 @@ import os
 import signal
 import urllib.request
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from tokenizers import Tokenizer
@@ -36,8 +37,11 @@ from tests.conftest import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = REPO / "sim" / "assets" / "tiny-model"
-WORDS = ("the engine cache prefix token model latency load balance router gateway envoy cluster query "
-         "answer document context summary question policy score matched prompt decode prefill batch").split()
+WORDS = [
+    "the", "engine", "cache", "prefix", "token", "model", "latency", "load", "balance", "router", "gateway",
+    "envoy", "cluster", "query", "answer", "document", "context", "summary", "question", "policy", "score",
+    "matched", "prompt", "decode", "prefill", "batch",
+]
 BETA = "0.5"
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not LMCacheControllerProc.available(),

@@ -9,8 +9,9 @@ import asyncio
 import contextlib
 import json
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import aiohttp
 import grpc
@@ -18,8 +19,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tokenizers import Tokenizer
 
-from loadaware.policies.loadaware import loadaware_scores
 from loadaware.policies import Candidate
+from loadaware.policies.loadaware import loadaware_scores
 from testkit.lmcache import LMCacheControllerProc
 from testkit.loopback_lock import loopback_lock
 from testkit.metrics_text import metric_sum
@@ -30,8 +31,11 @@ from tests.conftest import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = REPO / "sim" / "assets" / "tiny-model"
-WORDS = ("the engine cache prefix token model latency load balance router gateway envoy cluster query "
-         "answer document context summary question policy score matched prompt decode prefill batch").split()
+WORDS = [
+    "the", "engine", "cache", "prefix", "token", "model", "latency", "load", "balance", "router", "gateway",
+    "envoy", "cluster", "query", "answer", "document", "context", "summary", "question", "policy", "score",
+    "matched", "prompt", "decode", "prefill", "batch",
+]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not LMCacheControllerProc.available(),
                                                   reason="LMCache venv missing: run `make lmcache`")]
@@ -51,6 +55,7 @@ class Harness:
         self.log_dir = log_dir
         self.metrics_addr = f"127.0.0.1:{free_port()}"
         self.tokenizer = Tokenizer.from_file(str(TOKENIZER / "tokenizer.json"))
+        assert stack.fleet is not None  # the stack has been started
         self.engine_by_name = {e["name"]: f"{e['ip']}:{e['port']}" for e in stack.fleet.engines}
         self.name_by_endpoint = {v: k for k, v in self.engine_by_name.items()}
 
@@ -59,7 +64,7 @@ class Harness:
         return self.stack.url
 
     def base_sidecar_args(self) -> list[str]:
-        assert self.stack.lmcache is not None
+        assert self.stack.lmcache is not None and self.stack.fleet is not None
         return ["--listen", "127.0.0.1:9002", "--endpoints", ",".join(self.stack.fleet.endpoints),
                 "--tokenizer", str(TOKENIZER), "--metrics-listen", self.metrics_addr,
                 "--lmcache-url", self.stack.lmcache.url, "--scrape-interval-s", "0.2", "--scrape-stale-s", "2"]
@@ -76,6 +81,7 @@ class Harness:
             i = args.index("--endpoints")
             del args[i:i + 2]
             args += ["--endpoints-file", endpoints_file]
+        assert self.stack.sidecar is not None
         self.stack.sidecar.stop()
         proc = SidecarProc([*args, *extra], log_dir=self.log_dir)
         try:
@@ -170,6 +176,7 @@ def h(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
         try:
             harness = Harness(stack, log_dir)
             # restart the sidecar with the harness's known metrics address and a fast scrape
+            assert stack.sidecar is not None
             stack.sidecar.stop()
             stack.sidecar = SidecarProc(harness.base_sidecar_args(), log_dir=log_dir).start(timeout=20)
             yield harness
@@ -293,8 +300,9 @@ def test_mildly_loaded_holder_keeps_its_prefix_at_lower_beta(h: Harness) -> None
 
 def test_chat_requests_match_their_prefix(h: Harness) -> None:
     system = long_text(21)
-    first = {"model": "tiny-model", "max_tokens": 2,
-             "messages": [{"role": "system", "content": system}, {"role": "user", "content": "hello?"}]}
+    first: dict[str, Any] = {"model": "tiny-model", "max_tokens": 2,
+                             "messages": [{"role": "system", "content": system},
+                                          {"role": "user", "content": "hello?"}]}
     status, holder, _ = post(h.url, "/v1/chat/completions", first)
     assert status == 200 and holder
     # until the controller holds the templated prefix, a different question following it is matched nowhere
@@ -328,6 +336,7 @@ def test_spoofed_destination_is_never_honoured_with_the_sidecar_up(h: Harness) -
 
 
 def test_sidecar_down_every_request_served_and_spoof_still_ignored(h: Harness) -> None:
+    assert h.stack.sidecar is not None
     h.stack.sidecar.stop()
     try:
         target = h.engine_by_name["engine-1"]
@@ -408,7 +417,7 @@ def test_lmcache_slow_is_time_boxed(h: Harness, tmp_path: Path) -> None:
 def test_tokenizer_failure_degrades_to_load_only(h: Harness) -> None:
     # chat with a role the template cannot render (no content) still gets served
     body = {"model": "tiny-model", "max_tokens": 2, "messages": [{"role": "user", "content": None}]}
-    status, served_by, _ = post(h.url, "/v1/chat/completions", body)
+    _status, served_by, _ = post(h.url, "/v1/chat/completions", body)
     assert served_by  # the engine answered (its own verdict on the odd message is its business)
     decision = h.last_decision()
     assert decision["endpoint"] is not None

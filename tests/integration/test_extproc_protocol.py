@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import AsyncIterator
 
 import grpc
 import pytest

@@ -9,9 +9,10 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
+from prometheus_client import Counter
 
-from loadaware.prefix.blocks import BlockIndex, block_keys
 from loadaware.fleet.addresses import FeedAddress
+from loadaware.prefix.blocks import BlockIndex, block_keys
 from loadaware.prefix.kvevents.feeds import KvEventsFeeds, KvEventsPrefixSource
 from loadaware.telemetry.metrics import Metrics
 from sim.fleet import KvEventsOptions, start_fleet
@@ -23,8 +24,8 @@ from tests.conftest import wait_until_async
 BS = 16
 
 
-def value(metric: object, *labels: str) -> float:
-    child = metric.labels(*labels) if labels else metric  # type: ignore[attr-defined]
+def value(metric: Counter, *labels: str) -> float:
+    child = metric.labels(*labels) if labels else metric
     return float(child._value.get())
 
 
@@ -93,7 +94,7 @@ PROMPT = list(range(5000, 5000 + 20 * BS + 3))
 
 async def test_every_holder_credited_and_evictions_followed() -> None:
     async with rig(3, 30) as r:
-        a, b, c = r.endpoints
+        a, b, _c = r.endpoints
         r.caches[a].insert(PROMPT)
         r.caches[b].insert(PROMPT[:10 * BS])
         await r.converged(PROMPT)
@@ -232,7 +233,7 @@ async def test_simulated_engines_publish_and_every_holder_is_credited(hash_forma
                         assert resp.status == 200
             ids = tok.tokenizer.encode(prompt).ids
             full = len(ids) // BS * BS
-            a, b, c = endpoints
+            a, b, _c = endpoints
             await wait_until_async(lambda: source.lookup(ids, endpoints) == {a: full, b: full},
                                    message="both holders credited")
             # a cache reset on the engine is an AllBlocksCleared event

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +25,7 @@ PROMPT = " ".join(["the cache engine token model prefix router load"] * 200)  # 
 
 
 @pytest.fixture(autouse=True)
-def no_handler_errors(caplog: pytest.LogCaptureFixture):  # type: ignore[no-untyped-def]
+def no_handler_errors(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     """An exception escaping a handler (aiohttp logs it) is a bug even when the client saw nothing."""
     yield
     errors = [r for r in caplog.records if r.levelno >= 40 and r.name.startswith(("aiohttp", "sim"))]
@@ -141,7 +141,8 @@ async def test_chat_streams_deltas(fleet: Fleet, http: aiohttp.ClientSession) ->
         events = sse_events(await r.read())
     chunks = [json.loads(e) for e in events[:-1]]
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == full["choices"][0]["message"]["content"]
+    streamed = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert streamed == full["choices"][0]["message"]["content"]
 
 
 async def test_injected_failure(fleet: Fleet, http: aiohttp.ClientSession) -> None:

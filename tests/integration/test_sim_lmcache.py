@@ -12,14 +12,13 @@ from typing import TypeVar
 import aiohttp
 import pytest
 
-from sim.fleet import Fleet, start_fleet
+from sim.fleet import DEFAULT_TOKENIZER, Fleet, start_fleet
 from sim.lmcache_chunks import chunk_keys
+from sim.service_model import ServiceModel
+from sim.tokenization import SimTokenizer
 from testkit.lmcache import CONTROLLER_BINARY as DEFAULT_BINARY
 from testkit.lmcache import LMCacheControllerProc as ControllerProcess
 from testkit.lmcache import start_controller
-from sim.service_model import ServiceModel
-from sim.tokenization import SimTokenizer
-from sim.fleet import DEFAULT_TOKENIZER
 from tests.conftest import wait_until, wait_until_async
 
 pytestmark = pytest.mark.skipif(not DEFAULT_BINARY.exists(),
@@ -27,7 +26,10 @@ pytestmark = pytest.mark.skipif(not DEFAULT_BINARY.exists(),
 
 T = TypeVar("T")
 
-WORDS = "the cache engine token model prefix router load balance query answer document context".split()
+WORDS = [
+    "the", "cache", "engine", "token", "model", "prefix", "router", "load", "balance", "query", "answer",
+    "document", "context",
+]
 
 
 def make_prompt(seed: int, n_words: int = 1600) -> str:
@@ -54,7 +56,8 @@ async def eventually(check: Callable[[], T], what: str) -> T:
 
 
 @pytest.fixture
-async def fleet(controller: ControllerProcess, tok: SimTokenizer, request: pytest.FixtureRequest) -> AsyncIterator[Fleet]:
+async def fleet(controller: ControllerProcess, tok: SimTokenizer,
+                request: pytest.FixtureRequest) -> AsyncIterator[Fleet]:
     names = [f"{request.node.name[:20]}-a", f"{request.node.name[:20]}-b"]
     f = await start_fleet(2, base_ip="127.0.0.42", port=0, tokenizer=tok, lmcache=controller.address,
                           service=ServiceModel(), names=names)
@@ -116,7 +119,7 @@ async def test_stop_deregisters_and_forgets_chunks(controller: ControllerProcess
                           names=["dereg-engine"])
     e = f.engines[0]
     info = await asyncio.to_thread(controller.post, "/query_worker_info", {"instance_id": "dereg-engine"})
-    assert [w["ip"] for w in info["worker_infos"]] == ["127.0.0.45"]  # type: ignore[index]
+    assert [w["ip"] for w in info["worker_infos"]] == ["127.0.0.45"]
     prompt = make_prompt(4, 600)
     async with aiohttp.ClientSession() as s:
         async with s.post(e.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 1}) as r:
@@ -168,7 +171,7 @@ def test_cli_fleet_registers_and_deregisters(controller: ControllerProcess) -> N
         for e in engines:
             info = controller.post("/query_worker_info", {"instance_id": e["name"]})
             # The controller knows each engine by its own loopback ip (its port is the LMCache worker port).
-            assert [(w["ip"], w["port"]) for w in info["worker_infos"]] == [(e["ip"], e["lmcache_worker_port"])]  # type: ignore[index]
+            assert [(w["ip"], w["port"]) for w in info["worker_infos"]] == [(e["ip"], e["lmcache_worker_port"])]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
         def deregistered(instance_id: str) -> bool:

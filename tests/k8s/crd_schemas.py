@@ -17,7 +17,9 @@ INT = {"type": "integer"}
 LABELS = {"type": "object", "additionalProperties": {"type": "string"}}
 METADATA = {"type": "object", "required": ["name"], "properties": {"name": STR, "namespace": STR,
                                                                    "labels": LABELS, "annotations": LABELS}}
-DURATION = {"type": "string", "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
+DURATION = {"type": "string",
+            "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?"
+                       r"(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
 
 
 def resource(api_version: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -28,7 +30,8 @@ def resource(api_version: str, kind: str, spec: dict[str, Any]) -> dict[str, Any
 POD_MONITOR = resource("monitoring.coreos.com/v1", "PodMonitor", obj({
     "selector": obj({"matchLabels": LABELS}),
     "podMetricsEndpoints": {"type": "array", "items": obj({
-        "port": STR, "path": STR, "interval": DURATION, "scrapeTimeout": DURATION, "scheme": {"enum": ["http", "https"]},
+        "port": STR, "path": STR, "interval": DURATION, "scrapeTimeout": DURATION,
+        "scheme": {"enum": ["http", "https"]},
     })},
 }, ("selector",)))
 
@@ -41,7 +44,8 @@ PROMETHEUS_RULE = resource("monitoring.coreos.com/v1", "PrometheusRule", obj({
     }, ("name",))},
 }))
 
-_PORT_SELECTOR = obj({"number": INT, "name": STR, "protocol": {"enum": ["HTTP", "HTTPS", "GRPC", "HTTP2", "MONGO", "TCP", "TLS"]}})
+_PORT_SELECTOR = obj({"number": INT, "name": STR,
+                      "protocol": {"enum": ["HTTP", "HTTPS", "GRPC", "HTTP2", "MONGO", "TCP", "TLS"]}})
 ISTIO_GATEWAY = resource("networking.istio.io/v1", "Gateway", obj({
     "selector": LABELS,
     "servers": {"type": "array", "items": obj({"port": _PORT_SELECTOR, "hosts": {"type": "array", "items": STR},
@@ -78,9 +82,9 @@ ENVOY_FILTER = resource("networking.istio.io/v1alpha3", "EnvoyFilter", obj({
     "workloadSelector": obj({"labels": LABELS}),
     "priority": INT,
     "configPatches": {"type": "array", "items": obj({
-        "applyTo": {"enum": ["INVALID", "LISTENER", "FILTER_CHAIN", "NETWORK_FILTER", "HTTP_FILTER", "ROUTE_CONFIGURATION",
-                             "VIRTUAL_HOST", "HTTP_ROUTE", "CLUSTER", "EXTENSION_CONFIG", "BOOTSTRAP",
-                             "LISTENER_FILTER"]},
+        "applyTo": {"enum": ["INVALID", "LISTENER", "FILTER_CHAIN", "NETWORK_FILTER", "HTTP_FILTER",
+                             "ROUTE_CONFIGURATION", "VIRTUAL_HOST", "HTTP_ROUTE", "CLUSTER", "EXTENSION_CONFIG",
+                             "BOOTSTRAP", "LISTENER_FILTER"]},
         "match": obj({
             "context": {"enum": ["ANY", "SIDECAR_INBOUND", "SIDECAR_OUTBOUND", "GATEWAY"]},
             "proxy": obj({"proxyVersion": STR, "metadata": LABELS}),

@@ -13,13 +13,12 @@ import copy
 import json
 from typing import Any
 
-from google.protobuf import json_format
-
 # Importing these registers the types that the configs' typed_config / Any fields name.
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.extensions.load_balancing_policies.least_request.v3 import least_request_pb2  # noqa: F401
 from envoy.extensions.load_balancing_policies.override_host.v3 import override_host_pb2  # noqa: F401
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa: F401
+from google.protobuf import json_format
 
 HCM = "envoy.filters.network.http_connection_manager"
 

@@ -6,7 +6,6 @@ representative Istio gateway config pass `envoy --mode validate`; the pieces agr
 from __future__ import annotations
 
 import copy
-import json
 import re
 import shutil
 import subprocess
@@ -20,10 +19,9 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry
 
-from loadaware.extproc.health import LIVENESS_SERVICE
 from loadaware.config import SETTINGS
+from loadaware.extproc.health import LIVENESS_SERVICE
 from loadaware.fleet.discovery.metrics import DiscoveryMetrics
 from loadaware.telemetry.metrics import Metrics
 from testkit.envoy import EnvoyProc
@@ -255,7 +253,8 @@ def test_sidecar_container_settings_are_real_and_probes_match(kustomization: str
     assert ports == {"grpc": grpc_port, "metrics": int(env["LOADAWARE_METRICS_LISTEN"].rpartition(":")[2])}
     assert sidecar["resources"]["requests"]["cpu"] and sidecar["resources"]["requests"]["memory"]
     security = sidecar["securityContext"]
-    assert security["runAsUser"] != 0 and security["readOnlyRootFilesystem"] and not security["allowPrivilegeEscalation"]
+    assert security["runAsUser"] != 0 and security["readOnlyRootFilesystem"]
+    assert not security["allowPrivilegeEscalation"]
     assert float(env["LOADAWARE_SHUTDOWN_GRACE_S"]) + sidecar["lifecycle"]["preStop"]["sleep"]["seconds"] < \
         by_kind(kustomization, "Deployment")[0]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
 

@@ -4,7 +4,8 @@ terms; ListEndpoints shows discovery health and scrapes; GetConfig shows origins
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import grpc
 import pytest
@@ -15,18 +16,17 @@ from loadaware.api.servicer import RouterServicer
 from loadaware.api.v1 import loadaware_pb2 as pb
 from loadaware.api.v1 import loadaware_pb2_grpc as pb_grpc
 from loadaware.config import resolve
-from loadaware.lifecycle import RequestLifecycle
-from loadaware.routing.pipeline import Decider
-from loadaware.policies import make_policy
-from loadaware.policies.loadaware import loadaware_scores
-from loadaware.policies import Candidate
 from loadaware.fleet.discovery.catalog import DiscoveredEndpoint, DiscoveryCatalog
 from loadaware.fleet.registry import EndpointRegistry
-from loadaware.prefix.lmcache.bridge import InstanceBridge
+from loadaware.lifecycle import RequestLifecycle
 from loadaware.load.tracker import EngineStats, LoadTracker
-from loadaware.tokenize.tokenizer import AsyncTokenizer, PromptTokenizer
+from loadaware.policies import Candidate, make_policy
+from loadaware.policies.loadaware import loadaware_scores
+from loadaware.prefix.lmcache.bridge import InstanceBridge
+from loadaware.routing.pipeline import Decider
 from loadaware.telemetry.decisions import DecisionMetrics, RecentDecisions
 from loadaware.telemetry.metrics import Metrics
+from loadaware.tokenize.tokenizer import AsyncTokenizer, PromptTokenizer
 
 FLEET = ("127.0.0.2:8000", "127.0.0.3:8000", "127.0.0.4:8000")
 

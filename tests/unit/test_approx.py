@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Sequence
+from collections.abc import Sequence
 
 import pytest
 
@@ -101,7 +101,7 @@ async def test_source_learns_from_the_pipeline_and_counts_its_credit() -> None:
     again = await decider.decide(InferenceRequest("completions", prompt=P1 + [7, 7]), "r2")
     assert again.endpoint == holder
     assert {c.endpoint: c.matched_tokens for c in again.candidates}[holder] == 320
-    assert metrics.approx_credited._value.get() == 320  # type: ignore[attr-defined]
+    assert metrics.approx_credited._value.get() == 320
     explain = await decider.decide(InferenceRequest("completions", prompt=P2), "x", count=False)
     assert source.index.match(source.index.keys(P2), [A, B, C]) == {}  # an uncounted decision is not routed
     assert explain.endpoint is not None
@@ -148,7 +148,7 @@ def test_flag_selects_the_sources() -> None:
         wiring = app.prefixes
         assert wiring.names == expected and wiring.source is not None
         # the approximate index hears of each routed request through the lifecycle, only when in use
-        assert (wiring.approx in app.lifecycle._listeners) == ("approx" in expected)  # noqa: SLF001
+        assert (wiring.approx in app.lifecycle._listeners) == ("approx" in expected)
         # text bytes stand in for tokens only for the approximate source alone
         assert isinstance(app.decider.tokenizer, TextUnits) == (expected == ("approx",))
         asyncio.run(app.prefixes.close())

@@ -14,8 +14,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from loadaware.fleet.discovery.catalog import DiscoveredEndpoint, DiscoveryCatalog, merge
-from loadaware.fleet.discovery.envoy_admin import ClusterNotFound, EnvoyAdminDiscovery, host_health, \
-    parse_cluster_hosts
+from loadaware.fleet.discovery.envoy_admin import ClusterNotFound, EnvoyAdminDiscovery, host_health, parse_cluster_hosts
 from loadaware.fleet.discovery.metrics import DiscoveryMetrics
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.load.tracker import LoadTracker
@@ -65,7 +64,8 @@ def test_ipv6_and_pipe_hosts() -> None:
 def test_merge_prefers_the_routable_report() -> None:
     merged = merge([DiscoveredEndpoint("a:1", "DRAINING"), DiscoveredEndpoint("b:1"),
                     DiscoveredEndpoint("a:1", "HEALTHY", instance_id="pod-a")])
-    assert [(m.endpoint, m.health, m.instance_id) for m in merged] == [("a:1", "HEALTHY", "pod-a"), ("b:1", "HEALTHY", "")]
+    assert [(m.endpoint, m.health, m.instance_id) for m in merged] == \
+        [("a:1", "HEALTHY", "pod-a"), ("b:1", "HEALTHY", "")]
 
 
 def test_catalog_removal_releases_counts_and_instance_ids() -> None:

@@ -6,21 +6,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import kubernetes_validate
 import pytest
 from prometheus_client import CollectorRegistry
 
 from loadaware.fleet.discovery.catalog import DiscoveryCatalog
-from loadaware.fleet.discovery.kubernetes import KubernetesDiscovery, SliceSet, endpoint_health, make_api_client, \
-    slice_endpoints
+from loadaware.fleet.discovery.kubernetes import (
+    KubernetesDiscovery,
+    SliceSet,
+    endpoint_health,
+    make_api_client,
+    slice_endpoints,
+)
 from loadaware.fleet.discovery.metrics import DiscoveryMetrics
 from loadaware.fleet.registry import EndpointRegistry
 from testkit.k8s_apiserver import PodEndpoint, StandInApiServer, make_slice, recorded_events, recorded_list
 from tests.conftest import wait_until_async
-
 
 # ---- recorded shapes ----------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from experiment.calibration import CALIBRATED, fleet_flags
-from experiment.des import SIDECAR_ARMS, FleetConfig, Simulation, arm_by_name, prepare, simulate
+from experiment.des import SIDECAR_ARMS, FleetConfig, Prepared, Simulation, arm_by_name, prepare, simulate
 from experiment.metrics import seed_metrics
 from experiment.workload import WorkloadSpec, build
 from loadaware.load.tracker import EngineStats, LoadTracker
@@ -20,7 +20,7 @@ TINY = WorkloadSpec(n_prefixes=8, n_requests=40, rate=8.0, max_tokens=8)
 
 
 @pytest.fixture(scope="module")
-def tiny():  # type: ignore[no-untyped-def]
+def tiny() -> Prepared:
     return prepare(build(TINY, 1))
 
 
@@ -47,13 +47,14 @@ def test_prefills_queue_on_the_lane_and_stall_decodes() -> None:
     a, b = sorted(run.requests, key=lambda r: r.first_token_t or 0)
     n = a.prompt_tokens
     assert a.ttft == pytest.approx(n / 1000, rel=1e-3)
+    assert a.first_token_t is not None and b.first_token_t is not None
     assert b.first_token_t - a.first_token_t == pytest.approx(n / 1000, rel=1e-3)  # behind a on the lane
     # a's first decode step starts while b still prefills: it carries one 20-token chunk (20 ms).
     assert a.itl[0] == pytest.approx(0.010 + 0.020)
     assert b.itl[-1] == pytest.approx(0.010)
 
 
-def test_single_holder_credit_goes_to_the_first_registered_engine(tiny) -> None:  # type: ignore[no-untyped-def]
+def test_single_holder_credit_goes_to_the_first_registered_engine(tiny: Prepared) -> None:
     sim = Simulation(tiny, arm_by_name("kvaware"), FleetConfig(engines=2, credit="single"))
     req = tiny.warmup[0]
     for e in sim.engines:
@@ -67,7 +68,7 @@ def test_single_holder_credit_goes_to_the_first_registered_engine(tiny) -> None:
     assert multi._matches(req) == {"engine-000": len(req.chunks) * 256, "engine-001": len(req.chunks) * 256}
 
 
-def test_every_sidecar_arm_runs_deterministically_and_yields_sane_metrics(tiny) -> None:  # type: ignore[no-untyped-def]
+def test_every_sidecar_arm_runs_deterministically_and_yields_sane_metrics(tiny: Prepared) -> None:
     fleet = FleetConfig(engines=2, service=CALIBRATED)
     for arm in SIDECAR_ARMS:
         m = seed_metrics(simulate(tiny, arm, fleet, seed=1))
@@ -103,7 +104,7 @@ class RecordingPolicy:
         return choice
 
 
-def test_router_scrapes_feed_the_sidecars_load_view(tiny) -> None:  # type: ignore[no-untyped-def]
+def test_router_scrapes_feed_the_sidecars_load_view(tiny: Prepared) -> None:
     lag_s = 0.2
     fleet = FleetConfig(engines=3, service=CALIBRATED, router_scrape_interval_s=0.5, router_scrape_lag_s=lag_s)
     sim = Simulation(tiny, arm_by_name("leastload"), fleet)

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from experiment.des_run import main  # noqa: E402
+from experiment.des_run import main
 
 
 def test_des_run_writes_report_csv_and_plots(tmp_path: Path) -> None:

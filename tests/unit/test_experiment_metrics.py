@@ -7,8 +7,16 @@ import math
 import pytest
 
 from experiment import reference
-from experiment.metrics import (arm_valid, from_reference_row, imbalance, kv_spread, median_of,
-                                prefix_hit_rate, seed_metrics, slo_miss_share)
+from experiment.metrics import (
+    arm_valid,
+    from_reference_row,
+    imbalance,
+    kv_spread,
+    median_of,
+    prefix_hit_rate,
+    seed_metrics,
+    slo_miss_share,
+)
 from experiment.records import EngineSample, RequestRecord, RunRecords
 
 

@@ -6,29 +6,30 @@ import json
 import math
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from experiment import des
 from experiment.metrics import SeedMetrics, seed_metrics
 from experiment.realtime import outputs
 from experiment.realtime.arms import parse_arms
 from experiment.realtime.crosscheck import KvEventsCreditSimulation, agreement, des_arm, simulate_twin
 from experiment.realtime.points import point_by_name
 from experiment.realtime.sender import SenderResult
-from experiment.records import EngineSample, RequestRecord, RunRecords
+from experiment.records import EngineSample, RunRecords
 from experiment.results_doc import build_doc, load_des, paired_on_common_seeds, running_rounds
-from experiment import des
 from experiment.workload import build
 
 pytest.importorskip("matplotlib")
 
 
 def _m(arm: str, seed: int, **kw: float) -> SeedMetrics:
-    base = {f: 0.0 for f in SeedMetrics.__dataclass_fields__}
+    base: dict[str, Any] = {f: 0.0 for f in SeedMetrics.__dataclass_fields__}
     base.update(arm=arm, seed=seed, sent=10, ok=10, errors=0, slo_s=0.15, imbalance=2.0, prefix_hit_rate=0.9,
                 ttft_mean=0.2, ttft_p95=0.5, itl_p50=0.04, offered_rate=16.0, throughput_req_s=14.0)
     base.update(kw)
-    return SeedMetrics(**base)  # type: ignore[arg-type]
+    return SeedMetrics(**base)
 
 
 def test_pairing_keeps_only_seeds_every_arm_has() -> None:

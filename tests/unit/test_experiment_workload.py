@@ -5,8 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from experiment.workload import (WorkloadSpec, arrival_times, build, describe, encode_request,
-                                 measured_arrivals, prefix_sequence, zipf_probabilities)
+from experiment.workload import (
+    WorkloadSpec,
+    arrival_times,
+    build,
+    describe,
+    encode_request,
+    measured_arrivals,
+    prefix_sequence,
+    zipf_probabilities,
+)
 
 SMALL = WorkloadSpec(n_prefixes=16, n_requests=60)
 

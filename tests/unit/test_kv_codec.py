@@ -5,8 +5,14 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from loadaware.prefix.kvevents.codec import AllBlocksCleared, BlockRemoved, BlockStored, DecodeError, \
-    decode_batch, decode_seq
+from loadaware.prefix.kvevents.codec import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    DecodeError,
+    decode_batch,
+    decode_seq,
+)
 from sim.kv_events_publisher import KvEventsPublisher
 from sim.prefix_cache import PrefixCache
 

@@ -6,7 +6,7 @@ import gc
 import tracemalloc
 
 from loadaware.prefix.blocks import BlockIndex, block_keys, walk
-from loadaware.prefix.kvevents.codec import AllBlocksCleared, BlockRemoved, BlockStored
+from loadaware.prefix.kvevents.codec import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from loadaware.prefix.kvevents.feeds import KvEventsPrefixSource
 from loadaware.prefix.kvevents.sync import apply_batch
 from sim.prefix_cache import PrefixCache, iter_blocks
@@ -124,8 +124,10 @@ def test_block_size_from_the_events() -> None:
 
 def test_apply_batch_in_order_and_all_blocks_cleared() -> None:
     index = BlockIndex()
-    events = [BlockStored(tuple(vhash(A, i) for i in range(10)), None, tuple(PROMPT[:160]), BS, None, "GPU"),
-              BlockRemoved((vhash(A, 9),), "GPU")]
+    events: list[KVEvent] = [
+        BlockStored(tuple(vhash(A, i) for i in range(10)), None, tuple(PROMPT[:160]), BS, None, "GPU"),
+        BlockRemoved((vhash(A, 9),), "GPU"),
+    ]
     counts = apply_batch(index, A, events)
     assert (counts.stored, counts.removed, counts.block_events, counts.events) == (10, 1, 11, 2)
     assert index.match(block_keys(PROMPT, BS), BS, [A]) == {A: 144}
@@ -135,8 +137,8 @@ def test_apply_batch_in_order_and_all_blocks_cleared() -> None:
 
 def test_index_mirrors_a_simulated_prefix_cache_through_eviction() -> None:
     """Feed the index from a real (simulated) LRU prefix cache under churn: it must equal the cache."""
-    from sim.kv_events_publisher import KvEventsPublisher
     from loadaware.prefix.kvevents.codec import decode_batch
+    from sim.kv_events_publisher import KvEventsPublisher
 
     cache = PrefixCache(capacity_blocks=40, block_size=BS)
     pub = KvEventsPublisher("127.0.0.1", 0, None, BS)

@@ -4,7 +4,7 @@ endpoint set moving under it."""
 from __future__ import annotations
 
 import asyncio
-from typing import Sequence
+from collections.abc import Sequence
 
 import pytest
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loadaware.routing.request import BadRequest, inference_kind, parse_body
 from loadaware.load.vllm_metrics import parse_vllm_gauges
+from loadaware.routing.request import BadRequest, inference_kind, parse_body
 
 
 def test_inference_kind() -> None:

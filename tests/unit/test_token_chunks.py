@@ -49,7 +49,8 @@ def test_a_non_compositional_tokenizer_switches_the_cache_off() -> None:
     # word, as a BOS-adding post-processor or a "first"-only prefix space would) must not be cut up.
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.train_from_iterator(["alpha beta gamma delta"] * 10, trainer=trainers.WordLevelTrainer(special_tokens=["[UNK]"]))
+    tok.train_from_iterator(["alpha beta gamma delta"] * 10,
+                            trainer=trainers.WordLevelTrainer(special_tokens=["[UNK]"]))
     plain = lambda s: [99] + tok.encode(s, add_special_tokens=False).ids  # noqa: E731
     encoder = ChunkedEncoder(plain, piece_chars=10, min_chars=0)
     text = " ".join(["alpha", "beta", "gamma", "delta"] * 50)
