@@ -26,8 +26,8 @@ log = logging.getLogger(__name__)
 @dataclass(slots=True, eq=False)
 class Decision:
     request_id: str
-    endpoint: str | None  # the choice; None: Envoy's own fallback picks
-    outcome: str  # routed | fallback_load_only | no_endpoints
+    endpoint: str | None  # the choice; None: Envoy's own fallback picks (or the picker answers 503)
+    outcome: str  # routed | fallback_load_only | no_endpoints | no_eligible_endpoints
     reasons: tuple[str, ...]
     prompt_tokens: int
     candidates: tuple[Candidate, ...]
@@ -38,6 +38,7 @@ class Decision:
     # Prompt token ids while the request lives (the approximate index re-reads them when another engine
     # serves); dropped at the end and never rendered: a token list is the prompt's text.
     tokens: Sequence[int] | None = None
+    ranked: tuple[str, ...] = ()  # the choice, then the fallbacks a proxy's retries walk, best first
     served: str | None = None  # the engine that served, once known; starts as the choice
     lease: Any = None  # the load module's receipt for this request's in-flight count
     ended: bool = False
@@ -48,7 +49,8 @@ class Decision:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "request_id": self.request_id, "endpoint": self.endpoint, "served": self.served,
+            "request_id": self.request_id, "endpoint": self.endpoint, "ranked": list(self.ranked),
+            "served": self.served,
             "outcome": self.outcome, "reasons": list(self.reasons), "prompt_tokens": self.prompt_tokens,
             "candidates": [{"endpoint": c.endpoint, "matched_tokens": c.matched_tokens, "load": c.load,
                             "score": s} for c, s in zip(self.candidates, self.scores)],

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loadaware.policies.base import Candidate, Choice, Policy
+from loadaware.policies.base import Candidate, Choice, Policy, ranked
 from loadaware.policies.kvaware import KvAware
 from loadaware.policies.leastload import LeastLoad
 from loadaware.policies.loadaware import LoadAware
@@ -33,4 +33,5 @@ __all__ = [
     "Policy",
     "RoundRobin",
     "make_policy",
+    "ranked",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -53,3 +54,15 @@ def argmax_with_tiebreak(scores: Sequence[float], candidates: Sequence[Candidate
             if (-c.matched_tokens, c.load, c.endpoint) < (-b.matched_tokens, b.load, b.endpoint):
                 best = i
     return best
+
+
+def ranked(choice: Choice, candidates: Sequence[Candidate], limit: int) -> tuple[int, ...]:
+    """The chosen candidate first, then the next best by score (ties broken as in argmax_with_tiebreak), at
+    most `limit` in all: the fallbacks a proxy's retries walk when the chosen engine refuses."""
+    if limit <= 1 or len(candidates) <= 1:
+        return (choice.index,)
+    scores = choice.scores
+    rest = heapq.nsmallest(limit - 1, (i for i in range(len(candidates)) if i != choice.index),
+                           key=lambda i: (-scores[i], -candidates[i].matched_tokens, candidates[i].load,
+                                          candidates[i].endpoint))
+    return (choice.index, *rest)

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import Decision, RequestLifecycle
-from loadaware.policies import Candidate, Policy
+from loadaware.policies import Candidate, Policy, ranked
 from loadaware.prefix.source import PrefixSource, PrefixUnavailable
 from loadaware.routing.request import InferenceRequest
 
@@ -33,8 +33,10 @@ class PromptEncoder(Protocol):
 
 class Decider:
     def __init__(self, policy: Policy, registry: EndpointRegistry, loads: Loads, lifecycle: RequestLifecycle,
-                 tokenizer: PromptEncoder | None = None, prefix_source: PrefixSource | None = None) -> None:
+                 tokenizer: PromptEncoder | None = None, prefix_source: PrefixSource | None = None,
+                 fallbacks: int = 0) -> None:
         self.policy = policy
+        self.fallbacks = fallbacks  # next-best endpoints named after the choice, for the proxy's retries
         self.registry = registry
         self.loads = loads
         self.lifecycle = lifecycle
@@ -53,27 +55,33 @@ class Decider:
             raise LookupError("no_tokenizer")
         return await self.tokenizer.encode_prompt(request.prompt or "")
 
-    async def prefix_matches(self, tokens: list[int], reasons: list[str]) -> dict[str, int]:
+    def endpoints(self, subset: frozenset[str] | None) -> tuple[str, ...]:
+        """The fleet, or the part of it in the proxy's subset hint."""
+        fleet = self.registry.snapshot()
+        return fleet if subset is None else tuple(ep for ep in fleet if ep in subset)
+
+    async def prefix_matches(self, tokens: list[int], endpoints: tuple[str, ...],
+                             reasons: list[str]) -> dict[str, int]:
         if self.prefix_source is None:
             reasons.append("no_prefix_source")
             return {}
         try:
-            return await self.prefix_source.matches(tokens, self.registry.snapshot())
+            return await self.prefix_source.matches(tokens, endpoints)
         except PrefixUnavailable as exc:
             reasons.append(exc.reason)
             return {}
 
     async def decide(self, request: InferenceRequest | None, request_id: str = "", count: bool = True,
-                     parse_s: float | None = None) -> Decision:
+                     parse_s: float | None = None, subset: frozenset[str] | None = None) -> Decision:
+        """`subset`: the proxy's hint; only endpoints in it are candidates (None: the whole fleet)."""
         started = time.perf_counter()
         stages: dict[str, float] = {} if parse_s is None else {"parse": parse_s}
         reasons: list[str] = []
         tokens: list[int] = []
         matches: dict[str, int] = {}
-        if not self.registry.snapshot():
-            decision = self._finish(request_id, None, "no_endpoints", ["no_endpoints"], 0, (), (), stages,
-                                    started, count)
-            return decision
+        endpoints = self.endpoints(subset)
+        if not endpoints:
+            return self._empty(request_id, subset, 0, stages, started, count)
         if request is None or not request.has_prompt:
             reasons.append("no_prompt")
         elif self.policy.uses_prefix:
@@ -90,14 +98,13 @@ class Decider:
             stages["tokenize"] = time.perf_counter() - t
             if tokens:
                 t = time.perf_counter()
-                matches = await self.prefix_matches(tokens, reasons)
+                matches = await self.prefix_matches(tokens, self.endpoints(subset), reasons)
                 stages["lookup"] = time.perf_counter() - t
         # Fresh snapshot after the awaits: an endpoint may have left meanwhile. From here on, no await.
         t = time.perf_counter()
-        endpoints = self.registry.snapshot()
+        endpoints = self.endpoints(subset)
         if not endpoints:
-            return self._finish(request_id, None, "no_endpoints", ["no_endpoints"], len(tokens), (), (),
-                                stages, started, count)
+            return self._empty(request_id, subset, len(tokens), stages, started, count)
         loads = self.loads.loads(endpoints)
         n_tokens = len(tokens)
         candidates = tuple(Candidate(ep, min(matches.get(ep, 0), n_tokens), load)
@@ -106,14 +113,21 @@ class Decider:
         assert choice is not None  # candidates is non-empty here
         stages["score"] = time.perf_counter() - t
         outcome = "fallback_load_only" if reasons else "routed"
-        return self._finish(request_id, candidates[choice.index].endpoint, outcome, reasons, n_tokens,
-                            candidates, choice.scores, stages, started, count, tokens)
+        order = tuple(candidates[i].endpoint for i in ranked(choice, candidates, 1 + self.fallbacks))
+        return self._finish(request_id, order, outcome, reasons, n_tokens, candidates, choice.scores, stages,
+                            started, count, tokens)
 
-    def _finish(self, request_id: str, endpoint: str | None, outcome: str, reasons: list[str], n_tokens: int,
+    def _empty(self, request_id: str, subset: frozenset[str] | None, n_tokens: int, stages: dict[str, float],
+               started: float, count: bool) -> Decision:
+        """Nobody to route to: the fleet is empty, or nothing in it is in the proxy's subset."""
+        outcome = "no_eligible_endpoints" if subset is not None and self.registry.snapshot() else "no_endpoints"
+        return self._finish(request_id, (), outcome, [outcome], n_tokens, (), (), stages, started, count)
+
+    def _finish(self, request_id: str, order: tuple[str, ...], outcome: str, reasons: list[str], n_tokens: int,
                 candidates: tuple[Candidate, ...], scores: tuple[float, ...], stages: dict[str, float],
                 started: float, count: bool, tokens: list[int] | None = None) -> Decision:
-        decision = Decision(request_id, endpoint, outcome, tuple(reasons), n_tokens, candidates, scores, stages,
-                            time.perf_counter() - started, tokens=tokens or None)
+        decision = Decision(request_id, order[0] if order else None, outcome, tuple(reasons), n_tokens, candidates,
+                            scores, stages, time.perf_counter() - started, tokens=tokens or None, ranked=order)
         if count:  # Explain decides without counting: nothing hears about it
             self.lifecycle.decided(decision)
         return decision
