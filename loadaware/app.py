@@ -20,6 +20,7 @@ from loadaware.api.debug_http import DebugHttp
 from loadaware.api.servicer import SERVICE_NAME as API_SERVICE_NAME
 from loadaware.api.servicer import RouterServicer
 from loadaware.config import Settings
+from loadaware.extproc.conversation import StreamOptions
 from loadaware.extproc.health import HealthReporter
 from loadaware.extproc.stream import SERVICE_NAME, ExtProcServicer
 from loadaware.fleet.discovery.catalog import DiscoveryCatalog
@@ -74,7 +75,7 @@ class Sidecar:
         if encoder is None and self.prefixes.names == ("approx",):
             encoder = TextUnits()  # the approximate source alone may guess from text bytes
         self.decider = Decider(make_policy(s.policy, s.loadaware_beta), self.registry, self.loads, self.lifecycle,
-                               encoder, self.prefixes.source)
+                               encoder, self.prefixes.source, fallbacks=s.fallback_endpoints)
         # Who hears about each request: counts first (a later listener failing must not leak one).
         self.recent = RecentDecisions()
         self.lifecycle.subscribe(self.loads)
@@ -95,7 +96,8 @@ class Sidecar:
                                   self.loads, self.bridge, self.catalog, self.ready)
         # The scrape round that must finish before readiness (see _scraped_since_fleet).
         self._fleet_round: int | None = 1 if self.registry.snapshot() else None
-        self.extproc = ExtProcServicer(self.decider, self.lifecycle, self.metrics, s.destination_header)
+        self.extproc = ExtProcServicer(self.decider, self.lifecycle, self.metrics, s.destination_header,
+                                       StreamOptions(s.no_endpoint_reply, s.max_request_body_bytes))
         self.health = HealthReporter(self.ready)
         self.debug_http = DebugHttp(self._render_metrics, self.recent.last, self._state)
         self.server: grpc.aio.Server | None = None
@@ -113,12 +115,15 @@ class Sidecar:
             approx_capacity_tokens=s.approx_capacity_tokens, approx_ttl_s=s.approx_ttl_s)
 
     def _discovery(self, s: Settings) -> tuple[DiscoveryCatalog, list[tuple[str, Task]]]:
-        """--discovery envoy-admin | kubernetes report through a catalog into the registry (static and file
-        feed the registry directly); the catalog also keeps what ListEndpoints shows (health, pod, zone)."""
+        """--discovery envoy-admin | kubernetes | inference-pool report through a catalog into the registry
+        (static and file feed the registry directly); the catalog also keeps what ListEndpoints shows (health,
+        pod, zone)."""
+        from loadaware.fleet.discovery.inference_pool import InferencePoolDiscovery
+
         mode = s.discovery_mode
         catalog = DiscoveryCatalog(mode, self.registry, on_instance_ids=self._discovered_instance_ids)
         metrics = DiscoveryMetrics(self.metrics.registry)
-        source: EnvoyAdminDiscovery | KubernetesDiscovery | None = None
+        source: EnvoyAdminDiscovery | KubernetesDiscovery | InferencePoolDiscovery | None = None
         if mode == "envoy-admin":
             source = EnvoyAdminDiscovery(s.envoy_admin_url, s.envoy_cluster, catalog, metrics,
                                          s.discovery_interval_s, ENVOY_ADMIN_TIMEOUT_S)
@@ -126,6 +131,11 @@ class Sidecar:
             kubeconfig = s.kubeconfig
             source = KubernetesDiscovery(s.k8s_namespace or default_namespace(), s.k8s_service, s.k8s_port_name,
                                          catalog, metrics, lambda: make_api_client(kubeconfig))
+        elif mode == "inference-pool":
+            # The sidecar as a Gateway API Inference Extension endpoint picker: the fleet is the pool's pods.
+            kubeconfig = s.kubeconfig
+            source = InferencePoolDiscovery(s.k8s_namespace or default_namespace(), s.inference_pool, catalog,
+                                            metrics, lambda: make_api_client(kubeconfig))
         return catalog, [(f"discovery-{mode}", source.run)] if source is not None else []
 
     def _discovered_instance_ids(self, discovered: Mapping[str, str]) -> None:

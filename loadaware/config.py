@@ -33,7 +33,7 @@ class ConfigError(ValueError):
 
 # ---- value parsers: each raises ValueError with a short reason ----
 
-DISCOVERY_MODES = ("static", "file", "envoy-admin", "kubernetes")
+DISCOVERY_MODES = ("static", "file", "envoy-admin", "kubernetes", "inference-pool")
 
 
 def parse_discovery(text: str) -> str:
@@ -124,6 +124,23 @@ def parse_port(text: str) -> int:
     return port
 
 
+def parse_count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"{text!r} must be an integer >= 0")
+    return value
+
+
+NO_ENDPOINT_REPLIES = ("auto", "unavailable", "fallback")
+
+
+def parse_no_endpoint_reply(text: str) -> str:
+    value = text.strip().lower()
+    if value not in NO_ENDPOINT_REPLIES:
+        raise ValueError(f"{text!r}: expected one of {', '.join(NO_ENDPOINT_REPLIES)}")
+    return value
+
+
 def parse_positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -151,7 +168,8 @@ SETTINGS: tuple[Setting, ...] = (
             "file of HOST:PORT lines or commas, re-read when it changes"),
     # Endpoint discovery (loadaware/fleet/discovery/); the default follows --endpoints / --endpoints-file.
     Setting("discovery", "--discovery", "LOADAWARE_DISCOVERY", "", parse_discovery,
-            "static | file | envoy-admin | kubernetes (default: file with --endpoints-file, else static)"),
+            "static | file | envoy-admin | kubernetes | inference-pool (default: file with --endpoints-file, "
+            "else static)"),
     Setting("envoy_admin_url", "--envoy-admin-url", "LOADAWARE_ENVOY_ADMIN_URL", "", parse_url,
             "envoy-admin discovery: Envoy's admin API, e.g. http://127.0.0.1:9901"),
     Setting("envoy_cluster", "--envoy-cluster", "LOADAWARE_ENVOY_CLUSTER", "engines", parse_name,
@@ -166,6 +184,8 @@ SETTINGS: tuple[Setting, ...] = (
             "kubernetes discovery: the Service port Envoy sends to (default: the only one)"),
     Setting("kubeconfig", "--kubeconfig", "LOADAWARE_KUBECONFIG", "", parse_path,
             "kubernetes discovery outside a cluster: kubeconfig file (default: in-cluster service account)"),
+    Setting("inference_pool", "--inference-pool", "LOADAWARE_INFERENCE_POOL", "", parse_name,
+            "inference-pool discovery: the InferencePool whose pods are the engines (in --k8s-namespace)"),
     Setting("policy", "--policy", "LOADAWARE_POLICY", "loadaware", parse_policy,
             "loadaware | kvaware | roundrobin | leastload"),
     Setting("loadaware_beta", "--loadaware-beta", "LOADAWARE_BETA", 1.0, parse_beta,
@@ -186,6 +206,13 @@ SETTINGS: tuple[Setting, ...] = (
             parse_optional_hostport, "Prometheus /metrics and /debug address ('off' to disable)"),
     Setting("destination_header", "--destination-header", "LOADAWARE_DESTINATION_HEADER",
             "x-gateway-destination-endpoint", parse_header_name, "header Envoy's override_host reads"),
+    Setting("fallback_endpoints", "--fallback-endpoints", "LOADAWARE_FALLBACK_ENDPOINTS", 2, parse_count,
+            "next-best endpoints named after the choice, for the proxy's retries to walk (0 = the choice only)"),
+    Setting("no_endpoint_reply", "--no-endpoint-reply", "LOADAWARE_NO_ENDPOINT_REPLY", "auto",
+            parse_no_endpoint_reply, "nobody to route to: unavailable (503), fallback (the proxy's own "
+            "fallback picks), auto (503 in full-duplex picker mode, fallback in BUFFERED mode)"),
+    Setting("max_request_body_bytes", "--max-request-body-bytes", "LOADAWARE_MAX_REQUEST_BODY_BYTES",
+            8 * 1024 * 1024, parse_positive_int, "largest request body held in full-duplex mode (413 beyond)"),
     Setting("scrape_interval_s", "--scrape-interval-s", "LOADAWARE_SCRAPE_INTERVAL_S", 1.0, parse_positive,
             "period of the engines' /metrics scrape"),
     Setting("scrape_timeout_ms", "--scrape-timeout-ms", "LOADAWARE_SCRAPE_TIMEOUT_MS", 500.0,
@@ -233,6 +260,7 @@ class Settings:
     k8s_service: str = ""
     k8s_port_name: str = ""
     kubeconfig: str = ""
+    inference_pool: str = ""
     policy: str = "loadaware"
     loadaware_beta: float = 1.0
     lmcache_url: str = ""
@@ -243,6 +271,9 @@ class Settings:
     tokenizer_timeout_ms: float = 200.0
     metrics_listen: str = "127.0.0.1:9102"
     destination_header: str = "x-gateway-destination-endpoint"
+    fallback_endpoints: int = 2
+    no_endpoint_reply: str = "auto"
+    max_request_body_bytes: int = 8 * 1024 * 1024
     scrape_interval_s: float = 1.0
     scrape_timeout_ms: float = 500.0
     scrape_stale_s: float = 5.0
@@ -338,7 +369,7 @@ def _check_discovery(settings: Settings) -> None:
     mode = settings.discovery_mode
     if mode == "file" and not settings.endpoints_file:
         raise ConfigError("--discovery: file needs --endpoints-file")
-    if mode in ("envoy-admin", "kubernetes") and (settings.endpoints or settings.endpoints_file):
+    if mode in ("envoy-admin", "kubernetes", "inference-pool") and (settings.endpoints or settings.endpoints_file):
         raise ConfigError(f"--discovery: {mode} finds the endpoints itself; drop --endpoints / --endpoints-file")
     if mode == "static" and settings.endpoints_file:
         raise ConfigError("--discovery: static takes --endpoints; use --discovery file for --endpoints-file")
@@ -346,6 +377,8 @@ def _check_discovery(settings: Settings) -> None:
         raise ConfigError("--envoy-admin-url: --discovery envoy-admin needs Envoy's admin address")
     if mode == "kubernetes" and not settings.k8s_service:
         raise ConfigError("--k8s-service: --discovery kubernetes needs the engines' Service name")
+    if mode == "inference-pool" and not settings.inference_pool:
+        raise ConfigError("--inference-pool: --discovery inference-pool needs the InferencePool's name")
 
 
 def from_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Settings:

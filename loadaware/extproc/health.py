@@ -1,8 +1,8 @@
 """gRPC health for the ext_proc port: who may send traffic, and whether the process is alive.
 
-Service names: "" and the ext_proc service follow readiness (NOT_SERVING with an empty fleet, before the
-first scrape round, while draining); "liveness" is SERVING for as long as the process serves, so an empty
-fleet never gets the pod restarted.
+Service names (the Endpoint Picker Protocol's): "readiness", "" and the ext_proc service follow readiness
+(NOT_SERVING with an empty fleet, before the first scrape round, while draining); "liveness" is SERVING for
+as long as the process serves, so an empty fleet never gets the pod restarted.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from loadaware.extproc.stream import SERVICE_NAME
 log = logging.getLogger(__name__)
 
 LIVENESS_SERVICE = "liveness"
-READINESS_SERVICES = ("", SERVICE_NAME)
+READINESS_SERVICE = "readiness"
+READINESS_SERVICES = ("", READINESS_SERVICE, SERVICE_NAME)
 POLL_S = 0.2
 
 

@@ -7,14 +7,23 @@ per request; serializing the same reply again each time would add to it).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
+from google.protobuf import struct_pb2
 
 Mode = processing_mode_pb2.ProcessingMode
+
+# The Endpoint Picker Protocol's dynamic-metadata namespace: the proxy's override_host reads the destination
+# from it (before the header), and reports the endpoint that served under the same namespace.
+LB_NAMESPACE = "envoy.lb"
+ROUTE_CACHE_LIMIT = 4096  # bounded even if discovery churns through many endpoints
+# Re-emitted request bodies go back in pieces of at most this size (well under gRPC's 4 MiB message cap).
+STREAMED_PIECE_BYTES = 64 * 1024
 
 # For requests we do not route: skip the body round trip entirely.
 PASSTHROUGH_MODE = Mode(request_header_mode=Mode.SEND, response_header_mode=Mode.SKIP,
@@ -44,32 +53,58 @@ class Replies:
             request_trailers=pb.TrailersResponse()).SerializeToString()
         self.response_trailers_continue = pb.ProcessingResponse(
             response_trailers=pb.TrailersResponse()).SerializeToString()
-        self._route_body: dict[str, bytes] = {}
-        self._route_headers: dict[str, bytes] = {}
+        self._route_body: dict[tuple[str, ...], bytes] = {}
+        self._route_headers: dict[tuple[str, ...], bytes] = {}
 
-    def _set(self, endpoint: str) -> pb.HeaderMutation:
+    def _set(self, value: str) -> pb.HeaderMutation:
         return pb.HeaderMutation(set_headers=[base_pb2.HeaderValueOption(
-            header=base_pb2.HeaderValue(key=self.header, raw_value=endpoint.encode()),
+            header=base_pb2.HeaderValue(key=self.header, raw_value=value.encode()),
             append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD)])
 
-    def body_route(self, endpoint: str) -> bytes:
-        """Body reply naming the endpoint; one cached byte string per endpoint."""
-        return self._cached(self._route_body, endpoint, lambda m: pb.ProcessingResponse(
-            request_body=pb.BodyResponse(response=pb.CommonResponse(header_mutation=m))))
+    def _metadata(self, value: str) -> struct_pb2.Struct:
+        metadata = struct_pb2.Struct()
+        metadata.get_or_create_struct(LB_NAMESPACE)[self.header] = value
+        return metadata
 
-    def headers_route(self, endpoint: str) -> bytes:
-        """Headers reply naming the endpoint (a body-less POST is decided on its headers)."""
-        return self._cached(self._route_headers, endpoint, lambda m: pb.ProcessingResponse(
-            request_headers=pb.HeadersResponse(response=pb.CommonResponse(header_mutation=m))))
+    def body_route(self, ranked: tuple[str, ...]) -> bytes:
+        """Body reply naming the ranked endpoints (header and `envoy.lb` metadata); cached per list."""
+        return self._cached(self._route_body, ranked, lambda m, md: pb.ProcessingResponse(
+            request_body=pb.BodyResponse(response=pb.CommonResponse(header_mutation=m)), dynamic_metadata=md))
 
-    def _cached(self, cache: dict[str, bytes], endpoint: str,
-                build: Callable[[pb.HeaderMutation], pb.ProcessingResponse]) -> bytes:
-        cached = cache.get(endpoint)
+    def headers_route(self, ranked: tuple[str, ...]) -> bytes:
+        """Headers reply naming the ranked endpoints: a body-less POST, or any request in full-duplex mode."""
+        return self._cached(self._route_headers, ranked, lambda m, md: pb.ProcessingResponse(
+            request_headers=pb.HeadersResponse(response=pb.CommonResponse(header_mutation=m)),
+            dynamic_metadata=md))
+
+    def _cached(self, cache: dict[tuple[str, ...], bytes], ranked: tuple[str, ...],
+                build: Callable[[pb.HeaderMutation, struct_pb2.Struct], pb.ProcessingResponse]) -> bytes:
+        cached = cache.get(ranked)
         if cached is None:
-            cached = build(self._set(endpoint)).SerializeToString()
-            if len(cache) < 4096:  # bounded even if discovery churns through many endpoints
-                cache[endpoint] = cached
+            value = ",".join(ranked)
+            cached = build(self._set(value), self._metadata(value)).SerializeToString()
+            if len(cache) < ROUTE_CACHE_LIMIT:
+                cache[ranked] = cached
         return cached
+
+    @staticmethod
+    def request_body_pieces(body: bytes, end_of_stream: bool) -> list[bytes]:
+        """A held request body sent back as streamed body responses (full-duplex mode)."""
+        if not body:
+            return [streamed_request_body(b"", end_of_stream)]
+        pieces = [body[i:i + STREAMED_PIECE_BYTES] for i in range(0, len(body), STREAMED_PIECE_BYTES)]
+        return [streamed_request_body(p, end_of_stream and i == len(pieces) - 1) for i, p in enumerate(pieces)]
+
+    @staticmethod
+    def immediate_json(status: int, message: str, error_type: str, details: str) -> bytes:
+        """A local reply with an OpenAI-style JSON error body, for proxies (gateways) that send the picker's
+        reply as it is."""
+        body = json.dumps({"error": {"message": message, "type": error_type, "param": None, "code": status}})
+        return pb.ProcessingResponse(immediate_response=pb.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=status),
+            headers=pb.HeaderMutation(set_headers=[base_pb2.HeaderValueOption(
+                header=base_pb2.HeaderValue(key="content-type", raw_value=b"application/json"))]),
+            body=body.encode(), details=f"loadaware_{details}")).SerializeToString()
 
     @staticmethod
     def immediate_error(status: int, message: str, details: str) -> bytes:
@@ -80,3 +115,33 @@ class Replies:
             headers=pb.HeaderMutation(set_headers=[base_pb2.HeaderValueOption(
                 header=base_pb2.HeaderValue(key="content-type", raw_value=b"text/plain"))]),
             body=message.encode(), details=f"loadaware_{details}")).SerializeToString()
+
+
+# ---- streamed body mutations, encoded by hand: one per response chunk, so the least work per chunk ----
+# ProcessingResponse{request_body=3 | response_body=4: BodyResponse{response=1: CommonResponse{body_mutation=3:
+# BodyMutation{streamed_response=3: StreamedBodyResponse{body=1, end_of_stream=2}}}}}. A test checks the bytes
+# against protobuf's own serialization.
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _streamed(outer_tag: bytes, body: bytes, end_of_stream: bool) -> bytes:
+    inner = (b"\x0a" + _varint(len(body)) + body if body else b"") + (b"\x10\x01" if end_of_stream else b"")
+    mutation = b"\x1a" + _varint(len(inner)) + inner
+    common = b"\x1a" + _varint(len(mutation)) + mutation
+    response = b"\x0a" + _varint(len(common)) + common
+    return outer_tag + _varint(len(response)) + response
+
+
+def streamed_request_body(body: bytes, end_of_stream: bool) -> bytes:
+    return _streamed(b"\x1a", body, end_of_stream)
+
+
+def streamed_response_body(body: bytes, end_of_stream: bool) -> bytes:
+    return _streamed(b"\x22", body, end_of_stream)

@@ -1,0 +1,68 @@
+"""BUFFERED mode, the sidecar deployment's default (envoy/envoy.yaml): one message per request side.
+
+headers -> (inference POST) continue, stripped of any client destination header
+        -> (anything else)   continue with a mode override that skips the body: pass-through
+body    -> decide, reply with the ranked destination (header and `envoy.lb` metadata), or none: Envoy's
+           fallback picks
+then    -> nothing until the stream ends: Envoy keeps it open until the HTTP request finishes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from loadaware.extproc.conversation import Conversation, Read, StreamState, Write, new_request_id, timed_parse
+from loadaware.extproc.metadata import headers_of
+from loadaware.routing.request import inference_kind
+
+
+class BufferedConversation(Conversation):
+    async def run(self, first: Any, read: Read, write: Write, stream: StreamState) -> None:
+        replies = self.replies
+        kind: str | None = None
+        request_id = ""
+        msg: Any = first
+        while msg is not grpc.aio.EOF:
+            which = msg.WhichOneof("request")
+            if which == "request_headers":
+                method, path, request_id = headers_of(msg.request_headers)
+                kind = inference_kind(method, path)
+                if kind is None:
+                    await write(replies.headers_passthrough)
+                    self.metrics.decided("none", "passthrough")
+                elif msg.request_headers.end_of_stream:
+                    # A POST without a body: nothing to score, decide on load alone now.
+                    decision = await self.decide(None, request_id or new_request_id(), stream)
+                    await write(self.unroutable_reply(decision, picker=False)
+                                or (replies.headers_route(decision.ranked) if decision.ranked
+                                    else replies.headers_continue))
+                else:
+                    await write(replies.headers_continue)
+            elif which == "request_body":
+                if kind is None or stream.decided:
+                    await write(replies.body_no_destination)
+                else:
+                    stream.decided = True
+                    await write(await self._decide_body(kind, msg.request_body.body,
+                                                        request_id or new_request_id(), stream))
+            elif which == "response_headers":
+                await write(replies.response_headers_continue)
+            elif which == "response_body":
+                await write(replies.response_body_continue)
+            elif which == "request_trailers":
+                await write(replies.request_trailers_continue)
+            elif which == "response_trailers":
+                await write(replies.response_trailers_continue)
+            msg = await read()
+
+    async def _decide_body(self, kind: str, body: bytes, request_id: str, stream: StreamState) -> bytes:
+        parsed, parse_s = timed_parse(self, kind, body, request_id)
+        if isinstance(parsed, bytes):
+            return parsed
+        decision = await self.decide(parsed, request_id, stream, parse_s)
+        unroutable = self.unroutable_reply(decision, picker=False)
+        if unroutable is not None:
+            return unroutable
+        return self.replies.body_route(decision.ranked) if decision.ranked else self.replies.body_no_destination

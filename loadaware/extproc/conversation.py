@@ -1,0 +1,103 @@
+"""What both processing modes share: one stream's state, and deciding a request from its body."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from loadaware.extproc.replies import Replies
+from loadaware.lifecycle import Decision, RequestLifecycle
+from loadaware.routing.pipeline import Decider
+from loadaware.routing.request import BadRequest, InferenceRequest, parse_body
+from loadaware.telemetry.metrics import Metrics
+
+log = logging.getLogger("loadaware.extproc")
+
+Read = Callable[[], Awaitable[Any]]
+Write = Callable[[bytes], Awaitable[None]]
+
+@dataclass(frozen=True)
+class StreamOptions:
+    # With nobody to route to: "unavailable" answers 503, "fallback" lets the proxy's own fallback pick;
+    # "auto" = 503 for a picker (full-duplex mode), fallback for the BUFFERED sidecar deployment.
+    no_endpoint_reply: str = "auto"
+    max_body_bytes: int = 8 * 1024 * 1024  # full-duplex mode holds the body here (BUFFERED: Envoy caps it)
+
+
+class StreamState:
+    """Per-stream state: the request's decision, once made. Shared fleet state lives behind the decider."""
+
+    __slots__ = ("decided", "decision")
+
+    def __init__(self) -> None:
+        self.decision: Decision | None = None
+        self.decided = False
+
+
+class Conversation:
+    """The parts of the servicer a conversation uses; one instance serves every stream of its mode."""
+
+    json_errors = False  # full-duplex (picker) replies carry their JSON body; BUFFERED relies on Envoy's
+
+    def __init__(self, decider: Decider, lifecycle: RequestLifecycle, metrics: Metrics, replies: Replies,
+                 options: StreamOptions) -> None:
+        self.decider = decider
+        self.lifecycle = lifecycle
+        self.metrics = metrics
+        self.replies = replies
+        self.options = options
+        self._errors: dict[tuple[int, str], bytes] = {}
+
+    def error(self, status: int, reason: str, message: str) -> bytes:
+        """An immediate reply, cached per (status, reason): the message depends only on them."""
+        reply = self._errors.get((status, reason))
+        if reply is None:
+            if self.json_errors:
+                kind = "invalid_request_error" if status < 500 else "service_unavailable"
+                reply = Replies.immediate_json(status, message, kind, reason)
+            else:
+                reply = Replies.immediate_error(status, message, reason)
+            self._errors[(status, reason)] = reply
+        return reply
+
+    def unroutable_reply(self, decision: Decision, picker: bool) -> bytes | None:
+        """The 503 for a decision with nobody to route to, when the setting (or the mode) says so."""
+        if decision.endpoint is not None:
+            return None
+        mode = self.options.no_endpoint_reply
+        if mode == "fallback" or (mode == "auto" and not picker):
+            return None
+        if decision.outcome == "no_eligible_endpoints":
+            return self.error(503, "no_eligible_endpoints", "no endpoint in the proxy's subset is ready")
+        return self.error(503, "no_endpoints", "no ready endpoint")
+
+    def parse(self, kind: str, body: bytes, request_id: str) -> InferenceRequest | bytes:
+        """The request, or the 400 reply for a body that cannot be one."""
+        try:
+            return parse_body(kind, body)
+        except BadRequest as exc:
+            self.metrics.decided("none", "rejected")
+            self.metrics.fallback(exc.reason)
+            log.info("request_id=%s rejected: %s", request_id, exc.message)
+            return self.error(400, exc.reason, exc.message)
+
+    async def decide(self, request: InferenceRequest | None, request_id: str, stream: StreamState,
+                     parse_s: float | None = None, subset: frozenset[str] | None = None) -> Decision:
+        decision = await self.decider.decide(request, request_id, parse_s=parse_s, subset=subset)
+        stream.decision = decision  # no await between the count and recording it on the stream
+        return decision
+
+
+def timed_parse(conversation: Conversation, kind: str, body: bytes,
+                request_id: str) -> tuple[InferenceRequest | bytes, float]:
+    started = time.perf_counter()
+    parsed = conversation.parse(kind, body, request_id)
+    return parsed, time.perf_counter() - started
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex

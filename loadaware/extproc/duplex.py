@@ -1,0 +1,110 @@
+"""FULL_DUPLEX_STREAMED mode, as gateways configure an InferencePool's endpoint picker (request and response
+headers SEND, bodies FULL_DUPLEX_STREAMED, trailers SEND).
+
+Envoy sends body chunks as they arrive and takes replies whenever the picker sends them, in order:
+
+request headers  -> inference POST with a body: held (a destination set after the body would be ignored)
+                 -> anything else: decided on load now; headers reply with the destination
+request body     -> accumulated to end of stream (or trailers), within --max-request-body-bytes (else 413);
+                    parsed and decided once; then the headers reply (ranked destination as header and
+                    `envoy.lb` metadata) and the body sent back unchanged as streamed mutations
+request trailers -> decide if the body did not end the stream; trailers continue
+response headers -> the proxy's served-endpoint report moves the request's count if a retry walked the list
+response body    -> every chunk straight back as a streamed mutation carrying the same bytes
+response trailers-> continue
+A request with nobody to route to gets a 503 (or, by setting, the proxy's own fallback). The stream lives
+until the response ends, so the in-flight count still lives on the stream.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from loadaware.extproc.conversation import Conversation, Read, StreamState, Write, new_request_id, timed_parse
+from loadaware.extproc.metadata import headers_of, served_endpoint, subset_hint
+from loadaware.extproc.replies import streamed_request_body, streamed_response_body
+from loadaware.routing.request import inference_kind
+
+
+class DuplexConversation(Conversation):
+    json_errors = True
+
+    async def run(self, first: Any, read: Read, write: Write, stream: StreamState) -> None:
+        replies = self.replies
+        held = False  # the headers reply waits for the body
+        kind: str | None = None
+        request_id = ""
+        subset: frozenset[str] | None = None
+        body = bytearray()
+        msg: Any = first
+        while msg is not grpc.aio.EOF:
+            which = msg.WhichOneof("request")
+            if which == "response_body":  # the hottest message: one per streamed token chunk
+                chunk = msg.response_body
+                await write(streamed_response_body(chunk.body, chunk.end_of_stream))
+            elif which == "request_headers":
+                method, path, request_id = headers_of(msg.request_headers)
+                request_id = request_id or new_request_id()
+                subset = subset_hint(msg)
+                kind = inference_kind(method, path)
+                if kind is not None and not msg.request_headers.end_of_stream:
+                    held = True
+                else:  # nothing to read in a body: decide on load alone now
+                    stream.decided = True
+                    decision = await self.decide(None, request_id, stream, subset=subset)
+                    reply = self.unroutable_reply(decision, picker=True)
+                    if reply is not None:
+                        await write(reply)
+                        return
+                    await write(replies.headers_route(decision.ranked) if decision.ranked
+                                else replies.headers_continue)
+            elif which == "request_body":
+                part = msg.request_body
+                if not held:
+                    await write(streamed_request_body(part.body, part.end_of_stream))
+                else:
+                    body += part.body
+                    if len(body) > self.options.max_body_bytes:
+                        await write(self.error(413, "request_too_large", "request body is too large"))
+                        return
+                    if part.end_of_stream:
+                        held = False
+                        if not await self._route(kind or "completions", bytes(body), request_id, subset, stream,
+                                                 write, end_of_stream=True):
+                            return
+            elif which == "request_trailers":
+                if held:  # the trailers end the request: decide now, the body goes back before them
+                    held = False
+                    if not await self._route(kind or "completions", bytes(body), request_id, subset, stream,
+                                             write, end_of_stream=False):
+                        return
+                await write(replies.request_trailers_continue)
+            elif which == "response_headers":
+                served = served_endpoint(msg)
+                if served is not None and stream.decision is not None:
+                    self.lifecycle.served(stream.decision, served)
+                await write(replies.response_headers_continue)
+            elif which == "response_trailers":
+                await write(replies.response_trailers_continue)
+            msg = await read()
+
+    async def _route(self, kind: str, body: bytes, request_id: str, subset: frozenset[str] | None,
+                     stream: StreamState, write: Write, end_of_stream: bool) -> bool:
+        """Decide on the whole body, then the headers reply and the body back. False: answered locally."""
+        stream.decided = True
+        parsed, parse_s = timed_parse(self, kind, body, request_id)
+        if isinstance(parsed, bytes):
+            await write(parsed)
+            return False
+        decision = await self.decide(parsed, request_id, stream, parse_s, subset)
+        reply = self.unroutable_reply(decision, picker=True)
+        if reply is not None:
+            await write(reply)
+            return False
+        await write(self.replies.headers_route(decision.ranked) if decision.ranked
+                    else self.replies.headers_continue)
+        for piece in self.replies.request_body_pieces(body, end_of_stream):
+            await write(piece)
+        return True
