@@ -18,13 +18,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from . import extproc_inprocess as extproc_bench
 from . import kv_events as kv_events_bench
 from . import scrape_parse as scrape_parse_bench
 from .cases import BenchConfig, CaseResults, as_dict, run_decision, run_transport
 from .report import TARGETS, case_table, steps_table, summary, summary_table
 
 REPO = Path(__file__).resolve().parents[1]
-CASES = ("transport", "decision", "steps", "kv_events", "scrape_parse")
+CASES = ("transport", "decision", "steps", "kv_events", "scrape_parse", "extproc_inprocess")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -84,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     error: str | None = None
     kv_result: dict[str, Any] | None = None
     parse_result: dict[str, Any] | None = None
+    extproc_result: dict[str, Any] | None = None
     try:
         if "transport" in cfg.cases:
             run_transport(cfg, results)
@@ -93,6 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             kv_result = kv_events_bench.run(args.quick)
         if "scrape_parse" in cfg.cases:  # in-process: why the sidecar keeps a hand parser for /metrics
             parse_result = scrape_parse_bench.run(args.quick)
+        if "extproc_inprocess" in cfg.cases:  # in-process: our own code per request and per response chunk
+            extproc_result = extproc_bench.run(args.quick)
     except Exception as exc:  # still print and save what was measured
         error = f"{type(exc).__name__}: {exc}"
         logging.exception("benchmark aborted")
@@ -100,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     summ = summary(results)
     doc = {"machine": mach, "config": as_dict(cfg), "targets": TARGETS, "runtime_s": runtime,
            "summary": summ, "error": error, **results.to_dict(), "kv_events": kv_result,
-           "scrape_parse": parse_result}
+           "scrape_parse": parse_result, "extproc_inprocess": extproc_result}
     out_json = cfg.out_dir / "results.json"
     out_json.write_text(json.dumps(doc, indent=2, default=str))
 
@@ -118,6 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parts.append(kv_events_bench.table(kv_result))
     if parse_result is not None:
         parts.append(scrape_parse_bench.table(parse_result))
+    if extproc_result is not None:
+        parts.append(extproc_bench.table(extproc_result))
     parts.append(summary_table(summ, cfg.rate))
     if error:
         parts.append(f"**Run aborted early:** {error}\n")

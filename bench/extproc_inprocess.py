@@ -1,0 +1,138 @@
+"""The sidecar's own CPU per request through its ext_proc code, in-process: no gRPC transport, no Envoy.
+
+    python -m bench.extproc_inprocess [--quick] [--json]
+
+Each request is the message sequence Envoy sends, fed to the servicer's stream handler; replies are
+discarded. BUFFERED: headers, then the whole body. Full duplex (the InferencePool picker's mode):
+protocol_config + headers, the body in two chunks, response headers, a 64-chunk streamed response (one SSE
+event per token) and its end. The per-chunk figure is the cost of echoing one response chunk. What this
+leaves out (grpcio's per-message cost, Envoy) is what the end-to-end cases of `make bench` measure.
+Times are process CPU (all threads, so the tokenizer's too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from loadaware.app import Sidecar
+from loadaware.config import from_args
+from sim.fleet import DEFAULT_TOKENIZER as TINY_MODEL_DIR
+
+FLEET = "127.0.0.2:8000,127.0.0.3:8000,127.0.0.4:8000"
+RESPONSE_CHUNKS = 64
+Mode = processing_mode_pb2.ProcessingMode
+
+
+def _headers(path: str = "/v1/completions") -> Any:
+    return pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=[
+        base_pb2.HeaderValue(key=":method", raw_value=b"POST"),
+        base_pb2.HeaderValue(key=":path", raw_value=path.encode()),
+        base_pb2.HeaderValue(key="x-request-id", raw_value=b"bench")]))
+
+
+def buffered_messages(body: bytes) -> list[Any]:
+    return [pb.ProcessingRequest(request_headers=_headers()),
+            pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))]
+
+
+def duplex_messages(body: bytes, chunks: int = RESPONSE_CHUNKS) -> list[Any]:
+    half = len(body) // 2
+    config = pb.ProtocolConfiguration(request_body_mode=Mode.FULL_DUPLEX_STREAMED,
+                                      response_body_mode=Mode.FULL_DUPLEX_STREAMED)
+    event = b'data: {"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":" tok"}]}\n\n'
+    return [pb.ProcessingRequest(request_headers=_headers(), protocol_config=config),
+            pb.ProcessingRequest(request_body=pb.HttpBody(body=body[:half])),
+            pb.ProcessingRequest(request_body=pb.HttpBody(body=body[half:], end_of_stream=True)),
+            pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=[
+                base_pb2.HeaderValue(key=":status", raw_value=b"200")]))),
+            *[pb.ProcessingRequest(response_body=pb.HttpBody(body=event)) for _ in range(chunks)],
+            pb.ProcessingRequest(response_body=pb.HttpBody(body=b"data: [DONE]\n\n", end_of_stream=True))]
+
+
+class Feed:
+    """A stand-in for grpc.aio's servicer context: reads the prepared messages, discards the replies."""
+
+    def __init__(self, messages: list[Any]) -> None:
+        self._messages = iter(messages)
+        self.replies = 0
+
+    async def read(self) -> Any:
+        return next(self._messages, grpc.aio.EOF)
+
+    async def write(self, reply: bytes) -> None:
+        self.replies += 1
+
+
+async def _cpu_us(app: Sidecar, messages: list[Any], n: int) -> float:
+    for _ in range(min(200, n)):
+        await app.extproc.process(None, Feed(messages))
+    started = time.process_time()
+    for _ in range(n):
+        await app.extproc.process(None, Feed(messages))
+    return (time.process_time() - started) / n * 1e6
+
+
+def _app(policy: str) -> Sidecar:
+    flags = ["--endpoints", FLEET, "--metrics-listen", "off", "--policy", policy]
+    if policy == "loadaware":
+        flags += ["--tokenizer", str(TINY_MODEL_DIR), "--prefix-source", "approx"]
+    return Sidecar(from_args(flags, environ={}))
+
+
+async def _run(quick: bool) -> dict[str, Any]:
+    n = 300 if quick else 3000
+    out: dict[str, Any] = {"response_chunks": RESPONSE_CHUNKS}
+    tiny = json.dumps({"model": "m", "prompt": "hi", "max_tokens": 1}).encode()
+    long = json.dumps({"model": "m", "prompt": "the engine cache prefix token " * 260, "max_tokens": 64}).encode()
+    for policy, body in (("leastload", tiny), ("loadaware", long)):
+        app = _app(policy)
+        try:
+            buffered = await _cpu_us(app, buffered_messages(body), n)
+            duplex = await _cpu_us(app, duplex_messages(body), n // 2)
+            bare = await _cpu_us(app, duplex_messages(body, chunks=0), n // 2)
+        finally:
+            if app.tokenizer is not None:
+                app.tokenizer.close()
+        out[policy] = {"prompt_bytes": len(body), "buffered_us": buffered, "full_duplex_us": duplex,
+                       "per_response_chunk_us": (duplex - bare) / RESPONSE_CHUNKS}
+    return out
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    return asyncio.run(_run(quick))
+
+
+def table(result: dict[str, Any]) -> str:
+    rows = ["### 6. The sidecar's ext_proc code in-process (no transport): CPU per request\n",
+            "| policy, prompt | BUFFERED | full duplex, 64-chunk streamed response | per response chunk |",
+            "|---|---|---|---|"]
+    for policy in ("leastload", "loadaware"):
+        r = result[policy]
+        rows.append(f"| {policy}, {r['prompt_bytes']:,} B body | {r['buffered_us']:,.1f} µs | "
+                    f"{r['full_duplex_us']:,.1f} µs | {r['per_response_chunk_us']:,.2f} µs |")
+    return "\n".join(rows) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.extproc_inprocess", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    result = run(args.quick)
+    print(json.dumps(result, indent=2) if args.json else table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
