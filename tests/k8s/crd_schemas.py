@@ -1,7 +1,10 @@
 """JSON Schemas for the custom resources the manifests use, transcribed from the CRDs' openAPIV3Schema
-(prometheus-operator monitoring.coreos.com/v1; Istio networking.istio.io v1 and v1alpha3) for the fields
-the manifests set. kubernetes-validate knows only built-in kinds; these close the gap. Unknown fields are
-rejected, so a typo fails here as `kubectl apply` would fail against the real CRD."""
+(prometheus-operator monitoring.coreos.com/v1; Istio networking.istio.io v1 and v1alpha3; Gateway API
+gateway.networking.k8s.io/v1 standard channel: GatewayClass, Gateway, HTTPRoute; Gateway API Inference
+Extension inference.networking.k8s.io/v1: InferencePool) for the fields the manifests set. kubernetes-validate
+knows only built-in kinds; these close the gap. Unknown fields are rejected, so a typo fails here as
+`kubectl apply` would fail against the real CRD. The CRDs' CEL rules (x-kubernetes-validations) that concern
+these fields are transcribed as JSON Schema conditions, with the CRDs' defaults in mind."""
 
 from __future__ import annotations
 
@@ -103,5 +106,102 @@ ENVOY_FILTER = resource("networking.istio.io/v1alpha3", "EnvoyFilter", obj({
     }, ("applyTo", "patch"))},
 }))
 
+# ---- Gateway API (kubernetes-sigs/gateway-api config/crd/standard, v1) ---------------------------------
+
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+GROUP = {"type": "string", "maxLength": 253, "pattern": r"^$|" + _DNS_SUBDOMAIN}
+KIND = {"type": "string", "minLength": 1, "maxLength": 63, "pattern": r"^[a-zA-Z]([-a-zA-Z0-9]*[a-zA-Z0-9])?$"}
+OBJECT_NAME = {"type": "string", "minLength": 1, "maxLength": 253}
+NAMESPACE = {"type": "string", "minLength": 1, "maxLength": 63, "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"}
+SECTION_NAME = {"type": "string", "minLength": 1, "maxLength": 253, "pattern": _DNS_SUBDOMAIN}
+PORT_NUMBER = {"type": "integer", "minimum": 1, "maximum": 65535}
+HOSTNAME = {"type": "string", "minLength": 1, "maxLength": 253,
+            "pattern": r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"}
+CONTROLLER_NAME = {"type": "string", "minLength": 1, "maxLength": 253,
+                   "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\/"
+                              r"[A-Za-z0-9\/\-._~%!$&'()*+,;=:]+$"}
+GATEWAY_DURATION = {"type": "string", "pattern": r"^([0-9]{1,5}(h|m|s|ms)){1,4}$"}
+
+
+def array(items: dict[str, Any], min_items: int = 0, max_items: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "array", "items": items}
+    if min_items:
+        out["minItems"] = min_items
+    if max_items is not None:
+        out["maxItems"] = max_items
+    return out
+
+
+GATEWAY_CLASS = resource("gateway.networking.k8s.io/v1", "GatewayClass", obj({
+    "controllerName": CONTROLLER_NAME,
+    "description": {"type": "string", "maxLength": 64},
+}, ("controllerName",)))
+
+GATEWAY = resource("gateway.networking.k8s.io/v1", "Gateway", obj({
+    "gatewayClassName": OBJECT_NAME,
+    "listeners": array(obj({
+        "name": SECTION_NAME,
+        "hostname": HOSTNAME,
+        "port": PORT_NUMBER,
+        "protocol": {"type": "string", "minLength": 1, "maxLength": 255,
+                     "pattern": r"^[a-zA-Z0-9]([-a-zA-Z0-9]*[a-zA-Z0-9])?$|[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+                                r"(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\/[A-Za-z0-9]+$"},
+        "allowedRoutes": obj({
+            "namespaces": obj({"from": {"enum": ["All", "Selector", "Same"]},
+                               "selector": obj({"matchLabels": LABELS})}),
+            "kinds": array(obj({"group": GROUP, "kind": KIND}, ("kind",)), max_items=8),
+        }),
+    }, ("name", "port", "protocol")), min_items=1, max_items=64),
+}, ("gatewayClassName", "listeners")))
+
+# An HTTPRoute backendRef defaults to group "" and kind Service; then the port is required (CEL rule).
+_BACKEND_REF = {**obj({"group": GROUP, "kind": KIND, "name": OBJECT_NAME, "namespace": NAMESPACE, "port": PORT_NUMBER,
+                       "weight": {"type": "integer", "minimum": 0, "maximum": 1000000}}, ("name",)),
+                "if": {"properties": {"group": {"const": ""}, "kind": {"const": "Service"}}},
+                "then": {"required": ["port"]}}
+# Exact and PathPrefix values are absolute paths (CEL rule).
+_PATH_MATCH = {**obj({"type": {"enum": ["Exact", "PathPrefix", "RegularExpression"]},
+                      "value": {"type": "string", "maxLength": 1024}}),
+               "if": {"properties": {"type": {"enum": ["Exact", "PathPrefix"]}}},
+               "then": {"properties": {"value": {"pattern": "^/"}}}}
+HTTP_ROUTE = resource("gateway.networking.k8s.io/v1", "HTTPRoute", obj({
+    "parentRefs": array(obj({"group": GROUP, "kind": KIND, "name": OBJECT_NAME, "namespace": NAMESPACE,
+                             "sectionName": SECTION_NAME, "port": PORT_NUMBER}, ("name",)), max_items=32),
+    "hostnames": array(HOSTNAME, max_items=16),
+    "rules": array(obj({
+        "name": SECTION_NAME,
+        "matches": array(obj({
+            "path": _PATH_MATCH,
+            "method": {"enum": ["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"]},
+            "headers": array(obj({"type": {"enum": ["Exact", "RegularExpression"]},
+                                  "name": {"type": "string", "minLength": 1, "maxLength": 256,
+                                           "pattern": r"^[A-Za-z0-9!#$%&'*+\-.^_\x60|~]+$"},
+                                  "value": {"type": "string", "minLength": 1, "maxLength": 4096}},
+                                 ("name", "value")), max_items=16),
+        }), max_items=64),
+        "backendRefs": array(_BACKEND_REF, max_items=16),
+        "timeouts": obj({"request": GATEWAY_DURATION, "backendRequest": GATEWAY_DURATION}),
+    }), min_items=1, max_items=16),
+}))
+
+# ---- Gateway API Inference Extension (kubernetes-sigs/gateway-api-inference-extension, v1) -------------
+
+_LABEL_VALUE = {"type": "string", "maxLength": 63, "pattern": r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"}
+# endpointPickerRef.kind defaults to Service, which needs the port (CEL rule).
+_ENDPOINT_PICKER_REF = {**obj({
+    "group": GROUP, "kind": KIND, "name": OBJECT_NAME,
+    "port": obj({"number": PORT_NUMBER}, ("number",)),
+    "failureMode": {"enum": ["FailOpen", "FailClose"]},
+}, ("name",)), "if": {"properties": {"kind": {"const": "Service"}}}, "then": {"required": ["port"]}}
+INFERENCE_POOL = resource("inference.networking.k8s.io/v1", "InferencePool", obj({
+    "selector": obj({"matchLabels": {"type": "object", "minProperties": 1, "maxProperties": 64,
+                                     "additionalProperties": _LABEL_VALUE}}, ("matchLabels",)),
+    # port numbers must be unique (CEL rule); each item is just its number, so uniqueItems says it
+    "targetPorts": {**array(obj({"number": PORT_NUMBER}, ("number",)), min_items=1, max_items=8), "uniqueItems": True},
+    "appProtocol": {"enum": ["http", "kubernetes.io/h2c"]},
+    "endpointPickerRef": _ENDPOINT_PICKER_REF,
+}, ("selector", "targetPorts")))
+
 SCHEMAS = {(s["properties"]["apiVersion"]["const"], s["properties"]["kind"]["const"]): s
-           for s in (POD_MONITOR, PROMETHEUS_RULE, ISTIO_GATEWAY, VIRTUAL_SERVICE, DESTINATION_RULE, ENVOY_FILTER)}
+           for s in (POD_MONITOR, PROMETHEUS_RULE, ISTIO_GATEWAY, VIRTUAL_SERVICE, DESTINATION_RULE, ENVOY_FILTER,
+                     GATEWAY_CLASS, GATEWAY, HTTP_ROUTE, INFERENCE_POOL)}
