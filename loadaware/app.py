@@ -212,7 +212,7 @@ class Sidecar:
         self.api.add_to(self.server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, API_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server)
-        self.bound_port = self.server.add_insecure_port(s.listen)
+        self.bound_port = self._bind(self.server, s)
         if not self.bound_port:
             raise OSError(f"--listen: cannot bind {s.listen}")
         await self.health.start()
@@ -231,6 +231,21 @@ class Sidecar:
         log.info("serving ext_proc on %s (port %s), policy=%s beta=%s endpoints=%s lmcache=%s tokenizer=%s",
                  s.listen, self.bound_port, s.policy, s.loadaware_beta, ",".join(self.registry.snapshot()) or "none",
                  s.lmcache_url or "off", s.tokenizer or "off")
+
+    @staticmethod
+    def _bind(server: grpc.aio.Server, s: Settings) -> int:
+        """Plain text by default (loopback, or a mesh that brings its own mTLS); TLS or mutual TLS when asked."""
+        if not s.tls_cert:
+            return int(server.add_insecure_port(s.listen))
+        with open(s.tls_key, "rb") as key, open(s.tls_cert, "rb") as cert:
+            pair = (key.read(), cert.read())
+        client_ca = None
+        if s.tls_client_ca:
+            with open(s.tls_client_ca, "rb") as ca:
+                client_ca = ca.read()
+        credentials = grpc.ssl_server_credentials([pair], root_certificates=client_ca,
+                                                  require_client_auth=client_ca is not None)
+        return int(server.add_secure_port(s.listen, credentials))
 
     async def stop(self) -> None:
         """Stop taking streams, let open ones finish within the grace, release every count."""

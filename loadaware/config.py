@@ -221,6 +221,11 @@ SETTINGS: tuple[Setting, ...] = (
             "a scrape older than this is ignored"),
     Setting("shutdown_grace_s", "--shutdown-grace-s", "LOADAWARE_SHUTDOWN_GRACE_S", 10.0, parse_positive,
             "how long SIGTERM waits for open streams"),
+    Setting("tls_cert", "--tls-cert", "LOADAWARE_TLS_CERT", "", parse_path,
+            "PEM certificate chain: serve the gRPC port over TLS (gateways that dial their picker with TLS)"),
+    Setting("tls_key", "--tls-key", "LOADAWARE_TLS_KEY", "", parse_path, "PEM private key for --tls-cert"),
+    Setting("tls_client_ca", "--tls-client-ca", "LOADAWARE_TLS_CLIENT_CA", "", parse_path,
+            "PEM CA bundle: require and verify client certificates (mutual TLS)"),
     Setting("prefix_source", "--prefix-source", "LOADAWARE_PREFIX_SOURCE", (), parse_prefix_sources,
             "lmcache | kv-events | approx, or a comma combination (default: lmcache with --lmcache-url, "
             "else approx)"),
@@ -278,6 +283,9 @@ class Settings:
     scrape_timeout_ms: float = 500.0
     scrape_stale_s: float = 5.0
     shutdown_grace_s: float = 10.0
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
     prefix_source: tuple[str, ...] = ()
     kv_events_port: int = 5557
     kv_events_replay_port: int = 5558
@@ -362,6 +370,10 @@ def _check_combination(settings: Settings) -> None:
         raise ConfigError("--endpoints-file: give either --endpoints or --endpoints-file, not both")
     if settings.scrape_stale_s < settings.scrape_interval_s:
         raise ConfigError("--scrape-stale-s: must be at least --scrape-interval-s")
+    if bool(settings.tls_cert) != bool(settings.tls_key):
+        raise ConfigError("--tls-key: --tls-cert and --tls-key go together")
+    if settings.tls_client_ca and not settings.tls_cert:
+        raise ConfigError("--tls-client-ca: mutual TLS needs --tls-cert and --tls-key")
     _check_discovery(settings)
 
 
