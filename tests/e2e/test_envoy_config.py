@@ -107,6 +107,7 @@ class FakeSidecar:
     """Records what Envoy sends; names `choice` in the body reply (like the real sidecar does)."""
 
     choice: str | None = None
+    metadata_choice: str | None = None  # named in dynamic metadata envoy.lb, as the real sidecar also does
     header_names: list[set[str]] = field(default_factory=list)
     body_lens: list[int] = field(default_factory=list)
     stream_ends: list[float] = field(default_factory=list)
@@ -129,8 +130,11 @@ class _Processor(ep_grpc.ExternalProcessorServicer):
                     mutation.set_headers.append(base_pb2.HeaderValueOption(
                         header=base_pb2.HeaderValue(key=ROUTING_HEADER, raw_value=self.state.choice.encode()),
                         append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD))
-                yield ep.ProcessingResponse(request_body=ep.BodyResponse(
+                reply = ep.ProcessingResponse(request_body=ep.BodyResponse(
                     response=ep.CommonResponse(header_mutation=mutation)))
+                if self.state.metadata_choice is not None:
+                    reply.dynamic_metadata.update({"envoy.lb": {ROUTING_HEADER: self.state.metadata_choice}})
+                yield reply
         self.state.stream_ends.append(time.monotonic())
 
 
@@ -246,6 +250,23 @@ async def test_dead_chosen_engine_is_retried_elsewhere(
             status, payload, _ = await _post(s, f"{envoy.url}/v1/completions", b'{"prompt":"hi"}')
             assert status == 200 and payload["upstream"] != "127.0.0.4:8000"
     assert envoy.stats()["cluster.engines.upstream_rq_retry_success"] >= 5
+
+
+async def test_ranked_list_from_metadata_is_walked_in_order(
+        upstreams: Upstreams, fake_sidecar: FakeSidecar, envoy: EnvoyProc) -> None:
+    # The list in `envoy.lb` metadata is read before the header; a dead first choice is retried on the
+    # NEXT of the list (not on whatever the fallback policy would pick).
+    fake_sidecar.metadata_choice = "127.0.0.3:8000"
+    async with ClientSession() as s:
+        for _ in range(5):
+            status, payload, _ = await _post(s, f"{envoy.url}/v1/completions", b'{"prompt":"hi"}')
+            assert status == 200 and payload["upstream"] == "127.0.0.3:8000"
+    await upstreams.kill("127.0.0.4")
+    fake_sidecar.metadata_choice = fake_sidecar.choice = "127.0.0.4:8000,127.0.0.2:8000,127.0.0.3:8000"
+    async with ClientSession() as s:
+        for _ in range(5):
+            status, payload, _ = await _post(s, f"{envoy.url}/v1/completions", b'{"prompt":"hi"}')
+            assert status == 200 and payload["upstream"] == "127.0.0.2:8000"
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
