@@ -101,6 +101,7 @@ class Sidecar:
         self.health = HealthReporter(self.ready)
         self.debug_http = DebugHttp(self._render_metrics, self.recent.last, self._state)
         self.server: grpc.aio.Server | None = None
+        self.health_server: grpc.aio.Server | None = None
         self.bound_port: int | None = None
         self._tasks: list[asyncio.Task[Any]] = []
 
@@ -217,6 +218,12 @@ class Sidecar:
             raise OSError(f"--listen: cannot bind {s.listen}")
         await self.health.start()
         await self.server.start()
+        if s.health_listen:
+            self.health_server = grpc.aio.server()
+            self.health.add_to(self.health_server)
+            if not self.health_server.add_insecure_port(s.health_listen):
+                raise OSError(f"--health-listen: cannot bind {s.health_listen}")
+            await self.health_server.start()
         if s.metrics_listen:
             await self.debug_http.start(s.metrics_listen)
         tasks: list[tuple[str, Task]] = [("scraper", self.scraper.run)]
@@ -254,6 +261,8 @@ class Sidecar:
         if self.server is not None:
             log.info("draining %d open streams (grace %.1fs)", self.extproc.open_streams, grace)
             await self.server.stop(grace)
+        if self.health_server is not None:
+            await self.health_server.stop(0)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -221,6 +221,8 @@ SETTINGS: tuple[Setting, ...] = (
             "a scrape older than this is ignored"),
     Setting("shutdown_grace_s", "--shutdown-grace-s", "LOADAWARE_SHUTDOWN_GRACE_S", 10.0, parse_positive,
             "how long SIGTERM waits for open streams"),
+    Setting("health_listen", "--health-listen", "LOADAWARE_HEALTH_LISTEN", "", parse_optional_hostport,
+            "extra plain-text gRPC port serving only grpc.health.v1 (kubelet's gRPC probes speak no TLS)"),
     Setting("tls_cert", "--tls-cert", "LOADAWARE_TLS_CERT", "", parse_path,
             "PEM certificate chain: serve the gRPC port over TLS (gateways that dial their picker with TLS)"),
     Setting("tls_key", "--tls-key", "LOADAWARE_TLS_KEY", "", parse_path, "PEM private key for --tls-cert"),
@@ -283,6 +285,7 @@ class Settings:
     scrape_timeout_ms: float = 500.0
     scrape_stale_s: float = 5.0
     shutdown_grace_s: float = 10.0
+    health_listen: str = ""
     tls_cert: str = ""
     tls_key: str = ""
     tls_client_ca: str = ""

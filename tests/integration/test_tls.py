@@ -78,3 +78,20 @@ def test_tls_settings_go_together(certs: CertFiles) -> None:
         from_args(["--endpoints", FLEET, "--tls-cert", str(certs.server_cert)], environ={})
     with pytest.raises(ConfigError, match="--tls-client-ca"):
         from_args(["--endpoints", FLEET, "--tls-client-ca", str(certs.ca)], environ={})
+
+
+async def test_plain_text_health_port_beside_a_tls_grpc_port(certs: CertFiles, stop_after: list[Sidecar]) -> None:
+    # kubelet's gRPC probes speak no TLS: --health-listen serves only grpc.health.v1, in plain text.
+    health_addr = f"127.0.0.1:{free_port()}"
+    app, addr = await serve("--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
+                            "--health-listen", health_addr)
+    stop_after.append(app)
+    async with grpc.aio.insecure_channel(health_addr) as channel:
+        assert await liveness(channel) == health_pb2.HealthCheckResponse.SERVING
+        # the same readiness as the main port (no scrape round yet: NOT_SERVING), and nothing but health
+        ready = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service="readiness"), timeout=5)
+        assert ready.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await channel.unary_unary("/loadaware.v1.Router/GetConfig")(b"", timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED

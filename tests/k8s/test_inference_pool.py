@@ -135,14 +135,21 @@ def test_the_picker_follows_this_pool(kustomization: str) -> None:
 @pytest.mark.parametrize("kustomization", VARIANTS)
 def test_probes_ask_the_grpc_health_names_the_sidecar_serves(kustomization: str) -> None:
     container = picker(kustomization)
-    grpc_port = int(env_of(kustomization)["LOADAWARE_LISTEN"].rpartition(":")[2])
+    env = env_of(kustomization)
+    grpc_port = int(env["LOADAWARE_LISTEN"].rpartition(":")[2])
+    # the probes ask the ext_proc port, or the plain-text health port when the ext_proc port serves TLS
+    # (kubelet's gRPC probes speak no TLS)
+    health_port = int(env["LOADAWARE_HEALTH_LISTEN"].rpartition(":")[2]) if "LOADAWARE_HEALTH_LISTEN" in env \
+        else grpc_port
+    assert ("LOADAWARE_TLS_CERT" in env) == (health_port != grpc_port)
     readiness, liveness = container["readinessProbe"]["grpc"], container["livenessProbe"]["grpc"]
-    # the Endpoint Picker Protocol's names, served by loadaware/extproc/health.py on the ext_proc port
-    assert readiness == {"port": grpc_port, "service": "readiness"}
+    # the Endpoint Picker Protocol's names, served by loadaware/extproc/health.py
+    assert readiness == {"port": health_port, "service": "readiness"}
     assert readiness["service"] in READINESS_SERVICES
-    assert liveness == {"port": grpc_port, "service": LIVENESS_SERVICE} and LIVENESS_SERVICE == "liveness"
+    assert liveness == {"port": health_port, "service": LIVENESS_SERVICE} and LIVENESS_SERVICE == "liveness"
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"grpc": grpc_port, "metrics": 9102}
+    expected = {"grpc": grpc_port, "metrics": 9102} | ({"health": health_port} if health_port != grpc_port else {})
+    assert ports == expected
     security = container["securityContext"]
     assert security["runAsUser"] != 0 and security["readOnlyRootFilesystem"]
     assert not security["allowPrivilegeEscalation"] and security["capabilities"] == {"drop": ["ALL"]}
@@ -151,6 +158,18 @@ def test_probes_ask_the_grpc_health_names_the_sidecar_serves(kustomization: str)
     grace = float(env_of(kustomization)["LOADAWARE_SHUTDOWN_GRACE_S"])
     assert grace + container["lifecycle"]["preStop"]["sleep"]["seconds"] < pod["terminationGracePeriodSeconds"]
     assert container["image"] == "ghcr.io/example/loadaware-sidecar:0.1.0"
+
+
+def test_gateways_that_dial_with_tls_get_a_tls_picker() -> None:
+    """Envoy Gateway and kgateway connect to the picker with TLS: the picker serves it from a mounted Secret."""
+    env = env_of("inference-pool/envoy-gateway")
+    settings = resolve({}, env)
+    assert settings.tls_cert == "/tls/tls.crt" and settings.tls_key == "/tls/tls.key"
+    mounts = {m["name"]: m["mountPath"] for m in picker("inference-pool/envoy-gateway")["volumeMounts"]}
+    volumes = {v["name"]: v for v in one("inference-pool/envoy-gateway", "Deployment")["spec"]["template"]["spec"]
+               ["volumes"]}
+    assert mounts["tls"] == "/tls" and volumes["tls"]["secret"]["secretName"] == "loadaware-picker-tls"
+    assert "LOADAWARE_TLS_CERT" not in env_of("inference-pool/istio")  # Istio's mesh brings its own mTLS
 
 
 @pytest.mark.parametrize("kustomization", VARIANTS)
@@ -213,6 +232,11 @@ def test_each_gateway_variant_brings_the_routes_parent(kustomization: str, gatew
 
 def test_every_variant_runs_the_same_pool_and_picker() -> None:
     for kustomization in GATEWAYS:
-        for kind in ("InferencePool", "Deployment", "Service", "Role", "HTTPRoute"):
+        for kind in ("InferencePool", "Service", "Role", "HTTPRoute"):
             assert by_kind(kustomization, kind) == by_kind(POOL_ONLY, kind), (kustomization, kind)
+    # the picker Deployment differs only where a gateway dials it with TLS (env, the Secret, the probe port)
+    assert by_kind("inference-pool/istio", "Deployment") == by_kind(POOL_ONLY, "Deployment")
+    tls_env = {"LOADAWARE_TLS_CERT", "LOADAWARE_TLS_KEY", "LOADAWARE_HEALTH_LISTEN"}
+    assert set(env_of("inference-pool/envoy-gateway")) - set(env_of(POOL_ONLY)) == tls_env
+    assert {k: v for k, v in env_of("inference-pool/envoy-gateway").items() if k not in tls_env} == env_of(POOL_ONLY)
     assert not by_kind(POOL_ONLY, "Gateway")  # pool alone: for a Gateway `inference-gateway` already running
