@@ -83,7 +83,7 @@ def test_tls_settings_go_together(certs: CertFiles) -> None:
 async def test_plain_text_health_port_beside_a_tls_grpc_port(certs: CertFiles, stop_after: list[Sidecar]) -> None:
     # kubelet's gRPC probes speak no TLS: --health-listen serves only grpc.health.v1, in plain text.
     health_addr = f"127.0.0.1:{free_port()}"
-    app, addr = await serve("--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
+    app, _addr = await serve("--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
                             "--health-listen", health_addr)
     stop_after.append(app)
     async with grpc.aio.insecure_channel(health_addr) as channel:
