@@ -5,13 +5,15 @@ many engines share one event loop. `handler_cancellation=True` makes a client di
 handler, which unwinds the generation and frees its running slot (vLLM aborts such requests too).
 
 Test hooks: header `x-sim-fail: <status>` answers that status with an OpenAI-style error; header
-`x-sim-abort-after: N` drops the connection after N streamed events; POST /sim/phantom_load adds phantom
-running / waiting counts to the gauges; GET /sim/state; POST /sim/reset_cache.
+`x-sim-abort-after: N` drops the connection after N streamed events; every completion's response carries
+`x-sim-body-sha256`, the SHA-256 (hex) of the request body exactly as the engine received it; POST
+/sim/phantom_load adds phantom running / waiting counts to the gauges; GET /sim/state; POST /sim/reset_cache.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -125,9 +127,9 @@ class Engine:
         except _BadRequest as e:
             return self._json(error_body(e.status, e.message), e.status)
 
-    def _json(self, body: Any, status: int = 200) -> web.Response:
+    def _json(self, body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
         return web.Response(text=json.dumps(body), status=status, content_type="application/json",
-                            headers=self._served_by)
+                            headers={**self._served_by, **headers} if headers else self._served_by)
 
     @staticmethod
     async def _body(request: web.BaseRequest) -> dict[str, Any]:
@@ -146,6 +148,8 @@ class Engine:
             self.core.stats.failed += 1
             status = int(fail) if fail.isdigit() and 400 <= int(fail) <= 599 else 500
             return self._json(error_body(status, f"injected failure {status} by {self.name}"), status)
+        # Test hook: what arrived, byte for byte (aiohttp keeps the read body, so _body reads the same bytes).
+        received = {"x-sim-body-sha256": hashlib.sha256(await request.read()).hexdigest()}
         body = await self._body(request)
         model = body.get("model")
         if model is not None and model != self.config.model_id:
@@ -171,17 +175,18 @@ class Engine:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return await self._stream(request, chat, request_id, prompt, max_tokens,
                                       int(abort_after) if abort_after and abort_after.isdigit() else None,
-                                      include_usage)
+                                      include_usage, received)
         pieces: list[str] = []
         async with contextlib.aclosing(self.core.generate(prompt, max_tokens)) as gen:
             async for piece in gen:
                 pieces.append(piece)
         return self._json(full_response(chat, request_id, self.config.model_id, "".join(pieces), len(prompt),
-                                        len(pieces)))
+                                        len(pieces)), headers=received)
 
     async def _stream(self, request: web.BaseRequest, chat: bool, request_id: str, prompt: list[int],
-                      max_tokens: int, abort_after: int | None, include_usage: bool) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={**self._served_by, "Content-Type": "text/event-stream",
+                      max_tokens: int, abort_after: int | None, include_usage: bool,
+                      extra_headers: dict[str, str]) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={**self._served_by, **extra_headers, "Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
         fmt = StreamFormatter(chat, request_id, self.config.model_id)
