@@ -3,9 +3,14 @@
 Written from vLLM's `vllm/distributed/kv_events.py` (ZmqEventPublisher), independently of the sidecar's
 decoder so that tests of the pair catch a misread format:
 - PUB socket, three frames per message: topic, 8-byte big-endian sequence number (from 0), payload;
-- payload = msgpack of `KVEventBatch` with msgspec's `array_like=True` layout: `[ts, [events...], dp_rank]`;
-  each event a tagged array: `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
-  lora_id, medium, lora_name]`, `["BlockRemoved", block_hashes, medium]`, `["AllBlocksCleared"]`;
+- payload = msgpack of `KVEventBatch`, by default with msgspec's `array_like=True` layout (older vLLM):
+  `[ts, [events...], dp_rank]`, each event a tagged array: `["BlockStored", block_hashes, parent_block_hash,
+  token_ids, block_size, lora_id, medium, lora_name(, extra_keys)]`, `["BlockRemoved", block_hashes, medium]`,
+  `["AllBlocksCleared"]`; or, with `layout="map"`, msgspec's default struct layout (current vLLM): maps by
+  field name, each event tagged by its "type";
+- `extra_keys` (vLLM PR #33304): one entry per stored block, the extra keys hashed into it (here a cache
+  salt's `(salt,)` on a sequence's first block, else None); omitted when every entry is None, as msgspec's
+  `omit_defaults` does;
 - ROUTER replay socket: a request `[identity, b"", start_seq(8 bytes)]` is answered with every buffered batch
   from start_seq, `[identity, b"", seq, payload]`, then `[identity, b"", (-1 as 8 signed bytes), b""]`;
 - a bounded replay buffer (vLLM's `buffer_steps`).
@@ -40,9 +45,12 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 class KvEventsPublisher:
     def __init__(self, ip: str, port: int, replay_port: int | None, block_size: int, topic: str = "",
                  medium: str = "GPU", hash_format: str = "int", buffer_steps: int = 10_000,
-                 data_parallel_rank: int = 0) -> None:
+                 data_parallel_rank: int = 0, layout: str = "array") -> None:
         if hash_format not in ("int", "bytes"):
             raise ValueError("hash_format must be 'int' or 'bytes'")
+        if layout not in ("array", "map"):
+            raise ValueError("layout must be 'array' or 'map'")
+        self.layout = layout
         self.ip = ip
         self.port = port
         self.replay_port = replay_port
@@ -110,9 +118,10 @@ class KvEventsPublisher:
             if run:
                 self._pending.append(self._stored(run))
         elif isinstance(event, BlocksRemoved):
-            self._pending.append(["BlockRemoved", [self._hash(k) for k in event.keys], self.medium])
+            self._pending.append(self._event("BlockRemoved", block_hashes=[self._hash(k) for k in event.keys],
+                                             medium=self.medium))
         elif isinstance(event, AllBlocksCleared):
-            self._pending.append(["AllBlocksCleared"])
+            self._pending.append(self._event("AllBlocksCleared"))
         if not self._flush_scheduled:
             self._flush_scheduled = True
             try:
@@ -123,18 +132,30 @@ class KvEventsPublisher:
     def _hash(self, key: int) -> int | bytes:
         return key if self.hash_format == "int" else key.to_bytes(8, "big", signed=True)
 
-    def _stored(self, blocks: list[Any]) -> list[Any]:
+    def _event(self, tag: str, **fields: Any) -> Any:
+        """One tagged event in the configured layout; `fields` in vLLM's declaration order."""
+        if self.layout == "map":
+            return {"type": tag, **fields}
+        return [tag, *fields.values()]
+
+    def _stored(self, blocks: list[Any]) -> Any:
         parent = blocks[0].parent
         tokens = [t for b in blocks for t in b.tokens]
-        return ["BlockStored", [self._hash(b.key) for b in blocks], None if parent is None else self._hash(parent),
-                tokens, self.block_size, None, self.medium, None]
+        extra: dict[str, Any] = {}
+        if any(b.extra is not None for b in blocks):
+            extra["extra_keys"] = [None if b.extra is None else list(b.extra) for b in blocks]
+        return self._event("BlockStored", block_hashes=[self._hash(b.key) for b in blocks],
+                           parent_block_hash=None if parent is None else self._hash(parent), token_ids=tokens,
+                           block_size=self.block_size, lora_id=None, medium=self.medium, lora_name=None, **extra)
 
     def flush(self) -> None:
         self._flush_scheduled = False
         if not self._pending:
             return
         events, self._pending = self._pending, []
-        payload = msgpack.packb([time.time(), events, self.rank], use_bin_type=True)
+        batch: Any = [time.time(), events, self.rank] if self.layout == "array" else \
+            {"ts": time.time(), "events": events, "data_parallel_rank": self.rank}
+        payload = msgpack.packb(batch, use_bin_type=True)
         seq = self._seq
         self._seq += 1
         self._buffer.append((seq, payload))

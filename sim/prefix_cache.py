@@ -3,6 +3,10 @@
 Pure logic, no I/O and no clocks, so the engine, the unit tests and the discrete-event experiment share it.
 A block's key is the builtin hash of (parent key, tuple of its token ids); tuple-of-int hashing does not
 depend on PYTHONHASHSEED, so keys are stable across processes. Only full blocks are ever cached, as in vLLM.
+A request's `cache_salt` enters the first block's key as vLLM's extra keys `(salt,)` (vLLM:
+`generate_block_hash_extra_keys`, salt in the block starting at token 0 only), and every later key chains on
+it: a salted prompt only matches blocks cached under the same salt. Salted keys hash a string, so unlike plain
+keys they are stable only within one process.
 Observers hear every stored / removed block (a later issue turns these into vLLM KV events, which need the
 key, the parent key and the token ids of each stored block).
 """
@@ -21,6 +25,7 @@ class Block:
     key: int
     parent: int | None  # None for the first block of a sequence (vLLM sends parent_block_hash=None)
     tokens: tuple[int, ...]
+    extra: tuple[str, ...] | None = None  # extra keys hashed into the block (vLLM's: the salt, first block only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,20 +47,29 @@ CacheEvent = BlocksStored | BlocksRemoved | AllBlocksCleared
 Observer = Callable[[CacheEvent], None]
 
 
-def block_key(parent: int | None, tokens: tuple[int, ...]) -> int:
+def block_key(parent: int | None, tokens: tuple[int, ...], extra: tuple[str, ...] | None = None) -> int:
     # A root sentinel of 0 keeps the key an int-only tuple hash (deterministic across processes).
-    return hash((0 if parent is None else parent, tokens))
+    root = 0 if parent is None else parent
+    return hash((root, tokens)) if extra is None else hash((root, tokens, extra))
 
 
-def iter_blocks(tokens: Sequence[int], block_size: int) -> list[Block]:
+def salt_extra(salt: str | None) -> tuple[str, ...] | None:
+    """vLLM's extra keys of a salted request's first block (no LoRA, no images): `(salt,)`; an empty salt
+    counts as none, as in vLLM."""
+    return (salt,) if salt else None
+
+
+def iter_blocks(tokens: Sequence[int], block_size: int, salt: str | None = None) -> list[Block]:
     """Every full block of `tokens` with its chained key; a partial tail is dropped."""
     out: list[Block] = []
     parent: int | None = None
+    extra = salt_extra(salt)
     for start in range(0, len(tokens) - block_size + 1, block_size):
         chunk = tuple(tokens[start : start + block_size])
-        key = block_key(parent, chunk)
-        out.append(Block(key, parent, chunk))
+        key = block_key(parent, chunk, extra)
+        out.append(Block(key, parent, chunk, extra))
         parent = key
+        extra = None
     return out
 
 
@@ -93,22 +107,25 @@ class PrefixCache:
             matched += 1
         return matched * self.block_size
 
-    def match(self, tokens: Sequence[int]) -> int:
-        """Cached prefix length in tokens: walks full blocks, stops at the first miss. Does not touch LRU."""
+    def match(self, tokens: Sequence[int], salt: str | None = None) -> int:
+        """Cached prefix length in tokens for a request with cache salt `salt`: walks full blocks, stops at the
+        first miss. Does not touch LRU."""
         bs = self.block_size
         parent: int | None = None
+        extra = salt_extra(salt)
         matched = 0
         for start in range(0, len(tokens) - bs + 1, bs):
-            key = block_key(parent, tuple(tokens[start : start + bs]))
+            key = block_key(parent, tuple(tokens[start : start + bs]), extra)
             if key not in self._blocks:
                 break
             matched += bs
             parent = key
+            extra = None
         return matched
 
-    def insert(self, tokens: Sequence[int]) -> tuple[list[Block], list[Block]]:
-        """Cache every full block of `tokens`; returns (newly stored blocks, evicted blocks)."""
-        return self.insert_blocks(iter_blocks(tokens, self.block_size))
+    def insert(self, tokens: Sequence[int], salt: str | None = None) -> tuple[list[Block], list[Block]]:
+        """Cache every full block of `tokens` (under `salt`); returns (newly stored blocks, evicted blocks)."""
+        return self.insert_blocks(iter_blocks(tokens, self.block_size, salt))
 
     def insert_blocks(self, blocks: Sequence[Block]) -> tuple[list[Block], list[Block]]:
         """`insert` for a sequence's chained blocks computed beforehand (see `iter_blocks`)."""
