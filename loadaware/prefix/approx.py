@@ -10,6 +10,9 @@ for `ttl_s` is dropped (the engine has probably evicted it). Every metric of thi
 `ApproxIndex` is pure (the caller passes the time), so a discrete-event experiment can use it directly.
 Without a tokenizer the units are the prompt's UTF-8 bytes (`TextUnits`), in blocks of 64 bytes: the
 benefit term stays a dimensionless fraction of the prompt.
+
+Guesses are keyed by the request's `cache_salt` as the engine keys its blocks (blocks.block_keys): what a
+salted request was routed with credits only later requests with the same salt, and never an unsalted one.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 from loadaware.lifecycle import Decision
 from loadaware.prefix.blocks import SlotTable, block_keys, unhold, walk
+from loadaware.prefix.source import salt_of
 from loadaware.telemetry.metrics import Metrics
 
 TEXT_BLOCK_BYTES = 64
@@ -49,8 +53,8 @@ class ApproxIndex:
         self._slots = SlotTable()
         self.evicted = {"capacity": 0, "decay": 0, "endpoint_removed": 0}
 
-    def keys(self, tokens: Sequence[int]) -> list[int]:
-        return block_keys(tokens, self.block_size, limit=self.capacity_blocks)
+    def keys(self, tokens: Sequence[int], salt: str | None = None) -> list[int]:
+        return block_keys(tokens, self.block_size, limit=self.capacity_blocks, salt=salt)
 
     def record(self, engine: str, keys: Sequence[int], now: float) -> int:
         """The request with these block keys was routed to `engine`; returns blocks evicted for capacity."""
@@ -131,25 +135,30 @@ class ApproxPrefixSource:
         self.clock = clock
         # The decision that follows a lookup routes the same token list: keep its keys and answer.
         self._last_tokens: Sequence[int] | None = None
+        self._last_salt: str | None = None
         self._last_keys: list[int] = []
         self._last_answer: dict[str, int] = {}
 
-    def _keys(self, tokens: Sequence[int]) -> list[int]:
-        if tokens is not self._last_tokens:
+    def _keys(self, tokens: Sequence[int], salt: str | None) -> list[int]:
+        salt = salt_of(tokens, salt)
+        if tokens is not self._last_tokens or salt != self._last_salt:
             self._last_tokens = tokens
-            self._last_keys = self.index.keys(tokens)
+            self._last_salt = salt
+            self._last_keys = self.index.keys(tokens, salt)
             self._last_answer = {}
         return self._last_keys
 
-    def lookup(self, tokens: Sequence[int], endpoints: Sequence[str]) -> dict[str, int]:
-        answer = self.index.match(self._keys(tokens), endpoints)
+    def lookup(self, tokens: Sequence[int], endpoints: Sequence[str], salt: str | None = None) -> dict[str, int]:
+        answer = self.index.match(self._keys(tokens, salt), endpoints)
         self._last_answer = answer
         return answer
 
-    async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...]) -> dict[str, int]:
-        return self.lookup(tokens, endpoints)
+    async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...],
+                      salt: str | None = None) -> dict[str, int]:
+        return self.lookup(tokens, endpoints, salt)
 
     # ---- the request lifecycle: the guess is made of what the sidecar routed ----
+    # A decision's token ids carry the request's salt (source.SaltedTokens), so its guess lands under it.
     def on_decided(self, decision: Decision) -> None:
         if decision.tokens and decision.endpoint is not None:
             self.routed(decision.tokens, decision.endpoint)
@@ -162,9 +171,9 @@ class ApproxPrefixSource:
     def on_ended(self, decision: Decision) -> None:
         pass
 
-    def routed(self, tokens: Sequence[int], endpoint: str) -> None:
-        """A request with these prompt tokens went to `endpoint`: remember its blocks there."""
-        keys = self._keys(tokens)
+    def routed(self, tokens: Sequence[int], endpoint: str, salt: str | None = None) -> None:
+        """A request with these prompt tokens (and cache salt) went to `endpoint`: remember its blocks there."""
+        keys = self._keys(tokens, salt)
         credited = self._last_answer.get(endpoint, 0)
         if credited:
             self.metrics.approx_credited.inc(credited)

@@ -9,6 +9,17 @@ The query side is one pass over the request's block keys: an inverted map key ->
 ANDed block after block; an engine's match ends at its first missing block (a prefix cache is only useful up
 to the first miss), and every engine that holds the prefix is credited, not just the first one.
 
+Extra keys. vLLM hashes each block as (parent hash, token ids, extra keys), the extra keys being the LoRA
+name, multimodal identifiers with their offsets, the request's `cache_salt` (in the block starting at token
+0 only) and prompt-embedding hashes, in that order, or None when there are none (`generate_block_hash_extra_keys`
+in vllm/v1/core/kv_cache_utils.py); `BlockStored` events carry them per block (`extra_keys`, vLLM PR #33304).
+Our keys follow the same rule: a stored block's key includes the extra keys its event names, and a request's
+first block key includes `(salt,)` when the request is salted (what vLLM hashes for a salted request with no
+LoRA, image or prompt embeddings). Every later key chains on the first, so a salted request walks only
+blocks stored under its salt, and an unsalted request never walks a salted chain. Blocks with any other
+extra key (LoRA, multimodal, prompt embeddings) get keys no request walk produces: the sidecar cannot know
+those inputs, so such blocks are never credited (under-credit, never over-credit).
+
 Used by the KV-events source (loadaware/prefix/kvevents/) and the approximate index (approx.py), and
 usable as is by a discrete-event experiment.
 """
@@ -20,7 +31,7 @@ from dataclasses import dataclass
 from itertools import islice
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default
-ROOT = 0  # the parent of a chain's first block; keeps keys int-only tuple hashes (stable across processes)
+ROOT = 0  # the parent of a chain's first block; keeps plain keys int-only tuple hashes (stable across processes)
 
 EngineHash = int | bytes  # vLLM's ExternalBlockHash
 
@@ -41,13 +52,23 @@ def medium_bit(medium: str | None) -> int:
 
 
 def block_key(parent: int, tokens: tuple[int, ...], extra: Hashable = None) -> int:
-    """Our key for one block. `extra` (LoRA, multimodal hashes, cache salt) changes the KV the block holds,
-    so such blocks get keys a plain token walk never produces: no phantom credit for them."""
+    """Our key for one block. `extra` (vLLM's extra keys for the block: LoRA name, multimodal identifiers,
+    cache salt, prompt-embedding hashes) changes the KV the block holds, so such blocks get keys a plain token
+    walk never produces: no phantom credit for them. A salted request's walk produces the salted first key
+    (`block_keys(..., salt=...)`)."""
     return hash((parent, tokens)) if extra is None else hash((parent, tokens, extra))
 
 
-def block_keys(tokens: Sequence[int], block_size: int = DEFAULT_BLOCK_SIZE, limit: int | None = None) -> list[int]:
-    """Chained keys of every full block of `tokens` (a partial tail has none, as in vLLM)."""
+def first_block_extra(salt: str | None) -> tuple[str] | None:
+    """The extra keys vLLM hashes into the first block of a request whose only extra input is its cache salt:
+    `(salt,)`; None for an unsalted request (vLLM skips an empty salt too)."""
+    return (salt,) if salt else None
+
+
+def block_keys(tokens: Sequence[int], block_size: int = DEFAULT_BLOCK_SIZE, limit: int | None = None,
+               salt: str | None = None) -> list[int]:
+    """Chained keys of every full block of `tokens` (a partial tail has none, as in vLLM), for a request with
+    cache salt `salt`: the salt enters the first block's key, and through the chain every later one."""
     n = len(tokens) // block_size
     if limit is not None:
         n = min(n, limit)
@@ -55,7 +76,13 @@ def block_keys(tokens: Sequence[int], block_size: int = DEFAULT_BLOCK_SIZE, limi
     parent = ROOT
     # Slicing a tuple yields a tuple: one conversion for the whole prompt, not one per block.
     whole = tokens if isinstance(tokens, tuple) else tuple(tokens)
-    for start in range(0, n * block_size, block_size):
+    first = 0
+    extra = first_block_extra(salt)
+    if extra is not None and n:
+        parent = block_key(ROOT, whole[:block_size], extra)
+        keys.append(parent)
+        first = block_size
+    for start in range(first, n * block_size, block_size):
         parent = hash((parent, whole[start:start + block_size]))
         keys.append(parent)
     return keys
@@ -141,7 +168,8 @@ class _Engine:
         # engine hash -> (our key << 3) | media bits: one dict slot and one int per block
         self.blocks: dict[EngineHash, int] = {}
         # our key -> how many engine hashes map to it (almost always 1; >1 only if two engine hashes carry
-        # the same tokens, e.g. a salt we cannot see): the key stays held until the last one goes
+        # the same tokens and extra keys, e.g. a salt an older vLLM does not publish): the key stays held
+        # until the last one goes
         self.refs: dict[int, int] = {}
 
 
@@ -203,9 +231,10 @@ class BlockIndex:
     # ---- events ----
     def store(self, name: str, block_hashes: Sequence[EngineHash], parent_hash: EngineHash | None,
               token_ids: Sequence[int], block_size: int, medium: str | None = None,
-              extra: Sequence[Hashable] | Hashable = None) -> StoreResult:
-        """One BlockStored event. `extra` is None, one value for every block (e.g. a LoRA name), or a
-        sequence with one value (or None) per block (vLLM's extra_keys)."""
+              extra: Sequence[Hashable] | None = None) -> StoreResult:
+        """One BlockStored event. `extra` is None (plain blocks) or one value per block: the block's extra
+        keys as vLLM hashed them (None for a plain block; see codec.BlockStored.extra). A sequence that does
+        not line up with the blocks marks every block, so none of them is ever credited."""
         engine = self._engine(name)
         result = StoreResult()
         if block_size < 1 or not block_hashes:
@@ -221,7 +250,8 @@ class BlockIndex:
                 result.orphans = len(block_hashes)  # we missed its parent: its chain is unknown to us
                 return result
             parent = packed >> 3
-        per_block = isinstance(extra, (list, tuple)) and len(extra) == len(block_hashes)
+        if extra is not None and len(extra) != len(block_hashes):
+            extra = (("unaligned_extra_keys", tuple(extra)),) * len(block_hashes)
         tokens = token_ids if isinstance(token_ids, tuple) else tuple(token_ids)
         holders = self._holders
         refs = engine.refs
@@ -231,8 +261,7 @@ class BlockIndex:
             if len(chunk) < block_size:
                 result.orphans += len(block_hashes) - i  # a short token list: the rest have no tokens
                 break
-            block_extra = extra[i] if per_block else extra  # type: ignore[index]
-            key = block_key(parent, chunk, block_extra)
+            key = block_key(parent, chunk, None if extra is None else extra[i])
             packed = blocks.get(engine_hash)
             if packed is not None and packed >> 3 == key:
                 blocks[engine_hash] = packed | bit

@@ -4,7 +4,9 @@ Exact sources (LMCache, KV events) are asked together and each endpoint gets the
 LMCache may know chunks offloaded where KV events are not published, KV events know every holder where
 LMCache credits one. The approximate source only speaks for endpoints that no exact source covers (an
 engine with neither LMCache nor a KV-event feed): a guess never overrides a fact. One source failing
-leaves the others' answers; only when every source fails does the decision fall back to load alone.
+leaves the others' answers; only when every source fails does the decision fall back to load alone. The
+request's cache salt goes to every source; one that cannot tell salts apart (LMCache) declines a salted
+request, and the approximate source then speaks for the endpoints it covered.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ class CombinedPrefixSource:
         self.approx = approx
         self.name = ",".join([m.source.name for m in self.exact] + ([approx.name] if approx else []))
 
-    async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...]) -> dict[str, int]:
-        answers = await asyncio.gather(*(m.source.matches(tokens, endpoints) for m in self.exact),
+    async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...],
+                      salt: str | None = None) -> dict[str, int]:
+        answers = await asyncio.gather(*(m.source.matches(tokens, endpoints, salt) for m in self.exact),
                                        return_exceptions=True)
         merged: dict[str, int] = {}
         failure: BaseException | None = None
@@ -53,7 +56,7 @@ class CombinedPrefixSource:
             # With every exact source down, the guess speaks for every endpoint: better than nothing.
             rest = tuple(ep for ep in endpoints if ep not in covered)
             if rest:
-                for endpoint, matched in (await self.approx.matches(tokens, rest)).items():
+                for endpoint, matched in (await self.approx.matches(tokens, rest, salt)).items():
                     merged[endpoint] = max(matched, merged.get(endpoint, 0))
         elif all_failed:
             assert failure is not None

@@ -2,11 +2,18 @@
 
 Sources: the LMCache controller (lmcache.py), and any later index (KV events, approximate). The decision
 pipeline only knows this interface.
+
+Tenant isolation (vLLM's `cache_salt`): vLLM adds a request's salt to the extra keys of the hash of the
+block that starts at token 0 (`generate_block_hash_extra_keys` in vllm/v1/core/kv_cache_utils.py), and every
+later block chains on that hash, so a salted prompt only hits blocks cached under the same salt and salted
+blocks never serve an unsalted prompt. A source is asked with the request's salt and must credit only what
+a request with that salt would really hit; a source that cannot tell salts apart credits a salted request
+nothing (prefix credit may under-credit, never over-credit).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 
@@ -18,9 +25,31 @@ class PrefixUnavailable(Exception):
         self.reason = reason  # a short metric label, e.g. lmcache_timeout
 
 
+class SaltedTokens(list[int]):
+    """A prompt's token ids together with its request's cache salt: what the engine's prefix cache really
+    keys on. The decision keeps its token ids for the request's whole life (the approximate index re-reads
+    them when the request is routed or served elsewhere), so the salt travels with them."""
+
+    __slots__ = ("salt",)
+
+    def __init__(self, tokens: Iterable[int], salt: str) -> None:
+        super().__init__(tokens)
+        self.salt = salt
+
+
+def salt_of(tokens: Sequence[int], salt: str | None = None) -> str | None:
+    """The salt a lookup must honour: the one given, else the one the token list carries. vLLM ignores an
+    empty salt (and its API rejects one), so "" means no salt."""
+    if salt is None and isinstance(tokens, SaltedTokens):
+        salt = tokens.salt
+    return salt or None
+
+
 class PrefixSource(Protocol):
     name: str
 
-    async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...]) -> dict[str, int]:
-        """Matched prefix tokens per endpoint (absent = 0). Raises PrefixUnavailable."""
+    async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...],
+                      salt: str | None = None) -> dict[str, int]:
+        """Matched prefix tokens per endpoint (absent = 0) for a request with cache salt `salt` (None: an
+        unsalted request). Raises PrefixUnavailable."""
         ...

@@ -15,7 +15,7 @@ from typing import Protocol
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import Decision, RequestLifecycle
 from loadaware.policies import Candidate, Policy, ranked
-from loadaware.prefix.source import PrefixSource, PrefixUnavailable
+from loadaware.prefix.source import PrefixSource, PrefixUnavailable, SaltedTokens
 from loadaware.routing.request import InferenceRequest
 
 log = logging.getLogger(__name__)
@@ -60,13 +60,13 @@ class Decider:
         fleet = self.registry.snapshot()
         return fleet if subset is None else tuple(ep for ep in fleet if ep in subset)
 
-    async def prefix_matches(self, tokens: list[int], endpoints: tuple[str, ...],
-                             reasons: list[str]) -> dict[str, int]:
+    async def prefix_matches(self, tokens: list[int], endpoints: tuple[str, ...], reasons: list[str],
+                             salt: str | None = None) -> dict[str, int]:
         if self.prefix_source is None:
             reasons.append("no_prefix_source")
             return {}
         try:
-            return await self.prefix_source.matches(tokens, endpoints)
+            return await self.prefix_source.matches(tokens, endpoints, salt)
         except PrefixUnavailable as exc:
             reasons.append(exc.reason)
             return {}
@@ -96,9 +96,13 @@ class Decider:
                 log.info("request_id=%s tokenizer failed: %s", request_id, exc)
                 reasons.append("tokenizer_error")
             stages["tokenize"] = time.perf_counter() - t
+            if tokens and request.cache_salt:
+                # The salt keys the engine's prefix cache as much as the tokens do; it travels with them (the
+                # approximate index records the decision's tokens under it).
+                tokens = SaltedTokens(tokens, request.cache_salt)
             if tokens:
                 t = time.perf_counter()
-                matches = await self.prefix_matches(tokens, self.endpoints(subset), reasons)
+                matches = await self.prefix_matches(tokens, self.endpoints(subset), reasons, request.cache_salt)
                 stages["lookup"] = time.perf_counter() - t
         # Fresh snapshot after the awaits: an endpoint may have left meanwhile. From here on, no await.
         t = time.perf_counter()

@@ -15,6 +15,9 @@ class InferenceRequest:
     prompt: str | list[int] | None = None
     messages: list[dict[str, Any]] | None = None
     model: str | None = None
+    # vLLM's tenant isolation: the salt enters the hash of the prompt's first KV block, so the request only
+    # hits blocks cached under the same salt (None: unsalted; vLLM rejects an empty or non-string salt).
+    cache_salt: str | None = None
 
     @property
     def has_prompt(self) -> bool:
@@ -58,9 +61,11 @@ def parse_body(kind: str, body: bytes) -> InferenceRequest:
     if not isinstance(data, dict):
         raise BadRequest("not_object", "request body must be a JSON object")
     model = data.get("model") if isinstance(data.get("model"), str) else None
+    salt = data.get("cache_salt")
+    salt = salt if isinstance(salt, str) and salt else None
     if kind == "chat":
         messages = data.get("messages")
         if isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages):
-            return InferenceRequest(kind, messages=messages, model=model)
-        return InferenceRequest(kind, model=model)
-    return InferenceRequest(kind, prompt=_first_prompt(data.get("prompt")), model=model)
+            return InferenceRequest(kind, messages=messages, model=model, cache_salt=salt)
+        return InferenceRequest(kind, model=model, cache_salt=salt)
+    return InferenceRequest(kind, prompt=_first_prompt(data.get("prompt")), model=model, cache_salt=salt)

@@ -32,14 +32,15 @@ def value(metric: Counter, *labels: str) -> float:
 class Rig:
     """Bare publishers over real prefix caches, one per fake endpoint, and the sidecar's feeds."""
 
-    def __init__(self, n: int, base: int, replay: bool = True, buffer_steps: int = 10_000) -> None:
+    def __init__(self, n: int, base: int, replay: bool = True, buffer_steps: int = 10_000,
+                 layout: str = "array") -> None:
         self.caches: dict[str, PrefixCache] = {}
         self.pubs: dict[str, KvEventsPublisher] = {}
         self.explicit: dict[str, FeedAddress] = {}
         for i in range(n):
             ip = f"127.0.0.{base + i}"
             endpoint = f"{ip}:8000"
-            pub = KvEventsPublisher(ip, 0, 0 if replay else None, BS, buffer_steps=buffer_steps)
+            pub = KvEventsPublisher(ip, 0, 0 if replay else None, BS, buffer_steps=buffer_steps, layout=layout)
             pub.start()
             cache = PrefixCache(capacity_blocks=200, block_size=BS)
             cache.add_observer(pub)
@@ -61,13 +62,14 @@ class Rig:
         await wait_until_async(lambda: self.feeds.covered(self.endpoints) == set(self.endpoints),
                                message="feeds connected")
 
-    def truth(self, tokens: list[int]) -> dict[str, int]:
-        return {ep: c.match(tokens) for ep, c in self.caches.items() if c.match(tokens)}
+    def truth(self, tokens: list[int], salt: str | None = None) -> dict[str, int]:
+        return {ep: c.match(tokens, salt) for ep, c in self.caches.items() if c.match(tokens, salt)}
 
-    async def converged(self, tokens: list[int]) -> None:
+    async def converged(self, tokens: list[int], salt: str | None = None) -> None:
         await wait_until_async(
-            lambda: self.source.lookup(tokens, self.endpoints) == self.truth(tokens),
-            message=lambda: f"index == caches ({self.source.lookup(tokens, self.endpoints)} vs {self.truth(tokens)})")
+            lambda: self.source.lookup(tokens, self.endpoints, salt) == self.truth(tokens, salt),
+            message=lambda: f"index == caches ({self.source.lookup(tokens, self.endpoints, salt)} vs "
+                            f"{self.truth(tokens, salt)})")
 
     async def close(self) -> None:
         if self.task is not None:
@@ -206,6 +208,28 @@ async def test_vanished_and_removed_engines_lose_their_credit() -> None:
         r.endpoints = (a,)  # b leaves the fleet
         await wait_until_async(lambda: b not in r.feeds.feeds, message="the departed engine's feed removed")
         assert r.index.blocks(b) == 0 and value(r.metrics.kv_resets, "removed") == 1
+
+
+async def test_salted_blocks_credit_only_requests_with_the_same_salt() -> None:
+    """Engines publish salted blocks as current vLLM does (msgpack maps tagged by "type", the salt in the
+    first block's extra_keys): a salted request is credited only by engines holding its prompt under its
+    salt, an unsalted one only by unsalted holders."""
+    async with rig(3, 50, layout="map") as r:
+        a, b, c = r.endpoints
+        r.caches[a].insert(PROMPT[:10 * BS], salt="tenant-a")
+        r.caches[b].insert(PROMPT, salt="tenant-b")
+        r.caches[c].insert(PROMPT)
+        for salt in ("tenant-a", "tenant-b", None):
+            await r.converged(PROMPT, salt)
+        assert r.source.lookup(PROMPT, r.endpoints, "tenant-a") == {a: 160}
+        assert r.source.lookup(PROMPT, r.endpoints, "tenant-b") == {b: 320}
+        assert r.source.lookup(PROMPT, r.endpoints) == {c: 320}
+        assert r.source.lookup(PROMPT, r.endpoints, "tenant-z") == {}
+        # the rest of tenant-a's prompt arrives as a chain continued from a salted block (no extra keys)
+        r.caches[a].insert(PROMPT, salt="tenant-a")
+        await r.converged(PROMPT, "tenant-a")
+        assert r.source.lookup(PROMPT, r.endpoints, "tenant-a") == {a: 320}
+        assert r.source.lookup(PROMPT, r.endpoints) == {c: 320}
 
 
 @pytest.mark.parametrize("hash_format", ["int", "bytes"])

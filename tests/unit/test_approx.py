@@ -113,7 +113,8 @@ class Fixed:
         self.answer = answer or {}
         self.error = error
 
-    async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...]) -> dict[str, int]:
+    async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...],
+                      salt: str | None = None) -> dict[str, int]:
         if self.error:
             raise PrefixUnavailable(self.error)
         return {ep: n for ep, n in self.answer.items() if ep in endpoints}

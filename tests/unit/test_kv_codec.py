@@ -73,11 +73,16 @@ def test_unknown_and_malformed_events_are_skipped_not_fatal() -> None:
 
 
 def test_lora_and_extra_keys_mark_blocks_as_not_plain_tokens() -> None:
+    """extra() is per block, aligned with block_hashes; None for a plain block."""
     lora = decode_batch(pack([0, [["BlockStored", [1], None, list(range(16)), 16, 3, "GPU", "adapter"]]]))
-    assert lora.events[0].extra() == ("lora", "adapter")  # type: ignore[union-attr]
+    assert lora.events[0].extra() == ((("lora", "adapter"), None),)  # type: ignore[union-attr]
     mm = decode_batch(pack([0, [["BlockStored", [1, 2], None, list(range(32)), 16, None, "GPU", None,
                                  [["img-hash", 0], None]]]]))
     assert mm.events[0].extra() == (("img-hash", 0), None)  # type: ignore[union-attr]
+    # entries that do not line up with the blocks mark every block (never credited rather than misread)
+    odd = decode_batch(pack([0, [["BlockStored", [1, 2], None, list(range(32)), 16, None, "GPU", None, [["s"]]]]]))
+    extra = odd.events[0].extra()  # type: ignore[union-attr]
+    assert extra is not None and len(extra) == 2 and None not in extra
 
 
 @pytest.mark.parametrize("payload", [b"\xc1", pack("text"), pack([1.0]), pack([1.0, "x"]), pack({"ts": 1})])

@@ -107,7 +107,7 @@ def test_clear_and_drop_only_touch_that_engine() -> None:
 
 def test_lora_and_multimodal_blocks_earn_no_plain_credit() -> None:
     index = BlockIndex()
-    index.store(A, [1, 2], None, PROMPT[:32], BS, "GPU", extra=("lora", "adapter"))
+    index.store(A, [1, 2], None, PROMPT[:32], BS, "GPU", extra=[("lora", "adapter")] * 2)
     index.store(B, [1, 2], None, PROMPT[:32], BS, "GPU", extra=[None, ("img", 7)])
     assert index.match(block_keys(PROMPT, BS), BS, [A, B]) == {B: 16}
 

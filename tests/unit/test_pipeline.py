@@ -34,7 +34,8 @@ class FixedSource:
         self.registry = registry
         self.calls = 0
 
-    async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...]) -> dict[str, int]:
+    async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...],
+                      salt: str | None = None) -> dict[str, int]:
         self.calls += 1
         if self.delay:
             await asyncio.sleep(self.delay)

@@ -14,7 +14,7 @@ An unknown event tag is skipped and counted, never fatal.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,14 +38,25 @@ class BlockStored:
     lora_name: str | None = None
     extra_keys: tuple[Hashable, ...] | None = None  # one entry (or None) per block
 
-    def extra(self) -> Sequence[Hashable] | Hashable:
-        """What, besides tokens, the blocks' KV depends on (see block_index.block_key)."""
+    def extra(self) -> tuple[Hashable, ...] | None:
+        """Per block (aligned with block_hashes): what besides its tokens the block's KV depends on, None for
+        a plain block; None overall when every block is plain (see blocks.block_key).
+
+        vLLM's `extra_keys` entry for a block is exactly the extra-keys tuple it hashed the block with: the
+        LoRA name, multimodal (identifier, offset) pairs, the `cache_salt` (first block of a sequence only)
+        and prompt-embedding hashes, in that order; None when there are none. A LoRA adapter named only by
+        `lora_name` / `lora_id` (vLLM before `extra_keys`) marks every block too. Entries that do not line up
+        with the blocks mark every block: such blocks are never credited rather than credited wrongly."""
         lora = self.lora_name if self.lora_name is not None else self.lora_id
-        if self.extra_keys is not None and any(e is not None for e in self.extra_keys):
-            if lora is None:
-                return self.extra_keys
-            return tuple((("lora", lora), e) for e in self.extra_keys)
-        return None if lora is None else ("lora", lora)
+        n = len(self.block_hashes)
+        keys = self.extra_keys
+        if keys is not None and not any(e is not None for e in keys):
+            keys = None
+        if keys is not None and len(keys) != n:
+            keys = (("unaligned_extra_keys", keys),) * n
+        if lora is None:
+            return keys
+        return tuple((("lora", lora), None if keys is None else keys[i]) for i in range(n))
 
 
 @dataclass(frozen=True, slots=True)

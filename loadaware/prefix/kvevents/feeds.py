@@ -32,6 +32,7 @@ from loadaware.prefix.kvevents.codec import (
     decode_seq,
 )
 from loadaware.prefix.kvevents.sync import ApplyCounts, FeedSync, Verdict, apply_batch
+from loadaware.prefix.source import salt_of
 from loadaware.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -324,8 +325,11 @@ class KvEventsPrefixSource:
         self.index = index
         self.feeds = feeds
 
-    def lookup(self, tokens: Sequence[int], endpoints: Sequence[str]) -> dict[str, int]:
-        """Synchronous core (the discrete-event experiment and the benchmark call it directly)."""
+    def lookup(self, tokens: Sequence[int], endpoints: Sequence[str], salt: str | None = None) -> dict[str, int]:
+        """Synchronous core (the discrete-event experiment and the benchmark call it directly). A salted
+        request walks the chain its salt starts (blocks.block_keys): only blocks stored under that salt
+        credit it, and salted blocks never credit an unsalted request."""
+        salt = salt_of(tokens, salt)
         sizes: dict[int, list[str]] = {}
         for ep in endpoints:
             size = self.index.block_size(ep)
@@ -333,11 +337,12 @@ class KvEventsPrefixSource:
                 sizes.setdefault(size, []).append(ep)
         out: dict[str, int] = {}
         for size, eps in sizes.items():
-            out.update(self.index.match(block_keys(tokens, size), size, eps))
+            out.update(self.index.match(block_keys(tokens, size, salt=salt), size, eps))
         return out
 
-    async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...]) -> dict[str, int]:
-        return self.lookup(tokens, endpoints)
+    async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...],
+                      salt: str | None = None) -> dict[str, int]:
+        return self.lookup(tokens, endpoints, salt)
 
     def covered(self, endpoints: Sequence[str]) -> set[str]:
         return set() if self.feeds is None else self.feeds.covered(endpoints)
