@@ -45,6 +45,10 @@ class BenchConfig:
     connections: int = 256
     cases: tuple[str, ...] = ("transport", "decision", "steps")
     start_retries: int = 3
+    # Case 7 (picker): streamed responses of this many tokens, one every picker_token_ms on the engines.
+    picker_tokens: int = 64
+    picker_token_ms: float = 2.0
+    picker_prompts: tuple[str, ...] = ("tiny", "decision")
 
     @property
     def log_dir(self) -> Path:
@@ -76,9 +80,11 @@ class CaseResults:
 
 
 @contextlib.contextmanager
-def bench_stack(cfg: BenchConfig, policy: str, lmcache: bool) -> Iterator[tuple[Stack, EnvoyProc]]:
+def bench_stack(cfg: BenchConfig, policy: str, lmcache: bool,
+                fleet_args: list[str] | None = None) -> Iterator[tuple[Stack, EnvoyProc]]:
     """The shipped stack plus a pass-through Envoy (no ext_proc) on spare ports in front of the same fleet."""
-    stack = Stack(cfg.log_dir, engines=3, lmcache=lmcache, fleet_args=FAST_FLEET,
+    stack = Stack(cfg.log_dir, engines=3, lmcache=lmcache,
+                  fleet_args=FAST_FLEET if fleet_args is None else fleet_args,
                   sidecar_args=[*SIDECAR_COMMON, "--policy", policy])
     # Ports are shared with other runs on this machine: on a start failure wait and try again.
     start_with_retries(stack.start, attempts=cfg.start_retries, what=f"stack ({policy})", delay_s=15.0)
@@ -105,10 +111,11 @@ def _procs(stack: Stack, alone: EnvoyProc, arm_uses_sidecar: bool) -> dict[str, 
     return procs
 
 
-def _spec(cfg: BenchConfig, url: str, rate: float, duration: float, *, method: str = "POST",
-          bodies: list[str] | None = None, bodies_file: str = "", seed: int = 1) -> LoadSpec:
+def load_spec(cfg: BenchConfig, url: str, rate: float, duration: float, *, method: str = "POST",
+          bodies: list[str] | None = None, bodies_file: str = "", seed: int = 1, stream: bool = False) -> LoadSpec:
     return LoadSpec(url=url, rate=rate, duration=duration, method=method, bodies=bodies or [],
-                    bodies_file=bodies_file, arrivals=cfg.arrivals, seed=seed, connections=cfg.connections)
+                    bodies_file=bodies_file, arrivals=cfg.arrivals, seed=seed, connections=cfg.connections,
+                    stream=stream)
 
 
 def run_transport(cfg: BenchConfig, results: CaseResults) -> None:
@@ -117,21 +124,22 @@ def run_transport(cfg: BenchConfig, results: CaseResults) -> None:
         sidecar = stack.sidecar
         body = tiny_body()
         for arm, url_base, uses in (("envoy_alone", alone.url, False), ("envoy+sidecar", stack.url, True)):
-            spec = _spec(cfg, f"{url_base}/v1/completions", cfg.rate, cfg.duration, bodies=[body])
+            spec = load_spec(cfg, f"{url_base}/v1/completions", cfg.rate, cfg.duration, bodies=[body])
             results.arms.append(measure("transport", arm, spec, _procs(stack, alone, uses), cfg.work_dir,
                                         sidecar=sidecar, warmup_s=cfg.warmup))
-            _log_arm(results.arms[-1])
+            log_arm(results.arms[-1])
         for arm, url_base, uses in (("envoy_alone", alone.url, False), ("envoy+sidecar", stack.url, True)):
-            spec = _spec(cfg, f"{url_base}/v1/models", cfg.rate, cfg.duration, method="GET")
+            spec = load_spec(cfg, f"{url_base}/v1/models", cfg.rate, cfg.duration, method="GET")
             results.arms.append(measure("models_get", arm, spec, _procs(stack, alone, uses), cfg.work_dir,
                                         sidecar=sidecar, warmup_s=cfg.warmup))
-            _log_arm(results.arms[-1])
+            log_arm(results.arms[-1])
 
 
-def _bodies_file(cfg: BenchConfig) -> tuple[str, str]:
+def decision_bodies_files(cfg: BenchConfig, max_tokens: int = 1, stream: bool = False) -> tuple[str, str]:
     cfg.work_dir.mkdir(parents=True, exist_ok=True)
-    warm, measured = decision_bodies()
-    warm_path, meas_path = cfg.work_dir / "bodies-warm.json", cfg.work_dir / "bodies-decision.json"
+    warm, measured = decision_bodies(max_tokens=max_tokens, stream=stream)
+    tag = "-stream" if stream else ""
+    warm_path, meas_path = cfg.work_dir / "bodies-warm.json", cfg.work_dir / f"bodies-decision{tag}.json"
     warm_path.write_text(json.dumps(warm))
     meas_path.write_text(json.dumps(measured))
     return str(warm_path), str(meas_path)
@@ -139,26 +147,21 @@ def _bodies_file(cfg: BenchConfig) -> tuple[str, str]:
 
 def run_decision(cfg: BenchConfig, results: CaseResults) -> None:
     """2. 1,578-token prompts over 64 shared prefixes, loadaware + LMCache, vs Envoy alone; 3. rate steps."""
-    warm_file, bodies_file = _bodies_file(cfg)
+    warm_file, bodies_file = decision_bodies_files(cfg)
     with bench_stack(cfg, "loadaware", lmcache=True) as (stack, alone):
         sidecar = stack.sidecar
         url = f"{stack.url}/v1/completions"
-        # Fill the engines' caches (and so LMCache) with every prefix, through the router under test.
-        fill = LoadSpec(url=url, rate=50, duration=64 / 50 + 0.5, bodies_file=warm_file, arrivals="fixed",
-                        max_requests=64)
-        filled = run_loadgen(fill, cfg.work_dir, "decision-fill")
-        results.notes.append(f"cache fill: {filled.ok}/{filled.scheduled} prefixes OK")
-        time.sleep(0.5)  # admits travel to the controller over ZMQ asynchronously
+        fill_caches(cfg, results, url, warm_file, "decision")
         if "decision" in cfg.cases:
             for arm, url_base, uses in (("envoy_alone", alone.url, False), ("envoy+sidecar", stack.url, True)):
-                spec = _spec(cfg, f"{url_base}/v1/completions", cfg.rate, cfg.duration, bodies_file=bodies_file)
+                spec = load_spec(cfg, f"{url_base}/v1/completions", cfg.rate, cfg.duration, bodies_file=bodies_file)
                 results.arms.append(measure("decision", arm, spec, _procs(stack, alone, uses), cfg.work_dir,
                                             sidecar=sidecar, warmup_s=cfg.warmup))
-                _log_arm(results.arms[-1])
+                log_arm(results.arms[-1])
         if "steps" in cfg.cases:
             procs = _procs(stack, alone, True)
             for rate in cfg.step_rates:
-                spec = _spec(cfg, url, rate, cfg.step_duration, bodies_file=bodies_file, seed=int(rate))
+                spec = load_spec(cfg, url, rate, cfg.step_duration, bodies_file=bodies_file, seed=int(rate))
                 step = measure("steps", f"{rate:g}/s", spec, procs, cfg.work_dir, sidecar=sidecar,
                                warmup_s=min(1.0, cfg.warmup))
                 reasons = []
@@ -169,7 +172,7 @@ def run_decision(cfg: BenchConfig, results: CaseResults) -> None:
                 if not step.latency["p99_ms"] <= cfg.step_p99_limit_ms:
                     reasons.append(f"p99 {step.latency['p99_ms']:.1f} ms > {cfg.step_p99_limit_ms:g} ms")
                 results.steps.append(StepResult(rate, not reasons, step, "; ".join(reasons)))
-                _log_arm(step, "; ".join(reasons) or "sustained")
+                log_arm(step, "; ".join(reasons) or "sustained")
                 failed = sum(1 for st in results.steps if not st.ok)
                 # One more step after a latency-only failure shows where throughput itself gives out.
                 if failed >= cfg.step_max_failures or any(not r.startswith("p99") for r in reasons):
@@ -177,7 +180,16 @@ def run_decision(cfg: BenchConfig, results: CaseResults) -> None:
                 time.sleep(1.0)
 
 
-def _log_arm(a: ArmResult, extra: str = "") -> None:
+def fill_caches(cfg: BenchConfig, results: CaseResults, url: str, warm_file: str, case: str) -> None:
+    """Fill the engines' caches (and so LMCache) with every prefix, through the router under test."""
+    fill = LoadSpec(url=url, rate=50, duration=64 / 50 + 0.5, bodies_file=warm_file, arrivals="fixed",
+                    max_requests=64)
+    filled = run_loadgen(fill, cfg.work_dir, f"{case}-fill")
+    results.notes.append(f"{case} cache fill: {filled.ok}/{filled.scheduled} prefixes OK")
+    time.sleep(0.5)  # admits travel to the controller over ZMQ asynchronously
+
+
+def log_arm(a: ArmResult, extra: str = "") -> None:
     log.info("%-10s %-14s %5.0f/s n=%-6d err=%-4d p50=%.2fms p99=%.2fms sidecar=%.0fus/req envoy=%.0fus/req %s",
              a.case, a.arm, a.rate, a.requests, a.errors, a.latency["p50_ms"], a.latency["p99_ms"],
              a.cpu_us_per_request.get("sidecar", 0.0), a.cpu_us_per_request.get("envoy", 0.0), extra)

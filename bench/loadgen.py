@@ -5,6 +5,11 @@ a bounded keep-alive connection pool; a request waiting for a free connection ke
 latency is measured from when it was *due* (no coordinated omission). Bounded by count and by time: the
 schedule ends at `duration`, and whatever is still running `drain_timeout` later counts as an error.
 
+With `stream` (SSE responses, `"stream": true` bodies) a 200 response is read piece by piece as it arrives:
+its events are counted (bench/sse.py), the time to its first complete event is its TTFT (from the due time,
+like the latency, which still runs to the last byte), and a body that does not end with `data: [DONE]` is an
+error ("error:truncated_stream").
+
     python -m bench.loadgen SPEC.json OUT.json
 """
 
@@ -23,6 +28,7 @@ from typing import Any
 import aiohttp
 
 from .schedule import arrival_offsets
+from .sse import SseCounter
 
 
 @dataclass
@@ -39,6 +45,7 @@ class LoadSpec:
     connections: int = 256
     timeout: float = 10.0  # per request, total
     drain_timeout: float = 15.0
+    stream: bool = False  # read 200 responses as SSE streams: count events, time the first one
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LoadSpec:
@@ -60,6 +67,8 @@ class LoadResult:
     wall_s: float  # from the first due time to the last completion
     achieved_rate: float  # ok / max(duration, wall_s)
     client_cpu_s: float
+    ttft_s: list[float] = field(default_factory=list)  # stream: due time to first event, successful requests
+    sse_events: dict[str, int] = field(default_factory=dict)  # stream: {events per response: responses}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,6 +95,8 @@ async def run_load(spec: LoadSpec) -> LoadResult:
     service = [math.nan] * n
     lag = [math.nan] * n
     ends = [math.nan] * n
+    ttft = [math.nan] * n
+    events = [0] * n
     headers = {"content-type": "application/json"} if bodies[0] is not None else {}
     cpu0 = time.process_time()
     connector = aiohttp.TCPConnector(limit=spec.connections, limit_per_host=spec.connections,
@@ -100,8 +111,16 @@ async def run_load(spec: LoadSpec) -> LoadResult:
             lag[i] = started - due
             try:
                 async with session.request(spec.method, spec.url, data=body, headers=headers) as resp:
-                    await resp.read()
-                    status[i] = str(resp.status)
+                    if spec.stream and resp.status == 200:
+                        sse = SseCounter()
+                        async for piece in resp.content.iter_any():
+                            if sse.feed(piece) and math.isnan(ttft[i]):
+                                ttft[i] = loop.time() - due
+                        events[i] = sse.events
+                        status[i] = "200" if sse.done else "error:truncated_stream"
+                    else:
+                        await resp.read()
+                        status[i] = str(resp.status)
             except TimeoutError:
                 status[i] = "error:timeout"
             except aiohttp.ClientError as exc:
@@ -140,6 +159,9 @@ async def run_load(spec: LoadSpec) -> LoadResult:
         service_s=[service[i] for i in ok_idx], send_lag_p99_ms=lag_p99, wall_s=wall,
         achieved_rate=len(ok_idx) / max(spec.duration, wall) if n else 0.0,
         client_cpu_s=time.process_time() - cpu0,
+        ttft_s=[ttft[i] for i in ok_idx] if spec.stream else [],
+        sse_events=({str(k): v for k, v in sorted(Counter(events[i] for i in ok_idx).items())}
+                    if spec.stream else {}),
     )
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,9 +63,34 @@ class ArmResult:
     decisions: float = 0.0
     lookups: dict[str, float] = field(default_factory=dict)  # match / empty / failed deltas
     fallbacks: float = 0.0
+    ttft: dict[str, float] = field(default_factory=dict)  # streamed responses: like `latency`, to 1st event
+    sse_events: dict[str, int] = field(default_factory=dict)  # streamed: {events per response: responses}
+    counters: dict[str, float] = field(default_factory=dict)  # Δ of the caller's counters (Envoy's ext_proc)
+
+    @property
+    def sse_events_per_response(self) -> float:
+        n = sum(self.sse_events.values())
+        return sum(int(k) * v for k, v in self.sse_events.items()) / n if n else math.nan
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def machine_busy_seconds(stat_text: str, ticks_per_s: float) -> float:
+    """CPU seconds all cores together spent busy since boot (user, nice, system, irq, softirq; not idle,
+    iowait or steal), from the aggregate `cpu` line of /proc/stat."""
+    for line in stat_text.splitlines():
+        if line.startswith("cpu "):
+            f = [int(x) for x in line.split()[1:]]
+            return (f[0] + f[1] + f[2] + f[5] + f[6]) / ticks_per_s
+    raise ValueError("no aggregate cpu line in /proc/stat")
+
+
+def _machine_busy() -> float | None:
+    try:
+        return machine_busy_seconds(Path("/proc/stat").read_text(), os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _safe_metrics(sidecar: SidecarProc | None) -> str:
@@ -76,20 +103,30 @@ def _safe_metrics(sidecar: SidecarProc | None) -> str:
 
 
 def measure(case: str, arm: str, spec: LoadSpec, procs: dict[str, ManagedProc], work_dir: Path,
-            sidecar: SidecarProc | None = None, warmup_s: float = 0.0) -> ArmResult:
-    """Optional warm-up run, then the measured run with CPU and metrics snapshots around it."""
+            sidecar: SidecarProc | None = None, warmup_s: float = 0.0,
+            counters: Callable[[], dict[str, float]] | None = None) -> ArmResult:
+    """Optional warm-up run, then the measured run with CPU and metrics snapshots around it. `counters`
+    (read outside the CPU window) gives named counters whose deltas over the run go into the result."""
     if warmup_s > 0:
         warm = LoadSpec(**{**asdict(spec), "duration": warmup_s, "seed": spec.seed + 1000})
         run_loadgen(warm, work_dir, f"{case}-{arm}-warm")
+    c0 = counters() if counters is not None else {}
+    busy0 = _machine_busy()
     cpu0 = {name: p.cpu_seconds() for name, p in procs.items() if p.running}
     m0 = _safe_metrics(sidecar)
     t0 = time.monotonic()
     result = run_loadgen(spec, work_dir, f"{case}-{arm}")
     wall = time.monotonic() - t0
     cpu1 = {name: p.cpu_seconds() for name, p in procs.items() if p.running}
+    busy1 = _machine_busy()
     m1 = _safe_metrics(sidecar)
+    c1 = counters() if counters is not None else {}
     cpu = {name: cpu1[name] - cpu0[name] for name in cpu0 if name in cpu1}
     cpu["loadgen"] = result.client_cpu_s
+    if busy0 is not None and busy1 is not None:
+        # Everything else this machine ran meanwhile (other test runs, the load generator's start-up): a
+        # benchmark sharing its cores with them measures them too.
+        cpu["outside"] = (busy1 - busy0) - sum(cpu.values())
     n = max(1, result.sent)
     window = max(result.wall_s, spec.duration)
     out = ArmResult(
@@ -100,6 +137,9 @@ def measure(case: str, arm: str, spec: LoadSpec, procs: dict[str, ManagedProc], 
         # Δcpu covers the loadgen process start/stop too (servers idle then): divide by the process wall.
         cpu_per_wall_s={k: v / max(wall, window) for k, v in cpu.items()},
         wall_s=window,
+        ttft=latency_summary_ms(result.ttft_s) if result.ttft_s else {},
+        sse_events=result.sse_events,
+        counters={k: v - c0.get(k, 0.0) for k, v in c1.items()},
     )
     if m0 and m1:
         stages = promtext.histogram_delta_means(m0, m1, "loadaware_decision_stage_seconds", by="stage")

@@ -1,6 +1,6 @@
 """`make bench`: Envoy alone vs Envoy + sidecar — CPU per request, added latency, highest sustained rate.
 
-    python -m bench.run [--duration S] [--rate R] [--quick] [--cases transport,decision,steps]
+    python -m bench.run [--duration S] [--rate R] [--quick] [--cases transport,decision,steps,picker]
 
 Prints its figures (it does not pass or fail) and writes out/bench/results.json.
 """
@@ -22,22 +22,28 @@ from . import extproc_inprocess as extproc_bench
 from . import kv_events as kv_events_bench
 from . import scrape_parse as scrape_parse_bench
 from .cases import BenchConfig, CaseResults, as_dict, run_decision, run_transport
-from .report import TARGETS, case_table, steps_table, summary, summary_table
+from .picker import PROMPTS as PICKER_PROMPTS
+from .picker import run_picker
+from .report import TARGETS, case_table, picker_figures, picker_table, steps_table, summary, summary_table
 
 REPO = Path(__file__).resolve().parents[1]
-CASES = ("transport", "decision", "steps", "kv_events", "scrape_parse", "extproc_inprocess")
+CASES = ("transport", "decision", "steps", "kv_events", "scrape_parse", "extproc_inprocess", "picker")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     p.add_argument("--duration", type=float, default=None, help="measured seconds per arm (default 15)")
-    p.add_argument("--rate", type=float, default=None, help="fixed rate for cases 1-2, req/s (default 200)")
+    p.add_argument("--rate", type=float, default=None, help="fixed rate for cases 1, 2 and 7, req/s (default 200)")
     p.add_argument("--warmup", type=float, default=None, help="warm-up seconds before each arm (default 2)")
     p.add_argument("--step-duration", type=float, default=None, help="seconds per rate step (default 8)")
     p.add_argument("--step-rates", default=None, help="comma list of req/s for the rate steps")
     p.add_argument("--quick", action="store_true", help="short durations: a CI smoke, not a measurement")
     p.add_argument("--cases", default=",".join(CASES), help=f"comma list of {', '.join(CASES)}")
     p.add_argument("--arrivals", choices=("poisson", "fixed"), default="poisson")
+    p.add_argument("--picker-prompts", default=None,
+                   help=f"comma list of {', '.join(PICKER_PROMPTS)} for the picker case (default both)")
+    p.add_argument("--picker-token-ms", type=float, default=None,
+                   help="picker case: the engines' time between two streamed tokens, ms (default 2)")
     p.add_argument("--out", default=str(REPO / "out" / "bench"), help="output folder (default out/bench)")
     return p.parse_args(argv)
 
@@ -60,6 +66,13 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
         cfg.step_duration = args.step_duration
     if args.step_rates:
         cfg.step_rates = tuple(float(r) for r in args.step_rates.split(","))
+    if args.picker_prompts:
+        cfg.picker_prompts = tuple(p.strip() for p in args.picker_prompts.split(",") if p.strip())
+        unknown_prompts = [p for p in cfg.picker_prompts if p not in PICKER_PROMPTS]
+        if unknown_prompts:
+            raise SystemExit(f"unknown picker prompt(s) {unknown_prompts}; expected {tuple(PICKER_PROMPTS)}")
+    if args.picker_token_ms is not None:
+        cfg.picker_token_ms = args.picker_token_ms
     return cfg
 
 
@@ -97,6 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parse_result = scrape_parse_bench.run(args.quick)
         if "extproc_inprocess" in cfg.cases:  # in-process: our own code per request and per response chunk
             extproc_result = extproc_bench.run(args.quick)
+        if "picker" in cfg.cases:  # end to end: streamed responses through BUFFERED and full-duplex ext_proc
+            run_picker(cfg, results)
     except Exception as exc:  # still print and save what was measured
         error = f"{type(exc).__name__}: {exc}"
         logging.exception("benchmark aborted")
@@ -104,7 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     summ = summary(results)
     doc = {"machine": mach, "config": as_dict(cfg), "targets": TARGETS, "runtime_s": runtime,
            "summary": summ, "error": error, **results.to_dict(), "kv_events": kv_result,
-           "scrape_parse": parse_result, "extproc_inprocess": extproc_result}
+           "scrape_parse": parse_result, "extproc_inprocess": extproc_result,
+           "picker": {case: picker_figures(results, case) for case, _, _ in PICKER_PROMPTS.values()}}
     out_json = cfg.out_dir / "results.json"
     out_json.write_text(json.dumps(doc, indent=2, default=str))
 
@@ -124,6 +140,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parts.append(scrape_parse_bench.table(parse_result))
     if extproc_result is not None:
         parts.append(extproc_bench.table(extproc_result))
+    streamed = f"streamed {cfg.picker_tokens}-token responses, a token every {cfg.picker_token_ms:g} ms"
+    parts.append(picker_table(results, "picker", f"7a. Picker mode ({streamed}): tiny prompt (sidecar policy "
+                              "leastload)"))
+    parts.append(picker_table(results, "picker_decision", f"7b. Picker mode ({streamed}): 1,578-token prompt, 64 "
+                              "shared prefixes (loadaware + LMCache)"))
     parts.append(summary_table(summ, cfg.rate))
     if error:
         parts.append(f"**Run aborted early:** {error}\n")

@@ -28,8 +28,16 @@ _WORDS = (  # noqa: SIM905 - a word list reads best as running text
 ).split()
 
 
-def tiny_body(max_tokens: int = 1) -> str:
-    return json.dumps({"model": MODEL, "prompt": "Hi there", "max_tokens": max_tokens})
+def _body(prompt: str, max_tokens: int, stream: bool) -> str:
+    """A /v1/completions body; `stream` asks for SSE and every one of the max_tokens (`ignore_eos`)."""
+    body: dict[str, object] = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens}
+    if stream:
+        body.update(stream=True, ignore_eos=True)
+    return json.dumps(body)
+
+
+def tiny_body(max_tokens: int = 1, stream: bool = False) -> str:
+    return _body("Hi there", max_tokens, stream)
 
 
 class PromptBuilder:
@@ -76,16 +84,14 @@ class PromptBuilder:
 
 
 def decision_bodies(prefixes: int = 64, per_prefix: int = 8, seed: int = 7, max_tokens: int = 1,
-                    builder: PromptBuilder | None = None) -> tuple[list[str], list[str]]:
+                    builder: PromptBuilder | None = None, stream: bool = False) -> tuple[list[str], list[str]]:
     """(warm-up bodies: one per prefix, measured bodies: prefixes x per_prefix interleaved so consecutive
-    requests use different prefixes). Every prompt is exactly PROMPT_TOKENS tokens."""
+    requests use different prefixes). Every prompt is exactly PROMPT_TOKENS tokens. `stream` applies to the
+    measured bodies (the warm-up ones only fill the caches: max_tokens 1, not streamed)."""
     b = builder or PromptBuilder()
     rng = random.Random(seed)
     heads = [b.text(rng, PREFIX_TOKENS, lead=f"Document {k} about") for k in range(prefixes)]
 
-    def body(text: str) -> str:
-        return json.dumps({"model": MODEL, "prompt": text, "max_tokens": max_tokens})
-
-    warm = [body(b.prompt(h, rng)) for h in heads]
-    measured = [body(b.prompt(heads[k], rng)) for _ in range(per_prefix) for k in range(prefixes)]
+    warm = [_body(b.prompt(h, rng), 1, False) for h in heads]
+    measured = [_body(b.prompt(heads[k], rng), max_tokens, stream) for _ in range(per_prefix) for k in range(prefixes)]
     return warm, measured

@@ -72,3 +72,77 @@ def test_loadgen_reports_non_2xx_and_connection_errors() -> None:
     r = asyncio.run(refused())
     assert r.ok == 0 and r.errors == 5
     assert all(k.startswith("error:") for k in r.statuses)
+
+
+async def _serve_sse_and_load(spec_for: Callable[[str], LoadSpec]) -> LoadResult:
+    """/sse streams 8 token events and [DONE], each written on its own after a short pause, one event split in
+    two writes; /cut stops after 3 events (no [DONE]); /busy answers 503."""
+
+    async def sse(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(8 if request.path == "/sse" else 3):
+            event = b'data: {"choices":[{"text":" t%d"}]}\n\n' % i
+            if i == 4:
+                await resp.write(event[:5])
+                await asyncio.sleep(0.002)
+                event = event[5:]
+            await resp.write(event)
+            await asyncio.sleep(0.002)
+        if request.path == "/sse":
+            await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def busy(request: web.Request) -> web.Response:
+        return web.json_response({"error": "busy"}, status=503)
+
+    app = web.Application()
+    app.router.add_post("/sse", sse)
+    app.router.add_post("/cut", sse)
+    app.router.add_post("/busy", busy)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        return await run_load(spec_for(f"http://127.0.0.1:{port}"))
+    finally:
+        await runner.cleanup()
+
+
+def test_loadgen_streams_counts_events_and_times_the_first() -> None:
+    def spec(base: str) -> LoadSpec:
+        return LoadSpec(url=f"{base}/sse", rate=40, duration=0.5, arrivals="fixed", bodies=['{"stream":true}'],
+                        connections=8, timeout=5.0, stream=True)
+
+    r = asyncio.run(_serve_sse_and_load(spec))
+    assert r.ok == 20 and r.errors == 0 and r.statuses == {"200": 20}
+    assert r.sse_events == {"9": 20}
+    # The first event arrives before the last byte: about 8 pauses of 2 ms separate them (at least 7 x 2 ms
+    # by the server's sleeps, however slow the machine).
+    assert len(r.ttft_s) == 20
+    assert all(0 < t <= lat - 0.014 for t, lat in zip(r.ttft_s, r.latencies_s))
+
+
+def test_loadgen_stream_without_done_is_an_error_and_non_200_is_not_parsed() -> None:
+    def cut(base: str) -> LoadSpec:
+        return LoadSpec(url=f"{base}/cut", rate=20, duration=0.25, arrivals="fixed", bodies=["{}"], stream=True)
+
+    r = asyncio.run(_serve_sse_and_load(cut))
+    assert r.statuses == {"error:truncated_stream": 5} and r.ok == 0 and r.ttft_s == [] and r.sse_events == {}
+
+    def busy(base: str) -> LoadSpec:
+        return LoadSpec(url=f"{base}/busy", rate=20, duration=0.25, arrivals="fixed", bodies=["{}"], stream=True)
+
+    r = asyncio.run(_serve_sse_and_load(busy))
+    assert r.statuses == {"503": 5} and r.errors == 5
+
+
+def test_loadgen_without_stream_reports_no_stream_figures() -> None:
+    def spec(base: str) -> LoadSpec:
+        return LoadSpec(url=f"{base}/sse", rate=20, duration=0.25, arrivals="fixed", bodies=["{}"])
+
+    r = asyncio.run(_serve_sse_and_load(spec))
+    assert r.ok == 5 and r.ttft_s == [] and r.sse_events == {}
