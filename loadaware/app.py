@@ -13,16 +13,14 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health
-from grpc_reflection.v1alpha import reflection
 
-from loadaware.api.debug_http import DebugHttp
-from loadaware.api.servicer import SERVICE_NAME as API_SERVICE_NAME
+from loadaware.api.admin import admin_server, is_loopback
+from loadaware.api.debug_http import DebugHttp, MetricsHttp
 from loadaware.api.servicer import RouterServicer
 from loadaware.config import Settings
 from loadaware.extproc.conversation import StreamOptions
 from loadaware.extproc.health import HealthReporter
-from loadaware.extproc.stream import SERVICE_NAME, ExtProcServicer
+from loadaware.extproc.stream import ExtProcServicer
 from loadaware.fleet.discovery.catalog import DiscoveryCatalog
 from loadaware.fleet.discovery.envoy_admin import EnvoyAdminDiscovery
 from loadaware.fleet.discovery.file import EndpointsFileWatcher
@@ -99,10 +97,15 @@ class Sidecar:
         self.extproc = ExtProcServicer(self.decider, self.lifecycle, self.metrics, s.destination_header,
                                        StreamOptions(s.no_endpoint_reply, s.max_request_body_bytes))
         self.health = HealthReporter(self.ready)
-        self.debug_http = DebugHttp(self._render_metrics, self.recent.last, self._state)
+        # The ext_proc port serves ext_proc and health only; the debug API and /debug are on the admin
+        # listeners (loopback by default), /metrics alone on the metrics port (api/admin.py says why).
+        self.metrics_http = MetricsHttp(self._render_metrics)
+        self.debug_http = DebugHttp(self.recent.last, self._state)
         self.server: grpc.aio.Server | None = None
         self.health_server: grpc.aio.Server | None = None
+        self.admin_server: grpc.aio.Server | None = None
         self.bound_port: int | None = None
+        self.admin_port: int | None = None
         self._tasks: list[asyncio.Task[Any]] = []
 
     # ---- wiring helpers ----
@@ -210,9 +213,6 @@ class Sidecar:
                                                ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES)])
         self.server.add_generic_rpc_handlers((self.extproc.handler(),))
         self.health.add_to(self.server)
-        self.api.add_to(self.server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, API_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server)
         self.bound_port = self._bind(self.server, s)
         if not self.bound_port:
             raise OSError(f"--listen: cannot bind {s.listen}")
@@ -225,7 +225,8 @@ class Sidecar:
                 raise OSError(f"--health-listen: cannot bind {s.health_listen}")
             await self.health_server.start()
         if s.metrics_listen:
-            await self.debug_http.start(s.metrics_listen)
+            await self.metrics_http.start(s.metrics_listen)
+        await self._start_admin(s)
         tasks: list[tuple[str, Task]] = [("scraper", self.scraper.run)]
         if self.file_watcher:
             tasks.append(("endpoints-file", self.file_watcher.run))
@@ -235,9 +236,31 @@ class Sidecar:
         tasks += self.prefixes.tasks()
         tasks += [("endpoint-additions", self._track_additions), ("readiness", self.health.run)]
         self._tasks = [asyncio.create_task(run(), name=name) for name, run in tasks]
-        log.info("serving ext_proc on %s (port %s), policy=%s beta=%s endpoints=%s lmcache=%s tokenizer=%s",
-                 s.listen, self.bound_port, s.policy, s.loadaware_beta, ",".join(self.registry.snapshot()) or "none",
-                 s.lmcache_url or "off", s.tokenizer or "off")
+        log.info("serving ext_proc on %s (port %s), debug API on %s, policy=%s beta=%s endpoints=%s lmcache=%s "
+                 "tokenizer=%s", s.listen, self.bound_port, s.admin_listen or "off", s.policy, s.loadaware_beta,
+                 ",".join(self.registry.snapshot()) or "none", s.lmcache_url or "off", s.tokenizer or "off")
+
+    async def _start_admin(self, s: Settings) -> None:
+        """The debug API, reflection and health on --admin-listen; /debug/* on --admin-http-listen."""
+        for flag, address in (("--admin-listen", s.admin_listen), ("--admin-http-listen", s.admin_http_listen)):
+            if address and not is_loopback(address):
+                log.warning("%s %s is not a loopback address: whoever reaches it can ask whether a prompt was "
+                            "recently served (keep it on 127.0.0.1 and use kubectl port-forward)", flag, address)
+        if s.admin_listen:
+            self.admin_server = admin_server(self.api, self.health.add_to)
+            try:
+                self.admin_port = int(self.admin_server.add_insecure_port(s.admin_listen))
+            except RuntimeError:  # grpc's "Failed to bind": the address is taken or not local
+                self.admin_port = 0
+            if not self.admin_port:
+                raise OSError(f"--admin-listen: cannot bind {s.admin_listen} ('off' disables it)")
+            await self.admin_server.start()
+        if s.admin_http_listen:
+            try:
+                await self.debug_http.start(s.admin_http_listen)
+            except OSError as exc:
+                raise OSError(f"--admin-http-listen: cannot bind {s.admin_http_listen} ('off' disables it): "
+                              f"{exc.strerror or exc}") from exc
 
     @staticmethod
     def _bind(server: grpc.aio.Server, s: Settings) -> int:
@@ -263,9 +286,12 @@ class Sidecar:
             await self.server.stop(grace)
         if self.health_server is not None:
             await self.health_server.stop(0)
+        if self.admin_server is not None:
+            await self.admin_server.stop(0)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.metrics_http.stop()
         await self.debug_http.stop()
         if self.lmcache is not None:
             await self.lmcache.close()

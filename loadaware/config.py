@@ -161,7 +161,7 @@ class Setting:
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("listen", "--listen", "LOADAWARE_LISTEN", "127.0.0.1:9002", parse_optional_hostport,
-            "gRPC address for ext_proc, health and reflection"),
+            "gRPC address for ext_proc and health (the debug API is on --admin-listen)"),
     Setting("endpoints", "--endpoints", "LOADAWARE_ENDPOINTS", (), parse_endpoint_list,
             "engines as Envoy's cluster names them: HOST:PORT,..."),
     Setting("endpoints_file", "--endpoints-file", "LOADAWARE_ENDPOINTS_FILE", "", parse_path,
@@ -203,7 +203,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("tokenizer_timeout_ms", "--tokenizer-timeout-ms", "LOADAWARE_TOKENIZER_TIMEOUT_MS", 200.0,
             parse_positive, "time box for one tokenization"),
     Setting("metrics_listen", "--metrics-listen", "LOADAWARE_METRICS_LISTEN", "127.0.0.1:9102",
-            parse_optional_hostport, "Prometheus /metrics and /debug address ('off' to disable)"),
+            parse_optional_hostport, "Prometheus /metrics address, nothing else ('off' to disable)"),
+    # The debug API can tell whether a prompt was recently served: keep it on loopback (kubectl port-forward).
+    Setting("admin_listen", "--admin-listen", "LOADAWARE_ADMIN_LISTEN", "127.0.0.1:9004", parse_optional_hostport,
+            "gRPC address of the debug API (loadaware.v1.Router), reflection and health; loopback ('off' to disable)"),
+    Setting("admin_http_listen", "--admin-http-listen", "LOADAWARE_ADMIN_HTTP_LISTEN", "127.0.0.1:9005",
+            parse_optional_hostport, "HTTP address of /debug/decisions and /debug/state; loopback ('off' to disable)"),
     Setting("destination_header", "--destination-header", "LOADAWARE_DESTINATION_HEADER",
             "x-gateway-destination-endpoint", parse_header_name, "header Envoy's override_host reads"),
     Setting("fallback_endpoints", "--fallback-endpoints", "LOADAWARE_FALLBACK_ENDPOINTS", 2, parse_count,
@@ -277,6 +282,8 @@ class Settings:
     tokenizer: str = ""
     tokenizer_timeout_ms: float = 200.0
     metrics_listen: str = "127.0.0.1:9102"
+    admin_listen: str = "127.0.0.1:9004"
+    admin_http_listen: str = "127.0.0.1:9005"
     destination_header: str = "x-gateway-destination-endpoint"
     fallback_endpoints: int = 2
     no_endpoint_reply: str = "auto"
@@ -369,6 +376,7 @@ def _check_combination(settings: Settings) -> None:
         raise ConfigError("--prefix-source: lmcache needs --lmcache-url")
     if not settings.listen:
         raise ConfigError("--listen: the gRPC server needs an address")
+    _check_addresses(settings)
     if settings.endpoints and settings.endpoints_file:
         raise ConfigError("--endpoints-file: give either --endpoints or --endpoints-file, not both")
     if settings.scrape_stale_s < settings.scrape_interval_s:
@@ -378,6 +386,26 @@ def _check_combination(settings: Settings) -> None:
     if settings.tls_client_ca and not settings.tls_cert:
         raise ConfigError("--tls-client-ca: mutual TLS needs --tls-cert and --tls-key")
     _check_discovery(settings)
+
+
+LISTENERS = ("listen", "health_listen", "metrics_listen", "admin_listen", "admin_http_listen")
+ANY_HOST = ("", "0.0.0.0", "::", "*")
+
+
+def _check_addresses(settings: Settings) -> None:
+    """Each listener on an address of its own (port 0 asks for any free port, so it never clashes)."""
+    seen: list[tuple[str, str, int]] = []
+    for name in LISTENERS:
+        address = getattr(settings, name)
+        if not address:
+            continue
+        host, _, port_text = address.rpartition(":")
+        host, port = host.strip("[]"), int(port_text)
+        for other, other_host, other_port in seen:
+            if port and port == other_port and (host == other_host or host in ANY_HOST or other_host in ANY_HOST):
+                flag, other_flag = SETTINGS_BY_NAME[name].flag, SETTINGS_BY_NAME[other].flag
+                raise ConfigError(f"{flag}: {address} is also {other_flag}'s address; give each its own port")
+        seen.append((name, host, port))
 
 
 def _check_discovery(settings: Settings) -> None:

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from testkit import http
 from testkit.paths import DEFAULT_LOG_DIR, VENV_BIN, python
-from testkit.ports import SIDECAR_PORT, accepts, split_hostport
+from testkit.ports import SIDECAR_PORT, accepts, free_port, split_hostport
 from testkit.procs import ManagedProc, ProcError
 
 DEFAULT_METRICS_LISTEN = "127.0.0.1:9102"  # the sidecar's own default for --metrics-listen
+OFF = ("", "off", "none")
 
 
 def flag_value(args: Sequence[str], flag: str) -> str | None:
@@ -26,7 +29,12 @@ def flag_value(args: Sequence[str], flag: str) -> str | None:
 
 
 class SidecarProc(ManagedProc):
-    """Ready when grpc.health.v1 says SERVING (without a health client: when its port accepts)."""
+    """Ready when grpc.health.v1 says SERVING (without a health client: when its port accepts).
+
+    The admin listeners (--admin-listen: the loadaware.v1 debug API and reflection; --admin-http-listen:
+    /debug/*) get free loopback ports unless the flag or its variable names one: the sidecar's fixed defaults
+    (127.0.0.1:9004, :9005) would collide between runs sharing this machine.
+    """
 
     name = "sidecar"
 
@@ -40,7 +48,34 @@ class SidecarProc(ManagedProc):
                        or f"127.0.0.1:{SIDECAR_PORT}")
         self.metrics_listen = (flag_value(self.args, "--metrics-listen")
                                or full_env.get("LOADAWARE_METRICS_LISTEN") or DEFAULT_METRICS_LISTEN)
+        self.admin_listen = self._admin_address("--admin-listen", "LOADAWARE_ADMIN_LISTEN", full_env)
+        self.admin_http_listen = self._admin_address("--admin-http-listen", "LOADAWARE_ADMIN_HTTP_LISTEN", full_env)
         super().__init__([*self.command(), "serve", *self.args], log_dir, env=full_env)
+
+    def _admin_address(self, flag: str, env: str, full_env: Mapping[str, str]) -> str:
+        """The address the sidecar will use ('' when off); a free loopback port when nothing names one."""
+        given = flag_value(self.args, flag)
+        if given is None and full_env.get(env, "").strip():
+            given = full_env[env]
+        if given is None:
+            given = f"127.0.0.1:{free_port()}"
+            self.args += [flag, given]
+        return "" if given.strip().lower() in OFF else given.strip()
+
+    @property
+    def debug_url(self) -> str:
+        """http://HOST:PORT of /debug/decisions and /debug/state (the admin HTTP listener)."""
+        if not self.admin_http_listen:
+            raise ProcError("sidecar --admin-http-listen is off")
+        host, port = split_hostport(self.admin_http_listen)
+        return f"http://{host}:{port}"
+
+    def debug_json(self, path: str, timeout: float = 5.0) -> Any:
+        """GET a /debug page (`path` like "/debug/state") and parse it."""
+        status, body = http.request("GET", self.debug_url + path, timeout=timeout)
+        if status != 200:
+            raise ProcError(f"sidecar {path} -> HTTP {status}")
+        return json.loads(body)
 
     @staticmethod
     def command() -> list[str]:

@@ -1,12 +1,18 @@
-"""The sidecar's HTTP port: /metrics for Prometheus, /debug/decisions and /debug/state for people.
+"""The sidecar's HTTP listeners, each on its own address with only its own pages:
 
-/debug/decisions renders decisions without prompt text or token ids (Decision.as_dict carries neither).
+- `/metrics` for Prometheus on --metrics-listen (reachable by the monitoring namespace);
+- `/debug/decisions` and `/debug/state` for people on --admin-http-listen (loopback by default: reached with
+  `kubectl port-forward`, like the gRPC debug API on --admin-listen).
+
+/debug/decisions renders decisions without prompt text or token ids (Decision.as_dict carries neither), but
+which engines were credited with a prefix, and when, is still a hint about other tenants' traffic: hence a
+listener of its own, not the metrics port.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -15,31 +21,52 @@ from loadaware.lifecycle import Decision
 
 DEFAULT_DECISIONS = 50
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-class DebugHttp:
-    def __init__(self, render_metrics: Callable[[], bytes], recent: Callable[[int], list[Decision]],
-                 state: Callable[[], dict[str, Any]]) -> None:
-        self.render_metrics = render_metrics
-        self.recent = recent
-        self.state = state
+
+class HttpSite:
+    """One aiohttp application on one address; a path it does not list answers 404."""
+
+    def __init__(self, routes: Sequence[tuple[str, Handler]]) -> None:
+        self.routes = routes
         self.runner: web.AppRunner | None = None
+        self.port: int | None = None  # the bound port (the address may ask for port 0)
 
-    async def start(self, listen: str) -> None:
+    async def start(self, listen: str) -> int:
         app = web.Application()
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/debug/decisions", self._decisions)
-        app.router.add_get("/debug/state", self._state)
+        for path, handler in self.routes:
+            app.router.add_get(path, handler)
         self.runner = web.AppRunner(app, access_log=None)
         await self.runner.setup()
         host, _, port = listen.rpartition(":")
         await web.TCPSite(self.runner, host.strip("[]"), int(port)).start()
+        self.port = int(self.runner.addresses[0][1])
+        return self.port
 
     async def stop(self) -> None:
         if self.runner is not None:
             await self.runner.cleanup()
+            self.runner = None
+
+
+class MetricsHttp(HttpSite):
+    """/metrics only: what Prometheus scrapes, and nothing about individual requests."""
+
+    def __init__(self, render_metrics: Callable[[], bytes]) -> None:
+        super().__init__([("/metrics", self._metrics)])
+        self.render_metrics = render_metrics
 
     async def _metrics(self, _request: web.Request) -> web.Response:
         return web.Response(body=self.render_metrics(), content_type="text/plain", charset="utf-8")
+
+
+class DebugHttp(HttpSite):
+    """/debug/decisions (the last N decisions, no prompt text) and /debug/state (fleet, loads, feeds)."""
+
+    def __init__(self, recent: Callable[[int], list[Decision]], state: Callable[[], dict[str, Any]]) -> None:
+        super().__init__([("/debug/decisions", self._decisions), ("/debug/state", self._state)])
+        self.recent = recent
+        self.state = state
 
     async def _decisions(self, request: web.Request) -> web.Response:
         try:

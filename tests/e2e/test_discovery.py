@@ -6,9 +6,7 @@ request goes to an engine outside the new set, and a removed engine's counts are
 from __future__ import annotations
 
 import functools
-import json
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -41,9 +39,8 @@ def served_endpoint(fleet: FleetProc) -> dict[str, str]:
     return {e["name"]: f"{e['ip']}:{e['port']}" for e in fleet.engines}
 
 
-def debug_state(metrics_listen: str) -> dict:
-    with urllib.request.urlopen(f"http://{metrics_listen}/debug/state", timeout=5) as resp:
-        return json.loads(resp.read())
+def debug_state(sidecar: SidecarProc) -> dict:
+    return dict(sidecar.debug_json("/debug/state"))  # on its admin HTTP listener
 
 
 def started_since(traffic: Traffic, since: float, count: int) -> bool:
@@ -89,7 +86,7 @@ def test_file_reload_adds_and_removes_endpoints_under_traffic(fleet: FleetProc, 
     envoy = EnvoyProc(eds_config(eds_dir, listen_port=free_port(), admin_port=free_port(),
                                  sidecar_port=int(listen.rpartition(":")[2])), tmp_path)
     with sidecar, envoy:
-        client = RouterClient(listen)
+        client = RouterClient(sidecar.admin_listen)  # the debug API's own port
         assert client.routable() == {a, b} and client.endpoints().discovery == "file"
 
         def write(*eps: str) -> Callable[[], object]:
@@ -106,7 +103,7 @@ def test_file_reload_adds_and_removes_endpoints_under_traffic(fleet: FleetProc, 
         assert traffic.failures() == [], traffic.failures()[:5]
         assert {names[s.served_by] for s in traffic.sent} == {a, b, c}
         # counts of removed endpoints went with them; the rest drain to zero
-        state = wait_until(lambda: (s := debug_state(metrics_listen))["inflight_total"] == 0 and s,
+        state = wait_until(lambda: (s := debug_state(sidecar))["inflight_total"] == 0 and s,
                            message="in-flight counts to drain")
         assert set(state["inflight"]) <= {b}
         client.close()
@@ -130,7 +127,7 @@ def test_envoy_admin_discovery_follows_a_real_envoy(fleet: FleetProc, tmp_path: 
                                "--discovery-interval-s", "0.1", "--policy", "leastload",
                                "--scrape-interval-s", "0.2", "--scrape-stale-s", "2"], log_dir=tmp_path)
         with sidecar:
-            client = RouterClient(listen)
+            client = RouterClient(sidecar.admin_listen)  # the debug API's own port
             assert client.routable() == {a, b, c}
             assert client.endpoints().discovery == "envoy-admin"
 
@@ -151,7 +148,7 @@ def test_envoy_admin_discovery_follows_a_real_envoy(fleet: FleetProc, tmp_path: 
                 rows = {e.endpoint: e for e in client.endpoints().endpoints}
                 assert set(rows) == {a, b}
                 assert not rows[b].routable and rows[b].health_detail == "eds_health_status=UNHEALTHY"
-                assert debug_state(metrics_listen)["inflight"].get(b, 0) == 0
+                assert debug_state(sidecar)["inflight"].get(b, 0) == 0
             assert traffic.failures() == [], traffic.failures()[:5]
             assert {names[s.served_by] for s in traffic.sent} == {a, b, c}
             client.close()

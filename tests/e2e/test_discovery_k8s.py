@@ -85,7 +85,7 @@ def test_kubernetes_discovery_end_to_end(world: World, tmp_path: Path) -> None:
                            "--tokenizer", str(TOKENIZER), "--scrape-interval-s", "0.2", "--scrape-stale-s", "2"],
                           log_dir=tmp_path)
     with sidecar:  # started = health SERVING: the slices were listed and the pods scraped
-        g = Grpcurl(listen)
+        g = Grpcurl(sidecar.admin_listen)  # the debug API is on the admin port
         listed = g.call("loadaware.v1.Router/ListEndpoints")
         assert listed["discovery"] == "kubernetes" and listed["ready"] is True
         rows = {e["endpoint"]: e for e in listed["endpoints"]}

@@ -69,6 +69,7 @@ class Rig:
         self.engine2 = engine2
         self.log_dir = log_dir
         self.metrics_addr = f"127.0.0.1:{free_port()}"
+        self.debug_addr = f"127.0.0.1:{free_port()}"  # /debug/* is on the admin HTTP listener
         self.tokenizer = Tokenizer.from_file(str(TOKENIZER / "tokenizer.json"))
         assert stack.fleet is not None
         self.engines = {e["name"]: f"{e['ip']}:{e['port']}" for e in [*stack.fleet.engines, *engine2.engines]}
@@ -81,13 +82,14 @@ class Rig:
         assert self.stack.lmcache is not None
         args = ["--listen", "127.0.0.1:9002", "--endpoints", ",".join(self.engines.values()),
                 "--tokenizer", str(TOKENIZER), "--metrics-listen", self.metrics_addr,
+                "--admin-http-listen", self.debug_addr,
                 "--lmcache-url", self.stack.lmcache.url, "--prefix-source", source,
                 "--policy", "loadaware", "--loadaware-beta", BETA,
                 "--scrape-interval-s", "0.2", "--scrape-stale-s", "2"]
         self.sidecar = SidecarProc(args, log_dir=self.log_dir).start(timeout=20)
 
     def debug(self, path: str) -> Any:
-        return json.loads(http("GET", f"http://{self.metrics_addr}{path}")[2])
+        return json.loads(http("GET", f"http://{self.debug_addr}{path}")[2])
 
     def kv_engine(self, name: str) -> dict[str, Any]:
         return self.debug("/debug/state")["prefix"]["kv_events"]["engines"][self.engines[name]]

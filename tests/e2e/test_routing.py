@@ -54,6 +54,7 @@ class Harness:
         self.stack = stack
         self.log_dir = log_dir
         self.metrics_addr = f"127.0.0.1:{free_port()}"
+        self.debug_addr = f"127.0.0.1:{free_port()}"  # /debug/* is on the admin HTTP listener
         self.tokenizer = Tokenizer.from_file(str(TOKENIZER / "tokenizer.json"))
         assert stack.fleet is not None  # the stack has been started
         self.engine_by_name = {e["name"]: f"{e['ip']}:{e['port']}" for e in stack.fleet.engines}
@@ -67,6 +68,7 @@ class Harness:
         assert self.stack.lmcache is not None and self.stack.fleet is not None
         return ["--listen", "127.0.0.1:9002", "--endpoints", ",".join(self.stack.fleet.endpoints),
                 "--tokenizer", str(TOKENIZER), "--metrics-listen", self.metrics_addr,
+                "--admin-http-listen", self.debug_addr,
                 "--lmcache-url", self.stack.lmcache.url, "--scrape-interval-s", "0.2", "--scrape-stale-s", "2"]
 
     @contextlib.contextmanager
@@ -100,10 +102,10 @@ class Harness:
             return json.loads(resp.read())
 
     def state(self) -> dict[str, Any]:
-        return self.get_json(f"http://{self.metrics_addr}/debug/state")
+        return self.get_json(f"http://{self.debug_addr}/debug/state")
 
     def last_decision(self) -> dict[str, Any]:
-        return self.get_json(f"http://{self.metrics_addr}/debug/decisions?n=1")[-1]
+        return self.get_json(f"http://{self.debug_addr}/debug/decisions?n=1")[-1]
 
     def metric(self, name: str, **labels: str) -> float:
         with urllib.request.urlopen(f"http://{self.metrics_addr}/metrics", timeout=5) as resp:

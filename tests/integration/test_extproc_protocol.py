@@ -43,6 +43,7 @@ def body(data: bytes) -> pb.ProcessingRequest:
 async def sidecar() -> AsyncIterator[tuple[Sidecar, str]]:
     port = free_port()
     app = Sidecar(from_args(["--listen", f"127.0.0.1:{port}", "--endpoints", FLEET, "--metrics-listen", "off",
+                             "--admin-listen", "off", "--admin-http-listen", "off",  # no fixed default ports
                              "--policy", "leastload", "--shutdown-grace-s", "1"], environ={}))
     await app.start()
     yield app, f"127.0.0.1:{port}"

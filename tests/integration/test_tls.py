@@ -25,7 +25,9 @@ def certs(tmp_path: Path) -> CertFiles:
 
 async def serve(*flags: str) -> tuple[Sidecar, str]:
     addr = f"127.0.0.1:{free_port()}"
-    app = Sidecar(from_args(["--listen", addr, "--endpoints", FLEET, "--metrics-listen", "off", *flags], environ={}))
+    # no admin listeners: their fixed loopback defaults would collide with other runs on this machine
+    app = Sidecar(from_args(["--listen", addr, "--endpoints", FLEET, "--metrics-listen", "off", "--admin-listen", "off",
+                             "--admin-http-listen", "off", *flags], environ={}))
     await app.start()
     return app, addr
 
