@@ -27,8 +27,8 @@ class Metrics:
                                           buckets=LATENCY_BUCKETS, registry=r)
         self.stage_seconds = Histogram("loadaware_decision_stage_seconds", "Wall time of each decision stage",
                                        ["stage"], buckets=LATENCY_BUCKETS, registry=r)
-        self.lookups = Counter("loadaware_prefix_lookups", "Prefix lookups by result (match, empty, failed, salted: a cache_salt request the source cannot tell apart)",
-                               ["result"], registry=r)
+        self.lookups = Counter("loadaware_prefix_lookups", "Prefix lookups by result (match, empty, failed, "
+                               "salted: a cache_salt request the source cannot tell apart)", ["result"], registry=r)
         self.match_fraction = Gauge("loadaware_prefix_match_fraction",
                                     "Share of prefix lookups since start that credited some endpoint; "
                                     "near 0 under real traffic usually means a broken instance-id map",
