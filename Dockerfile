@@ -35,7 +35,8 @@ RUN groupadd --system --gid 10001 loadaware \
 COPY --from=build /opt/loadaware /opt/loadaware
 # Numeric, so Kubernetes' runAsNonRoot can verify it without resolving names.
 USER 10001:10001
-# 9002: gRPC (Envoy ext_proc, loadaware.v1.Router, grpc.health.v1, reflection); 9102: /metrics, /debug.
+# 9002: gRPC (Envoy ext_proc, grpc.health.v1); 9102: /metrics. The debug API (loadaware.v1.Router, reflection)
+# and /debug stay on the container's loopback (127.0.0.1:9004, :9005): kubectl port-forward, never exposed.
 EXPOSE 9002 9102
 ENTRYPOINT ["loadaware-sidecar"]
 CMD ["serve"]

@@ -90,11 +90,27 @@ def test_copied_files_exist_and_are_in_the_build_context() -> None:
 
 
 def test_image_matches_the_manifests() -> None:
+    """The image exposes what its defaults serve on every interface (ext_proc + health, /metrics), which is
+    what the endpoint picker's pod declares; the admin listeners are on loopback and never exposed."""
+    from loadaware.config import from_args
+
     exposed = {int(p) for word, rest in instructions() if word == "EXPOSE" for p in rest.split()}
-    deployment = next(d for d in yaml.safe_load_all((REPO / "k8s" / "base" / "deployment.yaml").read_text()))
-    sidecar = next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "loadaware-sidecar")
+    env = dict(item.split("=", 1) for word, rest in stages()[-1] if word == "ENV" for item in rest.split())
+    assert exposed == {int(env[name].rpartition(":")[2]) for name in ("LOADAWARE_LISTEN", "LOADAWARE_METRICS_LISTEN")}
+    assert all(env[name].startswith("0.0.0.0:") for name in ("LOADAWARE_LISTEN", "LOADAWARE_METRICS_LISTEN"))
+    defaults = from_args(["--endpoints", "10.0.0.1:8000"], environ=env)
+    admin = {int(a.rpartition(":")[2]) for a in (defaults.admin_listen, defaults.admin_http_listen)}
+    assert not exposed & admin and all(a.startswith("127.0.0.1:") for a in (defaults.admin_listen,
+                                                                             defaults.admin_http_listen))
+    picker = next(d for d in yaml.safe_load_all((REPO / "k8s/inference-pool/pool/picker-deployment.yaml").read_text()))
+    (sidecar,) = picker["spec"]["template"]["spec"]["containers"]
     assert exposed == {p["containerPort"] for p in sidecar["ports"]}
-    assert sidecar["securityContext"]["runAsUser"] == 10001
+    for path in ("k8s/base/deployment.yaml", "k8s/inference-pool/pool/picker-deployment.yaml"):
+        deployment = next(d for d in yaml.safe_load_all((REPO / path).read_text()))
+        for container in deployment["spec"]["template"]["spec"]["containers"]:
+            if container["name"] == "loadaware-sidecar":
+                assert container["securityContext"]["runAsUser"] == 10001
+                assert not admin & {p["containerPort"] for p in container["ports"]}
 
 
 def test_the_build_context_builds_the_package(tmp_path: Path) -> None:

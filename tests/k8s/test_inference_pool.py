@@ -50,7 +50,8 @@ def env_of(kustomization: str) -> dict[str, str]:
 def test_kustomization_renders_and_every_object_validates(kustomization: str) -> None:
     docs = rendered(kustomization)
     kinds = sorted(d["kind"] for d in docs)
-    expected = ["Deployment", "HTTPRoute", "InferencePool", "Role", "RoleBinding", "Service", "ServiceAccount"]
+    expected = ["Deployment", "HTTPRoute", "InferencePool", "NetworkPolicy", "Role", "RoleBinding", "Service",
+                "ServiceAccount"]
     expected += {POOL_ONLY: [], "inference-pool/istio": ["Gateway"],
                  "inference-pool/envoy-gateway": ["Gateway", "GatewayClass"]}[kustomization]
     assert kinds == sorted(expected)
@@ -240,3 +241,10 @@ def test_every_variant_runs_the_same_pool_and_picker() -> None:
     assert set(env_of("inference-pool/envoy-gateway")) - set(env_of(POOL_ONLY)) == tls_env
     assert {k: v for k, v in env_of("inference-pool/envoy-gateway").items() if k not in tls_env} == env_of(POOL_ONLY)
     assert not by_kind(POOL_ONLY, "Gateway")  # pool alone: for a Gateway `inference-gateway` already running
+    # the NetworkPolicy differs only where Envoy Gateway's proxies (in their own namespace) are admitted too
+    assert by_kind("inference-pool/istio", "NetworkPolicy") == by_kind(POOL_ONLY, "NetworkPolicy")
+    pool_policy, eg_policy = one(POOL_ONLY, "NetworkPolicy"), copy.deepcopy(one("inference-pool/envoy-gateway",
+                                                                                "NetworkPolicy"))
+    extra = eg_policy["spec"]["ingress"][0]["from"][1:]
+    del eg_policy["spec"]["ingress"][0]["from"][1:]
+    assert eg_policy == pool_policy and len(extra) == 2

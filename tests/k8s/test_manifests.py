@@ -246,11 +246,15 @@ def test_sidecar_container_settings_are_real_and_probes_match(kustomization: str
     from loadaware.config import resolve
     settings = resolve({}, env)
     assert all(settings.origins[s.name] == "env" for s in SETTINGS if s.env in env)
-    grpc_port = int(env["LOADAWARE_LISTEN"].rpartition(":")[2])
-    assert sidecar["readinessProbe"]["grpc"] == {"port": grpc_port, "service": ""}
-    assert sidecar["livenessProbe"]["grpc"] == {"port": grpc_port, "service": LIVENESS_SERVICE}
+    # ext_proc on the pod's loopback (only this pod's Envoy calls it); kubelet's gRPC probes, which come to
+    # the pod ip, ask the plain-text health port, which serves grpc.health.v1 only
+    assert settings.listen == "127.0.0.1:9002"
+    health_port = int(settings.health_listen.rpartition(":")[2])
+    assert settings.health_listen == f"0.0.0.0:{health_port}"
+    assert sidecar["readinessProbe"]["grpc"] == {"port": health_port, "service": ""}
+    assert sidecar["livenessProbe"]["grpc"] == {"port": health_port, "service": LIVENESS_SERVICE}
     ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
-    assert ports == {"grpc": grpc_port, "metrics": int(env["LOADAWARE_METRICS_LISTEN"].rpartition(":")[2])}
+    assert ports == {"health": health_port, "metrics": int(env["LOADAWARE_METRICS_LISTEN"].rpartition(":")[2])}
     assert sidecar["resources"]["requests"]["cpu"] and sidecar["resources"]["requests"]["memory"]
     security = sidecar["securityContext"]
     assert security["runAsUser"] != 0 and security["readOnlyRootFilesystem"]
