@@ -51,6 +51,18 @@ FLEET_POLL_S = 0.2
 Task = Callable[[], Coroutine[Any, Any, None]]
 
 
+def bind(flag: str, address: str, add_port: Callable[[], int], hint: str = "") -> int:
+    """A gRPC server's port, or an OSError naming the flag: grpc answers a taken or non-local address with
+    port 0 or a RuntimeError ("Failed to bind"), depending on the version."""
+    try:
+        port = add_port()
+    except RuntimeError:
+        port = 0
+    if not port:
+        raise OSError(f"{flag}: cannot bind {address}{hint}")
+    return port
+
+
 class Sidecar:
     def __init__(self, settings: Settings) -> None:
         self.settings = s = settings
@@ -213,17 +225,14 @@ class Sidecar:
                                                ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES)])
         self.server.add_generic_rpc_handlers((self.extproc.handler(),))
         self.health.add_to(self.server)
-        self.bound_port = self._bind(self.server, s)
-        if not self.bound_port:
-            raise OSError(f"--listen: cannot bind {s.listen}")
+        self.bound_port = bind("--listen", s.listen, lambda: self._bind(self.server, s))
         await self.health.start()
         await self.server.start()
         if s.health_listen:
-            self.health_server = grpc.aio.server()
-            self.health.add_to(self.health_server)
-            if not self.health_server.add_insecure_port(s.health_listen):
-                raise OSError(f"--health-listen: cannot bind {s.health_listen}")
-            await self.health_server.start()
+            health_server = self.health_server = grpc.aio.server()
+            self.health.add_to(health_server)
+            bind("--health-listen", s.health_listen, lambda: int(health_server.add_insecure_port(s.health_listen)))
+            await health_server.start()
         if s.metrics_listen:
             await self.metrics_http.start(s.metrics_listen)
         await self._start_admin(s)
@@ -247,14 +256,10 @@ class Sidecar:
                 log.warning("%s %s is not a loopback address: whoever reaches it can ask whether a prompt was "
                             "recently served (keep it on 127.0.0.1 and use kubectl port-forward)", flag, address)
         if s.admin_listen:
-            self.admin_server = admin_server(self.api, self.health.add_to)
-            try:
-                self.admin_port = int(self.admin_server.add_insecure_port(s.admin_listen))
-            except RuntimeError:  # grpc's "Failed to bind": the address is taken or not local
-                self.admin_port = 0
-            if not self.admin_port:
-                raise OSError(f"--admin-listen: cannot bind {s.admin_listen} ('off' disables it)")
-            await self.admin_server.start()
+            server = self.admin_server = admin_server(self.api, self.health.add_to)
+            self.admin_port = bind("--admin-listen", s.admin_listen, lambda: int(server.add_insecure_port(
+                s.admin_listen)), hint=" ('off' disables it)")
+            await server.start()
         if s.admin_http_listen:
             try:
                 await self.debug_http.start(s.admin_http_listen)

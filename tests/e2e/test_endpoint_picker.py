@@ -156,11 +156,7 @@ class Picker:
 
     @property
     def debug_url(self) -> str:
-        # /debug/* is moving from the metrics port to an admin listener of its own (testkit's SidecarProc
-        # gives it a free port and says where); before that change it is on --metrics-listen.
-        if hasattr(self.proc, "debug_url"):
-            return str(self.proc.debug_url)
-        return f"http://{self.metrics}"
+        return self.proc.debug_url  # the admin HTTP listener (testkit's SidecarProc gives it a free port)
 
     def state(self) -> dict[str, Any]:
         return get_json(f"{self.debug_url}/debug/state")

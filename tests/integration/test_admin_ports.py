@@ -204,8 +204,8 @@ def taken() -> Iterator[str]:
         yield f"127.0.0.1:{s.getsockname()[1]}"
 
 
-@pytest.mark.parametrize("flag", ["--admin-listen", "--admin-http-listen"])
-async def test_a_taken_admin_address_is_refused_at_start_naming_the_flag(flag: str, taken: str) -> None:
+@pytest.mark.parametrize("flag", ["--listen", "--health-listen", "--admin-listen", "--admin-http-listen"])
+async def test_a_taken_address_is_refused_at_start_naming_the_flag(flag: str, taken: str) -> None:
     app = Sidecar(from_args(["--endpoints", FLEET, "--listen", addr(), "--metrics-listen", "off",
                              "--admin-listen", addr(), "--admin-http-listen", addr(), flag, taken], environ={}))
     try:
