@@ -9,10 +9,12 @@ prompt tokens, the load and the score of
 
 Every step checks what it claims. A failed check prints `FAIL: ...`; the run then ends with `DEMO FAILED`
 and exit code 1, otherwise with `DEMO OK` and exit code 0, so tests can rely on the output. Everything is
-stopped on exit, Ctrl-C and SIGTERM included; process logs go to out/demo/logs. It closes with a short
+stopped on exit, Ctrl-C and SIGTERM included; process logs go to out/demo/logs. Step 7 puts a second Envoy
+(envoy/envoy-inference-pool.yaml, the Endpoint Picker Protocol's FULL_DUPLEX_STREAMED mode, :10001) in front of
+the same sidecar and engines, and shows a retry walking the sidecar's ranked list. It closes with a short
 real-time run of the reference experiment (experiment/realtime/demo_run.py).
 
 Modules: `startup` (the stack on the fixed addresses), `session` (requests, decisions, checks), `prompts`,
 `explain` (a decision's table and why), `storyline` (steps 1-5), `burst` (step 6 and the run's accounting),
-`walkthrough` (all steps against a running stack), `short_experiment`, `__main__` (the CLI).
+`picker` (step 7), `walkthrough` (all steps against a running stack), `short_experiment`, `__main__` (the CLI).
 """

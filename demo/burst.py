@@ -87,7 +87,7 @@ async def burst(demo: DemoSession, n_requests: int = 60, n_prefixes: int = 16, c
 
     async def drained() -> bool:
         nonlocal state
-        state = await demo.get_json(f"{demo.metrics_url}/debug/state")
+        state = await demo.get_json(f"{demo.debug_url}/debug/state")
         return int(state["inflight_total"]) == 0
 
     await demo.wait_for("in-flight counts back at 0", drained, timeout=3.0)

@@ -14,7 +14,15 @@ import aiohttp
 from demo.explain import explain
 from demo.prompts import CHUNK
 from sim.tokenization import SimTokenizer
+from testkit.sidecar import SidecarProc
 from testkit.stack import Stack
+
+
+def debug_url_of(sidecar: SidecarProc | None, metrics_url: str) -> str:
+    """Where a sidecar serves /debug/*: its admin HTTP listener (--admin-http-listen) when it has one, else
+    (sidecars from before that listener) its metrics port."""
+    url = getattr(sidecar, "debug_url", None)
+    return str(url) if url else metrics_url
 
 
 def heading(n: int, title: str) -> None:
@@ -44,7 +52,8 @@ class DemoSession:
     beta: float
     names: dict[str, str]  # endpoint ip:port -> engine name
     urls: dict[str, str]  # engine name -> http://ip:port
-    metrics_url: str
+    metrics_url: str  # the sidecar's /metrics
+    debug_url: str  # the sidecar's /debug/decisions and /debug/state
     failures: list[str] = field(default_factory=list)
     facts: dict[str, str] = field(default_factory=dict)
     _seq: int = 0
@@ -92,9 +101,13 @@ class DemoSession:
             await asyncio.sleep(0.05)
 
     # ---- traffic through Envoy -----------------------------------------------------------------------------
-    async def send(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Reply:
+    def new_request_id(self) -> str:
+        """The `x-request-id` of the demo's next request: the key of its decision in /debug/decisions."""
         self._seq += 1
-        request_id = f"demo-{self._seq:03d}-{random.getrandbits(32):08x}"
+        return f"demo-{self._seq:03d}-{random.getrandbits(32):08x}"
+
+    async def send(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Reply:
+        request_id = self.new_request_id()
         hdrs = {"x-request-id": request_id, **(headers or {})}
         async with self.session.post(f"{self.stack.url}{path}", json=body, headers=hdrs,
                                      timeout=aiohttp.ClientTimeout(total=30)) as resp:
@@ -106,12 +119,13 @@ class DemoSession:
                 text = await resp.text()
             return Reply(resp.status, resp.headers.get("x-served-by", "?"), request_id, text)
 
-    async def decisions(self, n: int = 256) -> list[dict[str, Any]]:
-        return list(await self.get_json(f"{self.metrics_url}/debug/decisions?n={n}"))
+    async def decisions(self, n: int = 256, debug_url: str | None = None) -> list[dict[str, Any]]:
+        """The sidecar's latest `n` decisions (another sidecar's with `debug_url`)."""
+        return list(await self.get_json(f"{debug_url or self.debug_url}/debug/decisions?n={n}"))
 
-    async def decision_for(self, request_id: str) -> dict[str, Any]:
+    async def decision_for(self, request_id: str, debug_url: str | None = None) -> dict[str, Any]:
         for _ in range(20):
-            for d in reversed(await self.decisions(64)):
+            for d in reversed(await self.decisions(64, debug_url)):
                 if d.get("request_id") == request_id:
                     return d
             await asyncio.sleep(0.05)
@@ -134,7 +148,7 @@ class DemoSession:
                   f"({want // CHUNK} chunks of {CHUNK})", flush=True)
 
     async def scraped_running(self, endpoint: str) -> float | None:
-        state = await self.get_json(f"{self.metrics_url}/debug/state")
+        state = await self.get_json(f"{self.debug_url}/debug/state")
         for e in state["endpoints"]:
             if e["endpoint"] == endpoint:
                 return None if e["scraped"] is None else float(e["scraped"]["running"])

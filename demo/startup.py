@@ -5,13 +5,16 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from demo.picker import PICKER_ADMIN_PORT, PICKER_LISTEN_PORT
 from testkit.loopback_lock import loopback_lock
 from testkit.ports import ENVOY_ADMIN_PORT, ENVOY_LISTEN_PORT, SIDECAR_PORT, wait_addresses_free
 from testkit.procs import ProcError
 from testkit.retry import start_with_retries
 from testkit.stack import Stack
 
+# Step 7's second Envoy (envoy/envoy-inference-pool.yaml) binds its listener and admin ports beside these.
 FIXED_ADDRESSES = (("127.0.0.1", ENVOY_LISTEN_PORT), ("127.0.0.1", ENVOY_ADMIN_PORT), ("127.0.0.1", SIDECAR_PORT),
+                   ("127.0.0.1", PICKER_LISTEN_PORT), ("127.0.0.1", PICKER_ADMIN_PORT),
                    ("127.0.0.2", 8000), ("127.0.0.3", 8000), ("127.0.0.4", 8000))
 
 

@@ -14,8 +14,8 @@ import pytest
 from testkit.paths import LMCACHE_VENV_BIN, REPO
 
 CONTROLLER = LMCACHE_VENV_BIN / "lmcache_controller"
-# The demo takes ~10 s, plus ~1.5 min for its short experiment on the tiny point; it may first queue
-# behind other runs for the fixed ports.
+# The demo takes ~12 s (step 7, the picker mode, ~3 s of it), plus ~1.5 min for its short experiment on the
+# tiny point; it may first queue behind other runs for the fixed ports.
 TIMEOUT_S = 900.0
 
 pytestmark = [
@@ -57,7 +57,7 @@ def test_exits_zero_and_says_ok(demo_run: subprocess.CompletedProcess[str]) -> N
 
 def test_every_step_is_shown(demo_run: subprocess.CompletedProcess[str]) -> None:
     out = demo_run.stdout
-    for n in range(1, 7):
+    for n in range(1, 8):
         assert f"== Step {n}:" in out, out
     # each storyline step explains its decision with the per-engine table and a "why" line
     assert out.count("matched/prompt") >= 6
@@ -90,6 +90,40 @@ def test_burst_clean(demo_run: subprocess.CompletedProcess[str]) -> None:
     assert s["fallbacks"] == "0", s
     assert s["inflight"] == "0", s
     assert "sidecar in-flight after the burst: total=0" in demo_run.stdout
+
+
+def test_picker_mode(demo_run: subprocess.CompletedProcess[str]) -> None:
+    """Step 7: completions and chat, streamed and not, through the second Envoy (FULL_DUPLEX_STREAMED, :10001)
+    to the same sidecar: each got a ranked list of 3 and was served by its first entry, every stream arrived
+    whole, and nothing stayed in flight."""
+    out = demo_run.stdout
+    s = _summary(out)
+    assert s["picker"] == "4/4", s
+    assert s["whole_streams"] == "2/2", s
+    assert s["ranked_len"] == "3", s  # the choice + --fallback-endpoints (default 2)
+    assert s["picker_inflight"] == "0", s
+    step = out[out.index("== Step 7:"):]
+    assert "http://127.0.0.1:10001" in step, step
+    assert step.count("the sidecar ranked engine-") == 4, step
+    assert step.count("[DONE] last") >= 3, step  # two streams here, one in the retry part
+    assert "sidecar in-flight after the picker requests: total=0" in step, step
+
+
+def test_retry_walks_the_list(demo_run: subprocess.CompletedProcess[str]) -> None:
+    """Step 7's retry: the second sidecar ranked the dead host first, Envoy's connection was refused, the retry
+    took the list's second entry, whose engine served, and Envoy's served report moved the sidecar's count."""
+    out = demo_run.stdout
+    s = _summary(out)
+    assert s["retry"] == "2/2", s
+    assert s["first"].startswith("127.0.0.9:"), s
+    served = s["served"].split(",")
+    assert len(served) == 2 and all(x.startswith("engine-") for x in served), s
+    assert s["connect_fails"] == "2" and s["retries"] == "2", s
+    assert s["retry_inflight"] == "0", s
+    step = out[out.index("-- a retry walking the ranked list"):]
+    assert step.count("sidecar chose dead-host") == 2, step
+    assert step.count("1 refused connect(s) and 1 retry(ies)") == 2, step
+    assert "dead-host 0" in step  # mid-stream: the count sits on the engine that serves, not the dead host
 
 
 def test_short_experiment_table(demo_run: subprocess.CompletedProcess[str]) -> None:
