@@ -7,8 +7,8 @@ STAMP := $(VENV)/.installed
 LMCACHE_STAMP := $(LMCACHE_VENV)/.installed
 EXPERIMENT_STAMP := $(VENV)/.experiment-installed
 
-.PHONY: help install lmcache demo test test-unit lint bench proto proto-check k8s-config clean peers experiment \
-	experiment-quick results
+.PHONY: help install lmcache demo test test-unit lint bench proto proto-check k8s-config envoy-configs clean peers \
+	experiment experiment-quick results
 
 help:
 	@echo "make demo   - Envoy + sidecar + simulated engines + LMCache controller on loopback, with traffic"
@@ -65,6 +65,11 @@ proto-check: $(STAMP)
 # The in-pod Envoy config in k8s/base (the ConfigMap) is derived from envoy/envoy.yaml.
 k8s-config: $(STAMP)
 	$(PY) k8s/envoy_config.py
+
+# Every config derived from envoy/envoy.yaml: envoy/envoy-mtls.yaml (the sidecar dialled over mutual TLS) and
+# the in-pod one above. Run after editing envoy/envoy.yaml; tests fail (`--check`) while one is stale.
+envoy-configs: $(STAMP) k8s-config
+	$(PY) envoy/derive_mtls.py
 
 # The peer routers the experiment compares against (sglang-router, vllm-router: cache-aware Rust routers, PyPI
 # wheels), in their own environment (they pull their own deps).

@@ -1,9 +1,13 @@
-"""Throwaway certificates for TLS tests: a CA, a server certificate for loopback, a client certificate."""
+"""Throwaway certificates for TLS tests: a CA, a server certificate for loopback, a client certificate.
+
+Each call makes a new CA: a second call (another folder, another `ca_name`) gives certificates that the first
+CA does not vouch for."""
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,12 +52,16 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
                              serialization.NoEncryption())
 
 
-def make_certs(folder: Path, host: str = "127.0.0.1") -> CertFiles:
+def make_certs(folder: Path, host: str = "127.0.0.1", *, dns_names: Sequence[str] = ("localhost",),
+               ca_name: str = "loadaware test CA") -> CertFiles:
+    """A CA named `ca_name`, a server certificate for `host` (IP SAN) and `dns_names` (DNS SANs), and a client
+    certificate, all signed by that CA, as PEM files in `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
     ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = _issue("loadaware test CA", ca_key, _name("loadaware test CA"), ca_key, ca=True)
+    ca = _issue(ca_name, ca_key, _name(ca_name), ca_key, ca=True)
     server_key = ec.generate_private_key(ec.SECP256R1())
-    san = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(host)), x509.DNSName("localhost")])
+    san = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(host)),
+                                       *(x509.DNSName(name) for name in dns_names)])
     server = _issue("loadaware picker", server_key, ca.subject, ca_key, ca=False, san=san)
     client_key = ec.generate_private_key(ec.SECP256R1())
     client = _issue("gateway", client_key, ca.subject, ca_key, ca=False)
