@@ -214,6 +214,7 @@ class Sidecar:
                          "scraped": None if st is None else {"running": st.running, "waiting": st.waiting,
                                                              "kv_usage": st.kv_usage}})
         return {"ready": self.ready(), "open_streams": self.extproc.open_streams,
+                "streams_by_mode": dict(self.extproc.modes),
                 "inflight": self.loads.snapshot(), "inflight_total": self.loads.total(), "endpoints": rows,
                 "instance_map": self.bridge.mapping(), "config": self.settings.describe(),
                 "prefix": self.prefixes.state()}

@@ -381,6 +381,7 @@ async def test_ranked_list_sent_and_primary_serves(http: aiohttp.ClientSession, 
     fleet.phantom(loads)
     picker.wait_scraped(loads)
     names = {ep: name for name, ep in fleet.by_name.items()}
+    before = picker.state()["streams_by_mode"]
     for i in range(6):
         kind = ("completions", "chat")[i % 2]
         rid = request_id("ranked")
@@ -392,6 +393,9 @@ async def test_ranked_list_sent_and_primary_serves(http: aiohttp.ClientSession, 
         assert decision["ranked"] == [e2, e1, e0], decision  # best first, by score
         assert decision["endpoint"] == decision["served"] == e2, decision
         assert reply.served_by == names[e2], (reply.headers, decision)
+    # the gateway's streams were told apart as full duplex from what Envoy announced, none as BUFFERED
+    after = picker.state()["streams_by_mode"]
+    assert after["full_duplex"] - before["full_duplex"] == 6 and after["buffered"] == before["buffered"]
 
 
 # ---------------------------------------------------------------------------------------------------------
