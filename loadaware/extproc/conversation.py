@@ -31,11 +31,14 @@ class StreamOptions:
 class StreamState:
     """Per-stream state: the request's decision, once made. Shared fleet state lives behind the decider."""
 
-    __slots__ = ("decided", "decision")
+    __slots__ = ("decided", "decision", "response_done")
 
     def __init__(self) -> None:
         self.decision: Decision | None = None
         self.decided = False
+        # The response's last part was answered: in full-duplex mode Envoy then often resets the stream
+        # instead of closing it, which is the normal end of that request, not an abort.
+        self.response_done = False
 
 
 class Conversation:

@@ -44,6 +44,8 @@ class DuplexConversation(Conversation):
             if which == "response_body":  # the hottest message: one per streamed token chunk
                 chunk = msg.response_body
                 await write(streamed_response_body(chunk.body, chunk.end_of_stream))
+                if chunk.end_of_stream:
+                    stream.response_done = True
             elif which == "request_headers":
                 method, path, request_id = headers_of(msg.request_headers)
                 request_id = request_id or new_request_id()
@@ -86,8 +88,10 @@ class DuplexConversation(Conversation):
                 if served is not None and stream.decision is not None:
                     self.lifecycle.served(stream.decision, served)
                 await write(replies.response_headers_continue)
+                stream.response_done = msg.response_headers.end_of_stream
             elif which == "response_trailers":
                 await write(replies.response_trailers_continue)
+                stream.response_done = True
             msg = await read()
 
     async def _route(self, kind: str, body: bytes, request_id: str, subset: frozenset[str] | None,

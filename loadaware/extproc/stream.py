@@ -72,7 +72,9 @@ class ExtProcServicer:
         try:
             await self._converse(context, stream)
         except asyncio.CancelledError:
-            end = "cancelled"  # client abort, Envoy reset, or shutdown past its grace
+            # client abort, Envoy reset, or shutdown past its grace; after a complete response, Envoy's way
+            # of ending a full-duplex stream
+            end = "eof" if stream.response_done else "cancelled"
             raise
         except Exception:
             end = "error"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
+import grpc
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import struct_pb2
@@ -183,3 +185,26 @@ def test_hand_encoded_streamed_mutations_match_protobuf() -> None:
             expected = pb.ProcessingResponse(response_body=response).SerializeToString()
             assert streamed_response_body(body, end) == expected
             assert streamed_request_body(body, end) == pb.ProcessingResponse(request_body=response).SerializeToString()
+
+
+class ResetAfter(Recorder):
+    """Envoy resetting the stream once the given messages were read (as it ends full-duplex streams)."""
+
+    async def read(self) -> Any:
+        message = await super().read()
+        if message is grpc.aio.EOF:
+            raise asyncio.CancelledError
+        return message
+
+
+@pytest.mark.parametrize(("chunks_read", "end"), [(None, "eof"), (3, "cancelled")])
+async def test_a_reset_after_the_whole_response_is_a_normal_end(chunks_read: int | None, end: str) -> None:
+    app = make()
+    messages = duplex_messages(body_of(), chunks=5)
+    if chunks_read is not None:  # the client went away mid-stream: Envoy resets before the response ended
+        messages = messages[:4 + chunks_read]
+    with pytest.raises(asyncio.CancelledError):
+        await app.extproc.process(None, ResetAfter(messages))
+    ends = {s.labels["end"]: s.value for m in app.metrics.streams.collect() for s in m.samples
+            if s.name.endswith("_total")}
+    assert ends == {end: 1.0} and app.loads.total() == 0
