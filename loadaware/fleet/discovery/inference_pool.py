@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loadaware.fleet.discovery.catalog import DRAINING, HEALTHY, UNHEALTHY, DiscoveredEndpoint, DiscoveryCatalog
-from loadaware.fleet.discovery.kubernetes import ApiClientFactory, Gone
+from loadaware.fleet.discovery.kubernetes import ApiClientFactory, Gone, watch_events
 from loadaware.fleet.discovery.metrics import DiscoveryMetrics
 
 log = logging.getLogger(__name__)
@@ -319,7 +319,6 @@ class InferencePoolDiscovery:
         self._publish()
 
     async def _watch(self, core: Any) -> None:
-        from kubernetes.aio.client.exceptions import ApiException
         from kubernetes.aio.watch import Watch
 
         assert self.pods is not None
@@ -329,26 +328,13 @@ class InferencePoolDiscovery:
             self.metrics.watch_restart("resume")
         self._listed = False
         watch = Watch(return_type="object")  # plain dicts: no V1Pod models built per event
-        try:
-            stream = watch.stream(core.list_namespaced_pod, self.namespace,
-                                  label_selector=self.pods.spec.label_selector,
-                                  resource_version=self.resource_version, allow_watch_bookmarks=True,
-                                  timeout_seconds=self.watch_timeout_s,
-                                  _request_timeout=float(self.watch_timeout_s + 30))
-            async for event in stream:
-                if not isinstance(event, dict) or "type" not in event:
-                    raise RuntimeError(f"unexpected watch line {str(event)[:200]!r}")
-                self._progress = True
-                if watch.resource_version:
-                    self.resource_version = str(watch.resource_version)
-                if self.pods.apply(event["type"], event["raw_object"]):
-                    self._publish()
-        except ApiException as exc:
-            if exc.status == 410:
-                raise Gone() from None
-            raise
-        finally:
-            await watch.close()
+        async for event in watch_events(watch, core.list_namespaced_pod, self.namespace,
+                                        self.pods.spec.label_selector, self.resource_version, self.watch_timeout_s):
+            self._progress = True
+            if watch.resource_version:
+                self.resource_version = str(watch.resource_version)
+            if self.pods.apply(event["type"], event["raw_object"]):
+                self._publish()
 
     # ---- reporting ----
     def _publish(self) -> None:

@@ -17,7 +17,7 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from loadaware.fleet.discovery.catalog import DRAINING, HEALTHY, UNHEALTHY, DiscoveredEndpoint, DiscoveryCatalog
@@ -116,6 +116,28 @@ class Gone(Exception):
     """410: the resourceVersion we hold was compacted away; only a fresh list helps."""
 
 
+async def watch_events(watch: Any, list_call: Any, namespace: str, label_selector: str,
+                       resource_version: str | None, timeout_s: float) -> AsyncIterator[dict[str, Any]]:
+    """One watch of `list_call` from `resource_version`: its events, each checked to be one; the server's
+    410 (the version is too old) raised as Gone; the watch closed however it ends."""
+    from kubernetes.aio.client.exceptions import ApiException
+
+    try:
+        stream = watch.stream(list_call, namespace, label_selector=label_selector,
+                              resource_version=resource_version, allow_watch_bookmarks=True,
+                              timeout_seconds=timeout_s, _request_timeout=float(timeout_s + 30))
+        async for event in stream:
+            if not isinstance(event, dict) or "type" not in event:
+                raise RuntimeError(f"unexpected watch line {str(event)[:200]!r}")
+            yield event
+    except ApiException as exc:
+        if exc.status == 410:
+            raise Gone() from None
+        raise
+    finally:
+        await watch.close()
+
+
 async def make_api_client(kubeconfig: str = "") -> Any:
     """In a pod: the service account. Else a kubeconfig (the given path, or ~/.kube/config)."""
     from kubernetes.aio import client, config
@@ -206,7 +228,6 @@ class KubernetesDiscovery:
         self._publish()
 
     async def _watch(self, api: Any) -> None:
-        from kubernetes.aio.client.exceptions import ApiException
         from kubernetes.aio.watch import Watch
 
         self.watches += 1
@@ -214,25 +235,13 @@ class KubernetesDiscovery:
         if self.watches > 1:
             self.metrics.watch_restart("resume")
         watch = Watch()
-        try:
-            stream = watch.stream(api.list_namespaced_endpoint_slice, self.namespace, label_selector=self.selector,
-                                  resource_version=self.resource_version, allow_watch_bookmarks=True,
-                                  timeout_seconds=self.watch_timeout_s,
-                                  _request_timeout=float(self.watch_timeout_s + 30))
-            async for event in stream:
-                if not isinstance(event, dict) or "type" not in event:
-                    raise RuntimeError(f"unexpected watch line {str(event)[:200]!r}")
-                self._progress = True
-                if watch.resource_version:
-                    self.resource_version = str(watch.resource_version)
-                if self.slices.apply(event["type"], event["raw_object"]):
-                    self._publish()
-        except ApiException as exc:
-            if exc.status == 410:
-                raise Gone() from None
-            raise
-        finally:
-            await watch.close()
+        async for event in watch_events(watch, api.list_namespaced_endpoint_slice, self.namespace, self.selector,
+                                        self.resource_version, self.watch_timeout_s):
+            self._progress = True
+            if watch.resource_version:
+                self.resource_version = str(watch.resource_version)
+            if self.slices.apply(event["type"], event["raw_object"]):
+                self._publish()
 
     def _publish(self) -> None:
         endpoints = self.slices.endpoints()
