@@ -183,7 +183,15 @@ async def _post(session: ClientSession, url: str, body: bytes, headers: dict[str
 # ---------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("config", sorted((REPO / "envoy").glob("*.yaml")), ids=lambda p: p.name)
+# Envoy loads certificate files even to validate: envoy-mtls.yaml is validated in test_envoy_mtls.py with
+# certificates generated there.
+NEEDS_CERTIFICATES = {"envoy-mtls.yaml"}
+
+
+SHIPPED_CONFIGS = sorted(p for p in (REPO / "envoy").glob("*.yaml") if p.name not in NEEDS_CERTIFICATES)
+
+
+@pytest.mark.parametrize("config", SHIPPED_CONFIGS, ids=lambda p: p.name)
 def test_config_validates(config: Path) -> None:
     res = subprocess.run([_venv_tool("envoy"), "--mode", "validate", "-c", str(config), "--use-dynamic-base-id"],
                          capture_output=True, text=True, timeout=60)
