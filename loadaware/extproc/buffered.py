@@ -58,7 +58,7 @@ class BufferedConversation(Conversation):
             msg = await read()
 
     async def _decide_body(self, kind: str, body: bytes, request_id: str, stream: StreamState) -> bytes:
-        parsed, parse_s = timed_parse(self, kind, body, request_id)
+        parsed, parse_s = await timed_parse(self, kind, body, request_id)
         if isinstance(parsed, bytes):
             return parsed
         decision = await self.decide(parsed, request_id, stream, parse_s)

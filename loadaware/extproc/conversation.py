@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -16,6 +17,10 @@ from loadaware.routing.request import BadRequest, InferenceRequest, parse_body
 from loadaware.telemetry.metrics import Metrics
 
 log = logging.getLogger("loadaware.extproc")
+
+# Bodies up to this size are parsed on the event loop (a 1,600-token prompt is ~8 KB and parses in ~20 µs,
+# less than a thread hand-off costs); larger ones in a worker thread.
+INLINE_PARSE_BYTES = 256 * 1024
 
 Read = Callable[[], Awaitable[Any]]
 Write = Callable[[bytes], Awaitable[None]]
@@ -78,9 +83,12 @@ class Conversation:
             return self.error(503, "no_eligible_endpoints", "no endpoint in the proxy's subset is ready")
         return self.error(503, "no_endpoints", "no ready endpoint")
 
-    def parse(self, kind: str, body: bytes, request_id: str) -> InferenceRequest | bytes:
-        """The request, or the 400 reply for a body that cannot be one."""
+    async def parse(self, kind: str, body: bytes, request_id: str) -> InferenceRequest | bytes:
+        """The request, or the 400 reply for a body that cannot be one. A large body is parsed in a worker
+        thread: a multi-megabyte json.loads on the event loop would stall every open stream meanwhile."""
         try:
+            if len(body) > INLINE_PARSE_BYTES:
+                return await asyncio.to_thread(parse_body, kind, body)
             return parse_body(kind, body)
         except BadRequest as exc:
             self.metrics.decided("none", "rejected")
@@ -95,10 +103,10 @@ class Conversation:
         return decision
 
 
-def timed_parse(conversation: Conversation, kind: str, body: bytes,
-                request_id: str) -> tuple[InferenceRequest | bytes, float]:
+async def timed_parse(conversation: Conversation, kind: str, body: bytes,
+                      request_id: str) -> tuple[InferenceRequest | bytes, float]:
     started = time.perf_counter()
-    parsed = conversation.parse(kind, body, request_id)
+    parsed = await conversation.parse(kind, body, request_id)
     return parsed, time.perf_counter() - started
 
 

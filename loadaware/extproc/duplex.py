@@ -98,7 +98,7 @@ class DuplexConversation(Conversation):
                      stream: StreamState, write: Write, end_of_stream: bool) -> bool:
         """Decide on the whole body, then the headers reply and the body back. False: answered locally."""
         stream.decided = True
-        parsed, parse_s = timed_parse(self, kind, body, request_id)
+        parsed, parse_s = await timed_parse(self, kind, body, request_id)
         if isinstance(parsed, bytes):
             await write(parsed)
             return False

@@ -208,3 +208,28 @@ async def test_a_reset_after_the_whole_response_is_a_normal_end(chunks_read: int
     ends = {s.labels["end"]: s.value for m in app.metrics.streams.collect() for s in m.samples
             if s.name.endswith("_total")}
     assert ends == {end: 1.0} and app.loads.total() == 0
+
+
+@pytest.mark.parametrize("duplex", [False, True])
+async def test_a_large_body_is_parsed_off_the_event_loop(duplex: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from loadaware.extproc import conversation
+
+    threads: list[str] = []
+    real_parse = conversation.parse_body
+
+    def recording_parse(kind: str, body: bytes) -> Any:
+        threads.append(threading.current_thread().name)
+        return real_parse(kind, body)
+
+    monkeypatch.setattr(conversation, "parse_body", recording_parse)
+    app = make()
+    big = body_of("tok " * 1_000_000)  # ~4 MB: a json.loads that would stall every stream on the loop
+    assert len(big) > conversation.INLINE_PARSE_BYTES
+    for body in (body_of(), big):
+        messages = duplex_messages(body, chunks=0) if duplex else buffered_messages(body)
+        await converse(app, messages)
+    main = threading.main_thread().name
+    assert threads[0] == main and threads[1] != main  # small bodies inline, large ones in a worker thread
+    assert app.recent.items[-1].outcome == "routed" and app.loads.total() == 0
