@@ -49,7 +49,7 @@ def attach(feeds: KvEventsFeeds, endpoint: str, ranks: tuple[int, ...] = (0,)) -
     address = FeedAddress("tcp://10.0.0.1:5557", "tcp://10.0.0.1:5558", ranks)
     made = [EngineFeed(endpoint, address.for_rank(r), feeds.index, feeds.metrics, feeds.ctx, "", 1.0, r)
             for r in ranks]
-    feeds.feeds[endpoint] = made
+    feeds.attach(endpoint, made)
     return made
 
 

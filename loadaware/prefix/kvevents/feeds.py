@@ -254,6 +254,9 @@ class KvEventsFeeds:
         self.dp_ranks = tuple(range(dp_ranks))
         self.ctx = zmq.asyncio.Context()
         self.feeds: dict[str, list[EngineFeed]] = {}  # endpoint -> one feed per data-parallel rank
+        # endpoint -> its parts, for endpoints whose credit is not simply the index entry of their own name
+        # (several ranks, several credited groups): what the hot path reads
+        self.split: dict[str, tuple[str, ...]] = {}
         self._tasks: dict[str, list[asyncio.Task[None]]] = {}
 
     def sync_endpoints(self, endpoints: Sequence[str]) -> None:
@@ -270,7 +273,7 @@ class KvEventsFeeds:
             feeds = [EngineFeed(endpoint, address.for_rank(rank), self.index, self.metrics, self.ctx, self.topic,
                                 self.replay_timeout_s, rank)
                      for rank in (address.ranks if address.ranks is not None else self.dp_ranks)]
-            self.feeds[endpoint] = feeds
+            self.attach(endpoint, feeds)
             self._tasks[endpoint] = [asyncio.create_task(self._guard(f), name=f"kv-events-{f.endpoint}")
                                      for f in feeds]
 
@@ -288,8 +291,23 @@ class KvEventsFeeds:
                 feed.connected = feed.synced = False
                 await asyncio.sleep(1.0)
 
+    def attach(self, endpoint: str, feeds: list[EngineFeed]) -> None:
+        """Make `feeds` (one per rank) the endpoint's, without starting them."""
+        self.feeds[endpoint] = feeds
+        for f in feeds:
+            f.router.on_change = lambda ep=endpoint: self._split(ep)
+        self._split(endpoint)
+
+    def _split(self, endpoint: str) -> None:
+        parts = self.parts(endpoint)
+        if parts == (endpoint,) or endpoint not in self.feeds:
+            self.split.pop(endpoint, None)
+        else:
+            self.split[endpoint] = parts
+
     def remove(self, endpoint: str) -> None:
         feeds = self.feeds.pop(endpoint, None)
+        self.split.pop(endpoint, None)
         for task in self._tasks.pop(endpoint, []):
             task.cancel()
         dropped = self.index.drop(endpoint)
@@ -375,27 +393,35 @@ class KvEventsPrefixSource:
         (credited KV-cache groups, data-parallel ranks) is credited with the minimum over them: a part
         that holds nothing leaves the endpoint out."""
         salt = salt_of(tokens, salt)
-        parts_of = self.feeds.parts if self.feeds is not None else None
-        owner: dict[str, str] = {}
-        need: dict[str, int] = {}
-        sizes: dict[int, list[str]] = {}
+        split = self.feeds.split if self.feeds is not None else None
         index = self.index
+        sizes: dict[int, list[str]] = {}
+        owner: dict[str, str] = {}  # part -> endpoint, for endpoints indexed under other names than their own
+        need: dict[str, int] = {}
         for ep in endpoints:
-            parts = parts_of(ep) if parts_of is not None else (ep,)
-            need[ep] = len(parts)
-            for part in parts:
-                size = index.block_size(part)
-                if size is not None:
+            if split and (parts := split.get(ep)) is not None:
+                need[ep] = len(parts)
+                for part in parts:
                     owner[part] = ep
-                    sizes.setdefault(size, []).append(part)
+                    size = index.block_size(part)
+                    if size is not None:
+                        sizes.setdefault(size, []).append(part)
+                continue
+            size = index.block_size(ep)
+            if size is not None:
+                sizes.setdefault(size, []).append(ep)
         out: dict[str, int] = {}
+        if not owner:  # the common case: every endpoint is one part under its own name
+            for size, names in sizes.items():
+                out.update(index.match(block_keys(tokens, size, salt=salt), size, names))
+            return out
         got: dict[str, int] = {}
         for size, names in sizes.items():
             for part, n in index.match(block_keys(tokens, size, salt=salt), size, names).items():
-                ep = owner[part]
+                ep = owner.get(part, part)
                 out[ep] = min(out.get(ep, n), n)
                 got[ep] = got.get(ep, 0) + 1
-        return {ep: n for ep, n in out.items() if got[ep] == need[ep]}
+        return {ep: n for ep, n in out.items() if got[ep] == need.get(ep, 1)}
 
     async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...],
                       salt: str | None = None) -> dict[str, int]:

@@ -28,11 +28,15 @@ What the sidecar credits, then:
 Data parallelism: each DP rank runs its own publisher, on the configured ports plus its rank (vLLM's
 `ZmqEventPublisher.offset_endpoint_port`, both PUB and replay), with its own sequence numbering, and stamps
 its batches with `data_parallel_rank`. One endpoint serving N ranks is N feeds (one per rank, each with
-its own parts); vLLM's front end spreads requests over the ranks by load, not by prefix, so the endpoint
-is credited with the minimum over its ranks (only what every rank holds is sure to hit).
+its own parts). vLLM's front end picks a rank by load, not by prefix (`DPLBAsyncMPClient.
+get_core_engine_for_request` in `vllm/v1/engine/core_client.py`: the lowest `waiting * 4 + running`,
+unless the request names its rank), so the endpoint is credited with the minimum over its ranks: only
+what every rank holds is sure to hit. A batch stamped with another rank than its feed's is not applied.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from loadaware.prefix.blocks import BlockIndex
 
@@ -55,12 +59,13 @@ class GroupRouter:
     """One feed's (one engine, one DP rank) groups: learns each group's kind from its stores and names the
     index part its blocks go to. Group 0 (or no group) is the feed's own name; group g is `name#g<g>`."""
 
-    __slots__ = ("kinds", "name", "parts")
+    __slots__ = ("kinds", "name", "on_change", "parts")
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, on_change: Callable[[], None] | None = None) -> None:
         self.name = name
         self.kinds: dict[int | None, str | None] = {}
         self.parts: dict[int | None, str] = {}  # credited groups seen -> index name
+        self.on_change = on_change  # called when the credited parts change (the lookup caches them)
 
     def part_name(self, group: int | None) -> str:
         return self.name if group in (None, 0) else f"{self.name}#g{group}"
@@ -75,11 +80,17 @@ class GroupRouter:
             part = self.parts.get(group)
             if part is None:
                 part = self.parts[group] = self.part_name(group)
+                self._changed()
             return part
         old = self.parts.pop(group, None)
         if old is not None:
             index.clear(old)
+            self._changed()
         return None
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def removed(self, group: int | None) -> str | None:
         """The part a removal of `group` applies to; None for an uncredited or never-stored group. Group 0
@@ -102,6 +113,7 @@ class GroupRouter:
         n = sum(index.drop(p) for p in set(self.parts.values()) | {self.name})
         self.parts.clear()
         self.kinds.clear()
+        self._changed()
         return n
 
     def blocks(self, index: BlockIndex) -> int:
