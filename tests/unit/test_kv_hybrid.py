@@ -14,7 +14,7 @@ from loadaware.fleet.addresses import FeedAddress, parse_feed_address, parse_fee
 from loadaware.prefix.blocks import BlockIndex
 from loadaware.prefix.kvevents.codec import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, decode_batch
 from loadaware.prefix.kvevents.feeds import EngineFeed, KvEventsFeeds, KvEventsPrefixSource, feed_address
-from loadaware.prefix.kvevents.groups import credited
+from loadaware.prefix.kvevents.groups import GroupRouter, credited
 from loadaware.prefix.kvevents.sync import apply_batch
 from loadaware.telemetry.metrics import Metrics
 
@@ -142,8 +142,18 @@ def test_all_blocks_cleared_and_a_restart_drop_every_group(feeds: KvEventsFeeds)
     counts = apply_batch(feeds.index, f.router, [AllBlocksCleared()])
     assert counts.cleared == 12 and feeds.index.total_blocks == 0 and credit(feeds) == {}
     apply_batch(feeds.index, f.router, [store(6, 0, "full_attention"), store(6, 3, "mla_attention")])
-    f.reset("sequence_reset")
-    assert feeds.index.total_blocks == 0
+    assert f.router.credited_parts() == (EP, f"{EP}#g3")
+    f.reset("sequence_reset")  # a restarted engine may have another group layout: the groups are forgotten
+    assert feeds.index.total_blocks == 0 and f.router.credited_parts() == (EP,) and EP not in feeds.split
+    apply_batch(feeds.index, f.router, [store(6, 0, "full_attention")])
+    assert credit(feeds) == {EP: 6 * BS}  # no stale empty part for group 3 denies the credit
+
+
+def test_groupless_and_group_0_are_one_part() -> None:
+    router = GroupRouter("a")
+    index = BlockIndex()
+    apply_batch(index, router, [store(3, None, None), store(3, 0, "full_attention")])
+    assert router.credited_parts() == ("a",)
 
 
 def test_a_group_that_turns_out_uncredited_loses_its_blocks(feeds: KvEventsFeeds) -> None:

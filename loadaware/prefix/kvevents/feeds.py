@@ -78,7 +78,7 @@ class EngineFeed:
 
     # ---- index changes ----
     def reset(self, reason: str) -> None:
-        dropped = self.router.clear(self.index)
+        dropped = self.router.drop(self.index)
         self.sync.reset()
         self.metrics.kv_resets.labels(reason).inc()
         if dropped:

@@ -102,14 +102,16 @@ class GroupRouter:
 
     def credited_parts(self) -> tuple[str, ...]:
         """The names an engine's credit is the minimum over; its own name while it has stored nothing."""
-        return tuple(self.parts.values()) if self.parts else (self.name,)
+        return tuple(dict.fromkeys(self.parts.values())) if self.parts else (self.name,)
 
     def clear(self, index: BlockIndex) -> int:
-        """Drop every part's blocks (AllBlocksCleared, a reset); the groups' kinds are kept."""
+        """Drop every part's blocks (AllBlocksCleared); the groups and their kinds are kept."""
         return sum(index.clear(p) for p in set(self.parts.values()) | {self.name})
 
     def drop(self, index: BlockIndex) -> int:
-        """The engine left: drop every part and forget the groups."""
+        """A reset (restart, vanished, unrecoverable gap) or the engine left: drop every part and forget the
+        groups, so a restarted engine with another group layout leaves no empty part behind (an empty part
+        would deny the endpoint any credit)."""
         n = sum(index.drop(p) for p in set(self.parts.values()) | {self.name})
         self.parts.clear()
         self.kinds.clear()
