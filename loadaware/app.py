@@ -127,7 +127,7 @@ class Sidecar:
             names=s.prefix_sources, have_tokenizer=bool(s.tokenizer), kv_events_max_blocks=s.kv_events_max_blocks,
             kv_events_endpoints=s.kv_events_endpoints, kv_events_port=s.kv_events_port,
             kv_events_replay_port=s.kv_events_replay_port, kv_events_topic=s.kv_events_topic,
-            kv_events_replay_timeout_s=s.kv_events_replay_timeout_ms / 1e3,
+            kv_events_replay_timeout_s=s.kv_events_replay_timeout_ms / 1e3, kv_events_dp_ranks=s.kv_events_dp_ranks,
             approx_capacity_tokens=s.approx_capacity_tokens, approx_ttl_s=s.approx_ttl_s)
 
     def _discovery(self, s: Settings) -> tuple[DiscoveryCatalog, list[tuple[str, Task]]]:

@@ -241,7 +241,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("kv_events_replay_port", "--kv-events-replay-port", "LOADAWARE_KV_EVENTS_REPLAY_PORT", 5558,
             parse_port, "port of each engine's KV-event replay (ROUTER) socket (0 = none)"),
     Setting("kv_events_endpoints", "--kv-events-endpoints", "LOADAWARE_KV_EVENTS_ENDPOINTS", {},
-            parse_feed_map, "explicit publishers: ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT],..."),
+            parse_feed_map, "explicit publishers: ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT][@FIRST[-LAST] ranks],..."),
+    Setting("kv_events_dp_ranks", "--kv-events-dp-ranks", "LOADAWARE_KV_EVENTS_DP_RANKS", 1, parse_positive_int,
+            "data-parallel ranks behind each endpoint: ranks 0..N-1 publish on the KV-event ports + rank; "
+            "an endpoint is credited with the minimum over its ranks"),
     Setting("kv_events_topic", "--kv-events-topic", "LOADAWARE_KV_EVENTS_TOPIC", "", str,
             "KV-event topic to subscribe to (vLLM's default is empty)"),
     Setting("kv_events_max_blocks", "--kv-events-max-blocks", "LOADAWARE_KV_EVENTS_MAX_BLOCKS", 4_000_000,
@@ -300,6 +303,7 @@ class Settings:
     kv_events_port: int = 5557
     kv_events_replay_port: int = 5558
     kv_events_endpoints: Mapping[str, FeedAddress] = field(default_factory=dict)
+    kv_events_dp_ranks: int = 1
     kv_events_topic: str = ""
     kv_events_max_blocks: int = 4_000_000
     kv_events_replay_timeout_ms: float = 2000.0

@@ -13,7 +13,14 @@ decoder so that tests of the pair catch a misread format:
   `omit_defaults` does;
 - ROUTER replay socket: a request `[identity, b"", start_seq(8 bytes)]` is answered with every buffered batch
   from start_seq, `[identity, b"", seq, payload]`, then `[identity, b"", (-1 as 8 signed bytes), b""]`;
-- a bounded replay buffer (vLLM's `buffer_steps`).
+- a bounded replay buffer (vLLM's `buffer_steps`);
+- hybrid models (`groups=[(group_idx, kind, sliding_window), ...]`): every store and removal is published
+  once per KV-cache group, as vLLM's block pool does (the same block hashes in each group), stores with
+  `group_idx`, `kv_cache_spec_kind` (the KVCacheSpecKind string) and `kv_cache_spec_sliding_window`,
+  removals with `group_idx` only; `remove_in_group` publishes one group's removal alone (a sliding window
+  freeing blocks that left its window, a mamba group dropping states);
+- data parallelism: the engine's `data_parallel_rank` in every batch (the ports are the caller's: vLLM
+  binds rank r on the configured ports + r).
 Like vLLM, one batch carries the events of one engine step (here: one event-loop iteration).
 
 Block hashes are the simulator's own chained keys (ints), or their 8-byte big-endian form with
@@ -29,6 +36,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack
@@ -45,12 +53,14 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 class KvEventsPublisher:
     def __init__(self, ip: str, port: int, replay_port: int | None, block_size: int, topic: str = "",
                  medium: str = "GPU", hash_format: str = "int", buffer_steps: int = 10_000,
-                 data_parallel_rank: int = 0, layout: str = "array") -> None:
+                 data_parallel_rank: int = 0, layout: str = "array",
+                 groups: Sequence[tuple[int, str, int | None]] | None = None) -> None:
         if hash_format not in ("int", "bytes"):
             raise ValueError("hash_format must be 'int' or 'bytes'")
         if layout not in ("array", "map"):
             raise ValueError("layout must be 'array' or 'map'")
         self.layout = layout
+        self.groups = tuple(groups) if groups else None
         self.ip = ip
         self.port = port
         self.replay_port = replay_port
@@ -109,17 +119,16 @@ class KvEventsPublisher:
     def __call__(self, event: CacheEvent) -> None:
         if isinstance(event, BlocksStored):
             # One BlockStored per run of consecutive blocks whose parent chain is continuous, as vLLM does.
-            run: list[Any] = []
+            runs: list[list[Any]] = []
             for block in event.blocks:
-                if run and block.parent != run[-1].key:
-                    self._pending.append(self._stored(run))
-                    run = []
-                run.append(block)
-            if run:
-                self._pending.append(self._stored(run))
+                if not runs or block.parent != runs[-1][-1].key:
+                    runs.append([])
+                runs[-1].append(block)
+            for group in self.groups or (None,):
+                self._pending.extend(self._stored(run, group) for run in runs)
         elif isinstance(event, BlocksRemoved):
-            self._pending.append(self._event("BlockRemoved", block_hashes=[self._hash(k) for k in event.keys],
-                                             medium=self.medium))
+            for group in self.groups or (None,):
+                self._pending.append(self._removed(event.keys, None if group is None else group[0]))
         elif isinstance(event, AllBlocksCleared):
             self._pending.append(self._event("AllBlocksCleared"))
         if not self._flush_scheduled:
@@ -138,12 +147,21 @@ class KvEventsPublisher:
             return {"type": tag, **fields}
         return [tag, *fields.values()]
 
-    def _stored(self, blocks: list[Any]) -> Any:
+    def _removed(self, keys: Sequence[int], group_idx: int | None) -> Any:
+        group: dict[str, Any] = {} if group_idx is None else {"group_idx": group_idx}
+        return self._event("BlockRemoved", block_hashes=[self._hash(k) for k in keys], medium=self.medium, **group)
+
+    def _stored(self, blocks: list[Any], group: tuple[int, str, int | None] | None = None) -> Any:
         parent = blocks[0].parent
         tokens = [t for b in blocks for t in b.tokens]
         extra: dict[str, Any] = {}
         if any(b.extra is not None for b in blocks):
             extra["extra_keys"] = [None if b.extra is None else list(b.extra) for b in blocks]
+        if group is not None:
+            extra.setdefault("extra_keys", None)  # positional in the array layout: keep the slot
+            extra.update(group_idx=group[0], kv_cache_spec_kind=group[1])
+            if group[2] is not None:
+                extra["kv_cache_spec_sliding_window"] = group[2]
         return self._event("BlockStored", block_hashes=[self._hash(b.key) for b in blocks],
                            parent_block_hash=None if parent is None else self._hash(parent), token_ids=tokens,
                            block_size=self.block_size, lora_id=None, medium=self.medium, lora_name=None, **extra)
@@ -186,6 +204,10 @@ class KvEventsPublisher:
             self.replays_served += 1
 
     # ---- test hooks ----
+    def remove_in_group(self, group_idx: int, keys: Sequence[int]) -> None:
+        """One KV-cache group frees blocks the others keep (published with the next flush)."""
+        self._pending.append(self._removed(keys, group_idx))
+
     def drop_next(self, n: int) -> None:
         self._drop += n
 

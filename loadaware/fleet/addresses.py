@@ -3,7 +3,8 @@
     endpoint        HOST:PORT                        (IPv6 hosts may be bracketed)
     endpoint list   ENDPOINT,ENDPOINT,...            (commas or newlines; duplicates dropped, order kept)
     instance map    INSTANCE_ID=ENDPOINT,...         (--lmcache-instance-map)
-    feed map        ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT],...   (--kv-events-endpoints)
+    feed map        ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT][@RANKS],...   (--kv-events-endpoints)
+                    RANKS = FIRST[-LAST]: the engine's data-parallel ranks, each publishing on the ports + rank
 
 Every parser raises ValueError with a short reason; the configuration names the flag around it.
 """
@@ -68,9 +69,33 @@ class FeedAddress:
 
     pub: str  # tcp://host:port
     replay: str | None
+    ranks: tuple[int, ...] | None = None  # data-parallel ranks behind the endpoint; None = the global setting
 
     def __str__(self) -> str:
-        return self.pub if self.replay is None else f"{self.pub} (replay {self.replay})"
+        text = self.pub if self.replay is None else f"{self.pub} (replay {self.replay})"
+        return text if self.ranks is None else f"{text} ranks {list(self.ranks)}"
+
+    def for_rank(self, rank: int) -> FeedAddress:
+        """Where data-parallel rank `rank` publishes: both ports plus the rank, as vLLM's
+        ZmqEventPublisher.offset_endpoint_port does."""
+        if rank == 0:
+            return FeedAddress(self.pub, self.replay)
+        return FeedAddress(offset_port(self.pub, rank), None if self.replay is None else offset_port(self.replay, rank))
+
+
+def offset_port(url: str, offset: int) -> str:
+    base, _, port = url.rpartition(":")
+    return f"{base}:{int(port) + offset}"
+
+
+def parse_ranks(text: str) -> tuple[int, ...]:
+    """`FIRST[-LAST]` -> (FIRST, ..., LAST)."""
+    first_text, sep, last_text = text.partition("-")
+    first = int(first_text)
+    last = int(last_text) if sep else first
+    if first < 0 or last < first or last - first >= 1024:
+        raise ValueError(f"{text!r} is not a rank range")
+    return tuple(range(first, last + 1))
 
 
 def tcp_url(host: str, port: int) -> str:
@@ -78,15 +103,18 @@ def tcp_url(host: str, port: int) -> str:
 
 
 def parse_feed_address(text: str) -> FeedAddress:
-    """`HOST:PUB_PORT[/REPLAY_PORT]`; both ports real."""
+    """`HOST:PUB_PORT[/REPLAY_PORT][@FIRST[-LAST]]`; both ports real, also for the last rank."""
+    text, at, ranks_text = text.partition("@")
+    ranks = parse_ranks(ranks_text) if at else None
     target, _, replay_text = text.partition("/")
     host, port = parse_hostport(target)
     replay = int(replay_text) if replay_text else None
-    if port == 0 or (replay is not None and not 0 < replay <= 65535):
+    top = max(ranks) if ranks else 0
+    if port == 0 or port + top > 65535 or (replay is not None and not 0 < replay <= 65535 - top):
         raise ValueError("ports must be real")
-    return FeedAddress(tcp_url(host, port), tcp_url(host, replay) if replay is not None else None)
+    return FeedAddress(tcp_url(host, port), tcp_url(host, replay) if replay is not None else None, ranks)
 
 
 def parse_feed_map(text: str) -> dict[str, FeedAddress]:
     """`ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT],...` -> {endpoint: FeedAddress}."""
-    return parse_map(text, parse_endpoint, parse_feed_address, "ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT]")
+    return parse_map(text, parse_endpoint, parse_feed_address, "ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT][@RANKS]")

@@ -30,6 +30,7 @@ class PrefixOptions:
     kv_events_replay_port: int = 5558
     kv_events_topic: str = ""
     kv_events_replay_timeout_s: float = 2.0
+    kv_events_dp_ranks: int = 1
     approx_capacity_tokens: int = 100_000
     approx_ttl_s: float = 300.0
 
@@ -47,7 +48,8 @@ class PrefixWiring:
         if "kv-events" in self.names:
             index = BlockIndex(o.kv_events_max_blocks)
             self.kv_feeds = KvEventsFeeds(index, metrics, endpoints, dict(o.kv_events_endpoints), o.kv_events_port,
-                                          o.kv_events_replay_port, o.kv_events_topic, o.kv_events_replay_timeout_s)
+                                          o.kv_events_replay_port, o.kv_events_topic, o.kv_events_replay_timeout_s,
+                                          dp_ranks=o.kv_events_dp_ranks)
             kv = KvEventsPrefixSource(index, self.kv_feeds)
             exact.append(Member(kv, kv.covered))
         if "approx" in self.names:

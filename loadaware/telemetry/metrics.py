@@ -69,7 +69,9 @@ class Metrics:
         self.kv_events = Counter("loadaware_kv_events_received", "KV events received, by kind "
                                  "(block_stored, block_removed, all_blocks_cleared, skipped)", ["kind"], registry=r)
         self.kv_event_blocks = Counter("loadaware_kv_events_blocks", "Block hashes carried by KV events, by "
-                                       "what they did to the index (stored, removed, cleared, orphan, evicted)",
+                                       "what they did to the index (stored, removed, cleared, orphan, evicted; "
+                                       "uncredited_group: blocks of a sliding-window, mamba or other "
+                                       "non-full-attention KV-cache group, not indexed)",
                                        ["op"], registry=r)
         self.kv_batches = Counter("loadaware_kv_events_batches", "KV-event batches applied, by endpoint and "
                                   "path (live, replay)", ["endpoint", "path"], registry=r)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -17,7 +18,7 @@ from loadaware.prefix.kvevents.feeds import KvEventsFeeds, KvEventsPrefixSource
 from loadaware.telemetry.metrics import Metrics
 from sim.fleet import KvEventsOptions, start_fleet
 from sim.kv_events_publisher import KvEventsPublisher
-from sim.prefix_cache import PrefixCache
+from sim.prefix_cache import PrefixCache, iter_blocks
 from sim.tokenization import SimTokenizer
 from tests.conftest import wait_until_async
 
@@ -274,3 +275,101 @@ async def test_simulated_engines_publish_and_every_holder_is_credited(hash_forma
             await feeds.close()
     finally:
         await fleet.stop()
+
+
+HYBRID = ((0, "full_attention", None), (1, "sliding_window", 4 * BS), (2, "mamba", None), (3, "full_attention", None))
+
+
+async def test_hybrid_model_credits_only_its_full_attention_groups() -> None:
+    """An engine of a hybrid model publishes every block once per KV-cache group, as current vLLM does (maps
+    tagged by "type", bytes hashes, group_idx, kv_cache_spec_kind): the sliding-window and mamba groups free
+    blocks the full-attention groups keep, and the engine's credit is the minimum over its full-attention
+    groups."""
+    pub = KvEventsPublisher("127.0.0.60", 0, 0, BS, layout="map", hash_format="bytes", groups=HYBRID)
+    pub.start()
+    cache = PrefixCache(200, BS)
+    cache.add_observer(pub)
+    ep = "127.0.0.60:8000"
+    index, metrics = BlockIndex(), Metrics("loadaware")
+    feeds = KvEventsFeeds(index, metrics, lambda: (ep,), {ep: FeedAddress(
+        f"tcp://127.0.0.60:{pub.port}", f"tcp://127.0.0.60:{pub.replay_port}")}, 0, 0, poll_s=0.05)
+    source = KvEventsPrefixSource(index, feeds)
+    task = asyncio.create_task(feeds.run())
+    try:
+        await wait_until_async(lambda: feeds.covered((ep,)) == {ep}, message="feed connected")
+        cache.insert(PROMPT)
+        await wait_until_async(lambda: source.lookup(PROMPT, (ep,)) == {ep: 320}, message="the prompt credited")
+        assert feeds.parts(ep) == (ep, f"{ep}#g3")
+        assert value(metrics.kv_event_blocks, "uncredited_group") == 40  # 20 blocks in each of groups 1, 2
+        keys = [b.key for b in iter_blocks(PROMPT, BS)]
+        pub.remove_in_group(1, keys[:16])  # the window moved on
+        pub.remove_in_group(2, keys[:19])  # mamba kept the last state only
+        pub.flush()
+        await wait_until_async(lambda: value(metrics.kv_event_blocks, "uncredited_group") == 75,
+                               message="the other groups' removals arrived")
+        assert source.lookup(PROMPT, (ep,)) == {ep: 320}
+        pub.remove_in_group(3, keys[8:9])  # one full-attention group lost block 8: the hit ends there
+        pub.flush()
+        await wait_until_async(lambda: source.lookup(PROMPT, (ep,)) == {ep: 8 * BS}, message="the minimum")
+        state = feeds.state()["engines"]
+        assert isinstance(state, dict) and state[ep]["groups"] == {
+            "0": "full_attention", "1": "sliding_window", "2": "mamba", "3": "full_attention"}
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await feeds.close()
+        await pub.stop()
+
+
+def free_pair(ip: str, start: int) -> int:
+    """A port p with p and p + 1 both free on `ip` (vLLM's rank r binds the configured port + r)."""
+    for port in range(start, start + 2000, 2):
+        try:
+            with contextlib.ExitStack() as stack:
+                for p in (port, port + 1):
+                    s = stack.enter_context(socket.socket())
+                    s.bind((ip, p))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair")
+
+
+async def test_data_parallel_engine_is_credited_with_the_minimum_over_its_ranks() -> None:
+    """One endpoint, two data-parallel ranks, each publishing on the ports + its rank with its own numbering
+    and its rank in every batch; the sidecar subscribes to both (--kv-events-dp-ranks 2)."""
+    ip = "127.0.0.61"
+    pub_port = free_pair(ip, 31000)
+    replay_port = free_pair(ip, pub_port + 2)
+    caches, pubs = [], []
+    for rank in (0, 1):
+        pub = KvEventsPublisher(ip, pub_port + rank, replay_port + rank, BS, layout="map", hash_format="bytes",
+                                data_parallel_rank=rank, groups=((0, "full_attention", None),))
+        pub.start()
+        cache = PrefixCache(200, BS)
+        cache.add_observer(pub)
+        caches.append(cache)
+        pubs.append(pub)
+    ep = f"{ip}:8000"
+    index, metrics = BlockIndex(), Metrics("loadaware")
+    feeds = KvEventsFeeds(index, metrics, lambda: (ep,), {}, pub_port, replay_port, poll_s=0.05, dp_ranks=2)
+    source = KvEventsPrefixSource(index, feeds)
+    task = asyncio.create_task(feeds.run())
+    try:
+        await wait_until_async(lambda: feeds.covered((ep,)) == {ep}, message="both ranks connected")
+        caches[0].insert(PROMPT)
+        caches[1].insert(PROMPT[:6 * BS])
+        await wait_until_async(lambda: index.blocks(f"{ep}#dp1") == 6 and index.blocks(ep) == 20,
+                               message="both ranks indexed")
+        assert source.lookup(PROMPT, (ep,)) == {ep: 6 * BS}
+        caches[1].insert(PROMPT)
+        await wait_until_async(lambda: source.lookup(PROMPT, (ep,)) == {ep: 320}, message="both ranks hold it")
+        caches[0].clear()  # rank 0's AllBlocksCleared: nothing is sure to hit any more
+        await wait_until_async(lambda: source.lookup(PROMPT, (ep,)) == {}, message="rank 0 cleared")
+        assert all(f.rank_mismatches == 0 for f in feeds.feeds[ep])
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await feeds.close()
+        for pub in pubs:
+            await pub.stop()

@@ -42,7 +42,8 @@ def test_bytes_hashes_and_newer_trailing_fields() -> None:
     stored, removed = batch.events
     assert isinstance(stored, BlockStored) and stored.block_hashes == (h2,) and stored.parent_block_hash == h1
     assert stored.medium == "CPU" and stored.extra_keys == (None,) and stored.extra() is None
-    assert removed == BlockRemoved((h1,), "CPU")
+    assert removed == BlockRemoved((h1,), "CPU", 0)
+    assert (stored.group_idx, stored.kind) == (0, "full_attention")
     assert batch.data_parallel_rank == 3
 
 

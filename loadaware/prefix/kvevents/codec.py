@@ -10,6 +10,10 @@ must survive, so this decoder accepts all of them:
 - block hashes as ints or as bytes (vLLM >= 0.10 sends sha256 bytes);
 - fields appended by newer versions (ignored unless known), and fields omitted by older ones (defaults).
 An unknown event tag is skipped and counted, never fatal.
+
+Hybrid models: `group_idx` (which KV-cache group the blocks belong to) and, on stores only,
+`kv_cache_spec_kind` (the group's kind as a string: "full_attention", "sliding_window", "mamba", ...) and
+`kv_cache_spec_sliding_window`; a removal names only its group (see kvevents/groups.py for what is credited).
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ class BlockStored:
     medium: str | None = None
     lora_name: str | None = None
     extra_keys: tuple[Hashable, ...] | None = None  # one entry (or None) per block
+    group_idx: int | None = None  # the KV-cache group (None: a vLLM without groups)
+    kind: str | None = None  # kv_cache_spec_kind of that group (None: not sent)
+    sliding_window: int | None = None  # kv_cache_spec_sliding_window
 
     def extra(self) -> tuple[Hashable, ...] | None:
         """Per block (aligned with block_hashes): what besides its tokens the block's KV depends on, None for
@@ -63,6 +70,7 @@ class BlockStored:
 class BlockRemoved:
     block_hashes: tuple[EngineHash, ...]
     medium: str | None = None
+    group_idx: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +90,8 @@ class EventBatch:
 
 
 _STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
-                  "lora_name", "extra_keys")
-_REMOVED_FIELDS = ("block_hashes", "medium")
+                  "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window")
+_REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
 
 
 def _hash(value: Any) -> EngineHash:
@@ -100,6 +108,14 @@ def _fields(body: Any, names: tuple[str, ...]) -> dict[str, Any]:
     if isinstance(body, (list, tuple)):  # array_like: positional, extra trailing fields ignored
         return {k: (body[i] if i < len(body) else None) for i, k in enumerate(names)}
     raise DecodeError("event body is neither an array nor a map")
+
+
+def _opt_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _opt_str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _hashable(value: Any) -> Hashable:
@@ -124,7 +140,8 @@ def _stored(body: Any) -> BlockStored:
         f["lora_id"] if isinstance(f["lora_id"], int) else None,
         medium if isinstance(medium, str) else None,
         lora_name if isinstance(lora_name, str) else None,
-        tuple(_hashable(e) for e in extra) if isinstance(extra, list) else None)
+        tuple(_hashable(e) for e in extra) if isinstance(extra, list) else None,
+        _opt_int(f["group_idx"]), _opt_str(f["kv_cache_spec_kind"]), _opt_int(f["kv_cache_spec_sliding_window"]))
 
 
 def _removed(body: Any) -> BlockRemoved:
@@ -132,7 +149,8 @@ def _removed(body: Any) -> BlockRemoved:
     if not isinstance(f["block_hashes"], list):
         raise DecodeError("BlockRemoved without block_hashes")
     medium = f["medium"]
-    return BlockRemoved(tuple(_hash(h) for h in f["block_hashes"]), medium if isinstance(medium, str) else None)
+    return BlockRemoved(tuple(_hash(h) for h in f["block_hashes"]), medium if isinstance(medium, str) else None,
+                        _opt_int(f["group_idx"]))
 
 
 def _tag(event: Any) -> tuple[str | None, Any]:

@@ -6,6 +6,10 @@ sequence, msgpack batch), a monitor of that SUB (connected / disconnected), and,
 on the engine's ROUTER replay socket (send the start sequence; batches come back until sequence -1). Each
 task handles its feed strictly in order, so the sequence rules in kv_events_sync.py hold. The hot path
 (`matches`) only reads the in-memory index: no I/O, no awaits.
+
+An endpoint with data-parallel ranks has one feed per rank (ports + rank, `--kv-events-dp-ranks` or
+`@RANKS` in the explicit map), and each feed keeps one index part per credited KV-cache group; the
+endpoint's credit is the minimum over all its parts (kvevents/groups.py says why).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from loadaware.prefix.kvevents.codec import (
     decode_batch,
     decode_seq,
 )
+from loadaware.prefix.kvevents.groups import GroupRouter, rank_name
 from loadaware.prefix.kvevents.sync import ApplyCounts, FeedSync, Verdict, apply_batch
 from loadaware.prefix.source import salt_of
 from loadaware.telemetry.metrics import Metrics
@@ -53,8 +58,11 @@ class EngineFeed:
     """One engine's feed: subscribe, keep in sequence, replay what was missed, drop the index on restart."""
 
     def __init__(self, endpoint: str, address: FeedAddress, index: BlockIndex, metrics: Metrics,
-                 ctx: zmq.asyncio.Context, topic: str, replay_timeout_s: float) -> None:
-        self.endpoint = endpoint
+                 ctx: zmq.asyncio.Context, topic: str, replay_timeout_s: float, rank: int = 0) -> None:
+        self.endpoint = rank_name(endpoint, rank)  # the feed's name: in the index, metrics and logs
+        self.rank = rank
+        self.router = GroupRouter(self.endpoint)
+        self.rank_mismatches = 0
         self.address = address
         self.index = index
         self.metrics = metrics
@@ -65,12 +73,12 @@ class EngineFeed:
         self.connected = False
         self.synced = False  # connected and caught up once: the index speaks for this engine
         self.last_event_at = 0.0
-        self._live = metrics.kv_batches.labels(endpoint, "live")
-        self._replayed = metrics.kv_batches.labels(endpoint, "replay")
+        self._live = metrics.kv_batches.labels(self.endpoint, "live")
+        self._replayed = metrics.kv_batches.labels(self.endpoint, "replay")
 
     # ---- index changes ----
     def reset(self, reason: str) -> None:
-        dropped = self.index.clear(self.endpoint)
+        dropped = self.router.drop(self.index)
         self.sync.reset()
         self.metrics.kv_resets.labels(reason).inc()
         if dropped:
@@ -78,8 +86,17 @@ class EngineFeed:
         log.info("kv-events %s: index dropped (%s, %d blocks)", self.endpoint, reason, dropped)
 
     def _apply(self, seq: int, batch: EventBatch, live: bool) -> None:
-        counts = apply_batch(self.index, self.endpoint, batch.events, ApplyCounts())
         self.sync.applied(seq, live)
+        if batch.data_parallel_rank is not None and batch.data_parallel_rank != self.rank:
+            # Another rank's events on this rank's ports: the port map is wrong, and crediting them here
+            # could be phantom credit. Counted, logged once, never applied (the numbering still advances).
+            self.rank_mismatches += 1
+            self.metrics.kv_events.labels("skipped").inc(len(batch.events))
+            if self.rank_mismatches == 1:
+                log.warning("kv-events %s: batch from data-parallel rank %d on the feed of rank %d; ignored",
+                            self.endpoint, batch.data_parallel_rank, self.rank)
+            return
+        counts = apply_batch(self.index, self.router, batch.events, ApplyCounts())
         self.last_event_at = time.monotonic()
         (self._live if live else self._replayed).inc()
         m = self.metrics
@@ -92,7 +109,8 @@ class EngineFeed:
         if batch.skipped:
             m.kv_events.labels("skipped").inc(batch.skipped)
         for op, n in (("stored", counts.stored), ("removed", counts.removed), ("cleared", counts.cleared),
-                      ("orphan", counts.orphans), ("evicted", counts.evicted)):
+                      ("orphan", counts.orphans), ("evicted", counts.evicted),
+                      ("uncredited_group", counts.uncredited)):
             if n:
                 m.kv_event_blocks.labels(op).inc(n)
 
@@ -216,12 +234,14 @@ class EngineFeed:
 
 
 class KvEventsFeeds:
-    """Keeps one EngineFeed per endpoint of the fleet: starts feeds for new endpoints, stops them and drops
-    their index for endpoints that left."""
+    """Keeps the feeds of every endpoint of the fleet (one per data-parallel rank): starts feeds for new
+    endpoints, stops them and drops their index for endpoints that left."""
 
     def __init__(self, index: BlockIndex, metrics: Metrics, endpoints: Callable[[], tuple[str, ...]],
                  explicit: Mapping[str, FeedAddress], pub_port: int, replay_port: int, topic: str = "",
-                 replay_timeout_s: float = 2.0, poll_s: float = 0.2) -> None:
+                 replay_timeout_s: float = 2.0, poll_s: float = 0.2, dp_ranks: int = 1) -> None:
+        if dp_ranks < 1:
+            raise ValueError("dp_ranks must be >= 1")
         self.index = index
         self.metrics = metrics
         self.endpoints = endpoints
@@ -231,9 +251,13 @@ class KvEventsFeeds:
         self.topic = topic
         self.replay_timeout_s = replay_timeout_s
         self.poll_s = poll_s
+        self.dp_ranks = tuple(range(dp_ranks))
         self.ctx = zmq.asyncio.Context()
-        self.feeds: dict[str, EngineFeed] = {}
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.feeds: dict[str, list[EngineFeed]] = {}  # endpoint -> one feed per data-parallel rank
+        # endpoint -> its parts, for endpoints whose credit is not simply the index entry of their own name
+        # (several ranks, several credited groups): what the hot path reads
+        self.split: dict[str, tuple[str, ...]] = {}
+        self._tasks: dict[str, list[asyncio.Task[None]]] = {}
 
     def sync_endpoints(self, endpoints: Sequence[str]) -> None:
         wanted = set(endpoints)
@@ -246,10 +270,12 @@ class KvEventsFeeds:
             address = feed_address(endpoint, self.explicit, self.pub_port, self.replay_port)
             if address is None:
                 continue
-            feed = EngineFeed(endpoint, address, self.index, self.metrics, self.ctx, self.topic,
-                              self.replay_timeout_s)
-            self.feeds[endpoint] = feed
-            self._tasks[endpoint] = asyncio.create_task(self._guard(feed), name=f"kv-events-{endpoint}")
+            feeds = [EngineFeed(endpoint, address.for_rank(rank), self.index, self.metrics, self.ctx, self.topic,
+                                self.replay_timeout_s, rank)
+                     for rank in (address.ranks if address.ranks is not None else self.dp_ranks)]
+            self.attach(endpoint, feeds)
+            self._tasks[endpoint] = [asyncio.create_task(self._guard(f), name=f"kv-events-{f.endpoint}")
+                                     for f in feeds]
 
     async def _guard(self, feed: EngineFeed) -> None:
         """A feed that crashes is restarted on an empty index: one engine's bad data must not end the rest."""
@@ -265,34 +291,69 @@ class KvEventsFeeds:
                 feed.connected = feed.synced = False
                 await asyncio.sleep(1.0)
 
+    def attach(self, endpoint: str, feeds: list[EngineFeed]) -> None:
+        """Make `feeds` (one per rank) the endpoint's, without starting them."""
+        self.feeds[endpoint] = feeds
+        for f in feeds:
+            f.router.on_change = lambda ep=endpoint: self._split(ep)
+        self._split(endpoint)
+
+    def _split(self, endpoint: str) -> None:
+        parts = self.parts(endpoint)
+        if parts == (endpoint,) or endpoint not in self.feeds:
+            self.split.pop(endpoint, None)
+        else:
+            self.split[endpoint] = parts
+
     def remove(self, endpoint: str) -> None:
-        feed = self.feeds.pop(endpoint, None)
-        task = self._tasks.pop(endpoint, None)
-        if task is not None:
+        feeds = self.feeds.pop(endpoint, None)
+        self.split.pop(endpoint, None)
+        for task in self._tasks.pop(endpoint, []):
             task.cancel()
         dropped = self.index.drop(endpoint)
-        if feed is not None:
+        for feed in feeds or ():
+            dropped += feed.router.drop(self.index)
+        if feeds is not None:
             self.metrics.kv_resets.labels("removed").inc()
             if dropped:
                 self.metrics.kv_event_blocks.labels("cleared").inc(dropped)
 
     def covered(self, endpoints: Sequence[str]) -> set[str]:
-        """Endpoints whose feed is live and caught up: the index speaks for them, right or empty."""
-        return {ep for ep in endpoints if (f := self.feeds.get(ep)) is not None and f.connected and f.synced}
+        """Endpoints whose feeds (every rank's) are live and caught up: the index speaks for them."""
+        return {ep for ep in endpoints
+                if (fs := self.feeds.get(ep)) and all(f.connected and f.synced for f in fs)}
+
+    def parts(self, endpoint: str) -> tuple[str, ...]:
+        """The index names an endpoint's credit is the minimum over: every credited group of every rank."""
+        feeds = self.feeds.get(endpoint)
+        if not feeds:
+            return (endpoint,)
+        if len(feeds) == 1:
+            return feeds[0].router.credited_parts()
+        return tuple(p for f in feeds for p in f.router.credited_parts())
 
     def refresh_gauges(self) -> None:
         m = self.metrics
-        for endpoint in self.feeds:
-            m.kv_index_blocks.labels(endpoint).set(self.index.blocks(endpoint))
+        for endpoint, feeds in self.feeds.items():
+            m.kv_index_blocks.labels(endpoint).set(sum(f.router.blocks(self.index) for f in feeds))
         m.kv_index_bytes.set(self.index.approx_bytes())
         m.kv_index_limit.set(self.index.max_blocks)
 
     def state(self) -> dict[str, object]:
         now = time.monotonic()
-        return {"engines": {ep: {"pub": f.address.pub, "replay": f.address.replay, "connected": f.connected,
-                                 "synced": f.synced, "last_seq": f.sync.last, "blocks": self.index.blocks(ep),
-                                 "idle_s": round(now - f.last_event_at, 3) if f.last_event_at else None}
-                            for ep, f in self.feeds.items()},
+
+        def one(f: EngineFeed) -> dict[str, object]:
+            return {"pub": f.address.pub, "replay": f.address.replay, "connected": f.connected,
+                    "synced": f.synced, "last_seq": f.sync.last, "blocks": f.router.blocks(self.index),
+                    "groups": {str(g): k for g, k in f.router.kinds.items()},
+                    "credited_parts": list(f.router.credited_parts()), "rank_mismatches": f.rank_mismatches,
+                    "idle_s": round(now - f.last_event_at, 3) if f.last_event_at else None}
+
+        engines: dict[str, object] = {}
+        for ep, feeds in self.feeds.items():
+            engines[ep] = one(feeds[0]) if len(feeds) == 1 and feeds[0].rank == 0 else \
+                {"ranks": {str(f.rank): one(f) for f in feeds}}
+        return {"engines": engines,
                 "total_blocks": self.index.total_blocks, "held_keys": self.index.held_keys(),
                 "approx_bytes": self.index.approx_bytes(), "max_blocks": self.index.max_blocks,
                 "evictions": self.index.evictions}
@@ -305,10 +366,10 @@ class KvEventsFeeds:
         finally:
             for endpoint in list(self.feeds):
                 self.remove(endpoint)
-            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+            await asyncio.gather(*(t for ts in self._tasks.values() for t in ts), return_exceptions=True)
 
     async def close(self) -> None:
-        tasks = list(self._tasks.values())
+        tasks = [t for ts in self._tasks.values() for t in ts]
         for endpoint in list(self.feeds):
             self.remove(endpoint)
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -328,17 +389,39 @@ class KvEventsPrefixSource:
     def lookup(self, tokens: Sequence[int], endpoints: Sequence[str], salt: str | None = None) -> dict[str, int]:
         """Synchronous core (the discrete-event experiment and the benchmark call it directly). A salted
         request walks the chain its salt starts (blocks.block_keys): only blocks stored under that salt
-        credit it, and salted blocks never credit an unsalted request."""
+        credit it, and salted blocks never credit an unsalted request. An endpoint made of several parts
+        (credited KV-cache groups, data-parallel ranks) is credited with the minimum over them: a part
+        that holds nothing leaves the endpoint out."""
         salt = salt_of(tokens, salt)
+        split = self.feeds.split if self.feeds is not None else None
+        index = self.index
         sizes: dict[int, list[str]] = {}
+        owner: dict[str, str] = {}  # part -> endpoint, for endpoints indexed under other names than their own
+        need: dict[str, int] = {}
         for ep in endpoints:
-            size = self.index.block_size(ep)
+            if split and (parts := split.get(ep)) is not None:
+                need[ep] = len(parts)
+                for part in parts:
+                    owner[part] = ep
+                    size = index.block_size(part)
+                    if size is not None:
+                        sizes.setdefault(size, []).append(part)
+                continue
+            size = index.block_size(ep)
             if size is not None:
                 sizes.setdefault(size, []).append(ep)
         out: dict[str, int] = {}
-        for size, eps in sizes.items():
-            out.update(self.index.match(block_keys(tokens, size, salt=salt), size, eps))
-        return out
+        if not owner:  # the common case: every endpoint is one part under its own name
+            for size, names in sizes.items():
+                out.update(index.match(block_keys(tokens, size, salt=salt), size, names))
+            return out
+        got: dict[str, int] = {}
+        for size, names in sizes.items():
+            for part, n in index.match(block_keys(tokens, size, salt=salt), size, names).items():
+                ep = owner.get(part, part)
+                out[ep] = min(out.get(ep, n), n)
+                got[ep] = got.get(ep, 0) + 1
+        return {ep: n for ep, n in out.items() if got[ep] == need.get(ep, 1)}
 
     async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...],
                       salt: str | None = None) -> dict[str, int]:

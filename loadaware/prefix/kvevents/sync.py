@@ -17,6 +17,7 @@ from enum import Enum
 
 from loadaware.prefix.blocks import BlockIndex
 from loadaware.prefix.kvevents.codec import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from loadaware.prefix.kvevents.groups import GroupRouter
 
 
 class Verdict(Enum):
@@ -76,24 +77,36 @@ class ApplyCounts:
     evicted: int = 0  # entries dropped by the memory bound
     events: int = 0
     block_events: int = 0  # block hashes carried by stored / removed events (the ingest-rate unit)
+    uncredited: int = 0  # block hashes of groups that are not prefix credit (sliding window, mamba...)
 
 
-def apply_batch(index: BlockIndex, engine: str, events: Iterable[KVEvent],
+def apply_batch(index: BlockIndex, engine: str | GroupRouter, events: Iterable[KVEvent],
                 counts: ApplyCounts | None = None) -> ApplyCounts:
-    """What one decoded batch does to one engine's part of the index, in order."""
+    """What one decoded batch does to one engine's parts of the index, in order. `engine` is the feed's
+    GroupRouter (a bare name: a fresh router, enough for a model without groups); each credited group's
+    blocks go to their own part, other groups' blocks are counted and dropped (groups.py)."""
+    router = GroupRouter(engine) if isinstance(engine, str) else engine
     c = counts if counts is not None else ApplyCounts()
     for event in events:
         c.events += 1
         if isinstance(event, BlockStored):
             c.block_events += len(event.block_hashes)
-            r = index.store(engine, event.block_hashes, event.parent_block_hash, event.token_ids,
+            part = router.stored(index, event.group_idx, event.kind)
+            if part is None:
+                c.uncredited += len(event.block_hashes)
+                continue
+            r = index.store(part, event.block_hashes, event.parent_block_hash, event.token_ids,
                             event.block_size, event.medium, event.extra())
             c.stored += r.stored
             c.orphans += r.orphans
             c.evicted += r.evicted
         elif isinstance(event, BlockRemoved):
             c.block_events += len(event.block_hashes)
-            c.removed += index.remove(engine, event.block_hashes, event.medium)
+            part = router.removed(event.group_idx)
+            if part is None:
+                c.uncredited += len(event.block_hashes)
+                continue
+            c.removed += index.remove(part, event.block_hashes, event.medium)
         elif isinstance(event, AllBlocksCleared):
-            c.cleared += index.clear(engine)
+            c.cleared += router.clear(index)
     return c
