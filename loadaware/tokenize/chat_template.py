@@ -4,10 +4,11 @@ vLLM renders chat requests with transformers' `apply_chat_template`; this module
 (transformers 4.45+ / 5.x, src/transformers/utils/chat_template_utils.py and tokenization_utils_base.py):
 
 - a jinja2 ImmutableSandboxedEnvironment with trim_blocks and lstrip_blocks, the `loopcontrols` extension,
-  the globals `raise_exception` (a TemplateError), `strftime_now(format)` (the current local time),
-  `namespace` (refusing underscore-prefixed attributes) and `dict`, and a `tojson` filter that is
-  `json.dumps(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)` with those keyword
-  arguments exposed (jinja's own tojson escapes HTML characters);
+  a `{% generation %}` block tag (its body, unchanged), the globals `raise_exception` (a TemplateError),
+  `strftime_now(format)` (the current local time), `namespace` (refusing underscore-prefixed attributes) and
+  `dict`, and a `tojson` filter that is
+  `json.dumps(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)` with those keyword arguments
+  exposed (jinja's own tojson escapes HTML characters);
 - the variables `messages`, `tools`, `documents`, `add_generation_prompt`, the tokenizer's named special tokens
   (bos, eos, unk, sep, pad, cls, mask: only those set) and any extra keyword (they override the tokens);
 - message keys whose value is None are dropped; a message's reasoning under `reasoning_content`, `thinking` or
@@ -18,7 +19,10 @@ vLLM renders chat requests with transformers' `apply_chat_template`; this module
 
 vLLM (vllm/entrypoints/chat_utils.py) decides per template whether message content is given as a string or as
 OpenAI parts: a template that loops over a message's `content` gets parts ("openai"), any other gets the text
-parts joined with newlines ("string"). It then tokenizes the rendered text without adding special tokens.
+parts joined with newlines ("string"). A message reaches the template with its role and content only, plus an
+assistant's tool calls (arguments parsed from JSON strings into objects, an empty list dropped) and reasoning, a
+tool message's tool_call_id, and a string name; a None content is no parts ("" or []). vLLM then tokenizes the
+rendered text without adding special tokens (the template placed them).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any, Literal
 import jinja2
 import jinja2.ext
 import jinja2.nodes
+import jinja2.parser
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -84,9 +89,24 @@ class _Namespace(jinja2.utils.Namespace):
         jinja2.utils.Namespace.__setitem__(self, name, value)
 
 
+class _Generation(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}`: transformers marks the assistant's tokens with it (for training
+    masks); rendering, it is its body unchanged."""
+
+    tags = {"generation"}  # noqa: RUF012 - jinja's Extension declares it a plain set
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller: Callable[[], str]) -> str:
+        return caller()
+
+
 def make_environment(clock: Clock = datetime.now) -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols])
+                                        extensions=[_Generation, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: clock().strftime(fmt)
@@ -106,32 +126,37 @@ def _is_content_access(node: jinja2.nodes.Node, names: set[str]) -> bool:
     return False
 
 
-def _iterates_messages(node: jinja2.nodes.Node) -> bool:
-    while isinstance(node, (jinja2.nodes.Getitem, jinja2.nodes.Filter)):  # messages[1:], messages | reverse
+def _accesses(node: jinja2.nodes.Node, names: set[str]) -> bool:
+    """`node` is one of `names`, or a slice, filter or test of it (messages[1:], messages | reverse)."""
+    while isinstance(node, (jinja2.nodes.Getitem, jinja2.nodes.Filter, jinja2.nodes.Test)):
+        if isinstance(node, jinja2.nodes.Getitem) and not isinstance(node.arg, jinja2.nodes.Slice):
+            return False
         if node.node is None:
             return False
         node = node.node
-    return isinstance(node, jinja2.nodes.Name) and node.name in ("messages", "loop_messages")
+    return isinstance(node, jinja2.nodes.Name) and node.name in names
 
 
 def detect_content_format(ast: jinja2.nodes.Template) -> ContentFormat:
-    """'openai' when the template loops over a message's content (directly or through a variable set from it)."""
-    message_vars = {"message"}
-    for loop in ast.find_all(jinja2.nodes.For):
-        if _iterates_messages(loop.iter) and isinstance(loop.target, jinja2.nodes.Name):
-            message_vars.add(loop.target.name)
-    content_vars: set[str] = set()
+    """'openai' when the template loops directly over a message's content, as vLLM decides it: a message is the
+    target of a loop over `messages` (or over a variable set from it, like loop_messages = messages[1:])."""
+    lists = {"messages"}
     for assign in ast.find_all(jinja2.nodes.Assign):
-        if isinstance(assign.target, jinja2.nodes.Name) and _is_content_access(assign.node, message_vars):
-            content_vars.add(assign.target.name)
+        if isinstance(assign.target, jinja2.nodes.Name) and _accesses(assign.node, lists):
+            lists.add(assign.target.name)
+    message_vars: set[str] = set()
     for loop in ast.find_all(jinja2.nodes.For):
-        it = loop.iter
-        if _is_content_access(it, message_vars) or (isinstance(it, jinja2.nodes.Name) and it.name in content_vars):
+        if _accesses(loop.iter, lists) and isinstance(loop.target, jinja2.nodes.Name):
+            message_vars.add(loop.target.name)
+    for loop in ast.find_all(jinja2.nodes.For):
+        if _is_content_access(loop.iter, message_vars):
             return "openai"
     return "string"
 
 
 def _content(content: Any, fmt: ContentFormat) -> Any:
+    if content is None:  # vLLM: no parts, so "" for a string template and [] for an openai one
+        return "" if fmt == "string" else []
     if not isinstance(content, list):
         return content
     if fmt == "string":  # vLLM: the text parts, joined with newlines
@@ -147,8 +172,41 @@ def _content(content: Any, fmt: ContentFormat) -> Any:
     return parts
 
 
+def _tool_calls(calls: list[Any]) -> list[Any]:
+    # vLLM: tool-call arguments reach the template as JSON objects, not the OpenAI API's JSON strings
+    out = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            args = function.get("arguments")
+            if not args:
+                args = {}
+            elif not isinstance(args, (dict, list)):
+                try:
+                    args = json.loads(args)
+                except ValueError as exc:
+                    raise ChatTemplateError(f"tool call arguments are not JSON: {exc}") from exc
+            call = {**call, "function": {**function, "arguments": args}}
+        out.append(call)
+    return out
+
+
 def _message(m: Mapping[str, Any], fmt: ContentFormat) -> dict[str, Any]:
-    out = {k: (_content(v, fmt) if k == "content" else v) for k, v in m.items() if v is not None}
+    """One message as vLLM hands it to transformers (role, content, and per role its tool calls, tool call id,
+    name, reasoning: nothing else of the request's message), then as transformers gives it to the template."""
+    out: dict[str, Any] = {"role": m.get("role"), "content": _content(m.get("content"), fmt)}
+    if m.get("role") == "assistant":
+        calls = m.get("tool_calls")
+        if isinstance(calls, list) and calls:
+            out["tool_calls"] = _tool_calls(calls)
+        reasoning = m.get("reasoning", m.get("reasoning_content"))
+        if reasoning is not None:
+            out["reasoning"] = out["reasoning_content"] = reasoning
+    elif m.get("role") == "tool" and "tool_call_id" in m:
+        out["tool_call_id"] = m["tool_call_id"]
+    if isinstance(m.get("name"), str):
+        out["name"] = m["name"]
+    out = {k: v for k, v in out.items() if v is not None}  # transformers drops None values
     reasoning = next((out[k] for k in _REASONING_FIELDS if out.get(k) is not None), None)
     if reasoning is not None:
         out = {"thinking": reasoning, **out, "reasoning_content": reasoning}
@@ -180,6 +238,8 @@ class ChatTemplate:
             raise ChatTemplateError("continue_final_message and add_generation_prompt are not compatible")
         try:
             chat = [_message(m, self.content_format) for m in _json_copy(list(messages))]
+        except ChatTemplateError:
+            raise
         except (TypeError, ValueError, AttributeError) as exc:
             raise ChatTemplateError(f"messages are not JSON objects: {exc}") from exc
         final: str | None = None
