@@ -5,7 +5,8 @@ tokenizer_config.json, as copied in the public repository it names) with the spe
 load the same tokenizer folder: the project's tiny tokenizer with the template's control tokens added as special
 tokens, and a tokenizer_config.json holding the template and the special tokens. transformers gets the messages
 as vLLM hands them over (vllm/entrypoints/chat_utils.py: text parts joined with newlines for a "string" template,
-kept as parts for an "openai" one; tool-call arguments parsed into objects). `strftime_now` is pinned on both
+kept as parts for an "openai" one; tool-call arguments parsed into objects; an assistant's reasoning under both
+`reasoning` and `reasoning_content`). `strftime_now` is pinned on both
 sides. Either both render the same ids, or both refuse the conversation (a template's raise_exception).
 """
 
@@ -77,6 +78,17 @@ CONVERSATIONS: list[tuple[str, list[dict[str, Any]], dict[str, Any]]] = [
     ("documents", [
         {"role": "user", "content": "Summarize the document."},
     ], {"documents": [{"title": "Doc A", "text": "Prefix caching reuses KV blocks."}]}),
+    ("reasoning", [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "Four.", "reasoning_content": "Add two and two."},
+    ], {"add_generation_prompt": False}),
+    ("two-tool-calls", [
+        {"role": "user", "content": "Weather in Paris, then search."},
+        {"role": "assistant", "content": "Calling both.", "tool_calls": [
+            CALL, {**CALL, "id": "def456UVW", "function": {"name": "search", "arguments": "{\"query\": \"vLLM\"}"}}]},
+        {"role": "tool", "tool_call_id": "abc123XYZ", "content": "18C"},
+        {"role": "tool", "tool_call_id": "def456UVW", "content": "a serving engine"},
+    ], {"tools": TOOLS}),
     ("template-kwargs", [
         {"role": "user", "content": "Think or not?"},
     ], {"chat_template_kwargs": {"enable_thinking": False}}),
@@ -124,6 +136,9 @@ def as_vllm_passes(messages: list[dict[str, Any]], content_format: str) -> list[
             msg["tool_calls"] = [
                 {**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
                 for c in m["tool_calls"]]
+        reasoning = m.get("reasoning", m.get("reasoning_content"))
+        if m["role"] == "assistant" and reasoning is not None:
+            msg["reasoning"] = msg["reasoning_content"] = reasoning
         if "tool_call_id" in m:
             msg["tool_call_id"] = m["tool_call_id"]
         out.append(msg)
@@ -177,10 +192,14 @@ def test_every_template_renders_plain_and_tool_chats(model: tuple[str, Path]) ->
         assert not isinstance(ids, str) and ids, f"{name} {conv}: {ids}"
 
 
+PRINTS_TODAY = {"llama-3.2", "granite-3.3", "smollm3"}  # templates whose system block shows strftime_now's date
+
+
 def test_strftime_now_reaches_the_rendered_chat(model: tuple[str, Path]) -> None:
-    _, folder = model
-    tok = PromptTokenizer(str(folder), clock=lambda: NOW)
-    assert tok.chat_template is not None
-    text = tok.render_chat([{"role": "user", "content": "hi"}])
-    if "strftime_now" in (tok.chat_template_source or ""):
-        assert "2025" in text and "Mar" in text, text
+    name, folder = model
+    chat = [{"role": "user", "content": "hi"}]
+    pinned = PromptTokenizer(str(folder), clock=lambda: NOW).render_chat(chat)
+    later = PromptTokenizer(str(folder), clock=lambda: datetime(2031, 12, 1)).render_chat(chat)
+    assert (pinned != later) == (name in PRINTS_TODAY)
+    if name in PRINTS_TODAY:
+        assert "2025" in pinned and "2031" in later
