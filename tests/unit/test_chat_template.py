@@ -180,3 +180,19 @@ def test_chat_request_carries_the_template_options() -> None:
                                     "chat_template_kwargs": {"enable_thinking": False}}
     plain = parse_body("chat", json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode())
     assert plain.chat_options is None
+
+
+async def test_the_request_options_reach_the_template(tmp_path: Path) -> None:
+    """tools / add_generation_prompt from the request body change the tokens routed on, as they change the engine's."""
+    source = ("{% if tools %}[{{ tools | length }} tools]{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}"
+              "{% if add_generation_prompt %}<|im_start|>assistant{% endif %}")
+    tok = AsyncTokenizer(PromptTokenizer(str(_model_with(tmp_path, source))), timeout_s=2.0)
+    decider = Decider(make_policy("loadaware"), EndpointRegistry(("127.0.0.2:8000",)), LoadTracker(stale_s=5),
+                      RequestLifecycle(), tok)
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    plain = await decider.prompt_tokens(parse_body("chat", json.dumps(body).encode()))
+    with_tools = await decider.prompt_tokens(parse_body("chat", json.dumps(
+        {**body, "tools": [{"type": "function", "function": {"name": "f"}}], "add_generation_prompt": False}).encode()))
+    assert plain == tok.tokenizer._plain("hi<|im_start|>assistant")
+    assert with_tools == tok.tokenizer._plain("[1 tools]hi")
+    tok.close()
