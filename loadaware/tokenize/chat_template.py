@@ -21,8 +21,9 @@ vLLM (vllm/entrypoints/chat_utils.py) decides per template whether message conte
 OpenAI parts: a template that loops over a message's `content` gets parts ("openai"), any other gets the text
 parts joined with newlines ("string"). A message reaches the template with its role and content only, plus an
 assistant's tool calls (arguments parsed from JSON strings into objects, an empty list dropped) and reasoning, a
-tool message's tool_call_id, and a string name; a None content is no parts ("" or []). vLLM then tokenizes the
-rendered text without adding special tokens (the template placed them).
+tool message's tool_call_id, and a string name; a None content is no parts ("" or []). Tools are dumped from
+vLLM's pydantic models: {"type", "function": {"name", "description", "parameters"}}, None where absent. vLLM
+then tokenizes the rendered text without adding special tokens (the template placed them).
 """
 
 from __future__ import annotations
@@ -213,6 +214,26 @@ def _message(m: Mapping[str, Any], fmt: ContentFormat) -> dict[str, Any]:
     return out
 
 
+def vllm_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """Tools as vLLM hands them over: each request tool is parsed into its pydantic model and dumped, so a
+    function has name, description and parameters in that order (None when absent), then any extra keys."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise ChatTemplateError("tools must be a list")
+    out = []
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ChatTemplateError("a tool needs a function with a name")
+        fn = {"name": function["name"], "description": function.get("description"),
+              "parameters": function.get("parameters"),
+              **{k: v for k, v in function.items() if k not in ("name", "description", "parameters")}}
+        out.append({"type": tool.get("type", "function"), "function": fn,
+                    **{k: v for k, v in tool.items() if k not in ("type", "function")}})
+    return out
+
+
 def _json_copy(value: Any) -> Any:
     """What the template sees is plain JSON data, never the caller's objects."""
     return json.loads(json.dumps(value))
@@ -247,7 +268,8 @@ class ChatTemplate:
             final = self._tag_final(chat)
         kwargs = {**self.special_tokens, **_json_copy(dict(extra or {}))}
         try:
-            text = self._template.render(messages=chat, tools=_json_copy(tools), documents=_json_copy(documents),
+            text = self._template.render(messages=chat, tools=_json_copy(vllm_tools(tools)),
+                                         documents=_json_copy(documents),
                                          add_generation_prompt=add_generation_prompt, **kwargs)
         except ChatTemplateError:
             raise

@@ -82,8 +82,9 @@ class PromptTokenizer:
         return list(prompt)  # pre-tokenized prompts go to the engine as they are
 
     def render_chat(self, messages: Sequence[Mapping[str, Any]], options: Mapping[str, Any] | None = None) -> str:
-        """The chat as the engine renders it; `options`: the request's CHAT_OPTIONS (vLLM's defaults when absent:
-        a generation prompt, no continuation, no tools or documents)."""
+        """The chat as the engine renders it; `options`: the request's chat fields (vLLM's defaults when absent:
+        a generation prompt, no continuation, no tools or documents; vLLM refuses a continuation with a generation
+        prompt, so does this)."""
         if self.chat_template is None:
             raise ChatTemplateUnavailable("no_chat_template")
         o = options or {}
@@ -92,7 +93,7 @@ class PromptTokenizer:
         try:
             return self.chat_template.render(
                 messages, tools=o.get("tools"), documents=o.get("documents"),
-                add_generation_prompt=bool(o.get("add_generation_prompt", not continue_final)),
+                add_generation_prompt=bool(o.get("add_generation_prompt", True)),  # vLLM's default, even continuing
                 continue_final_message=continue_final, extra=extra if isinstance(extra, Mapping) else None)
         except ChatTemplateError as exc:
             raise TokenizerError(str(exc)) from exc

@@ -36,12 +36,20 @@ def test_strftime_now_and_special_tokens() -> None:
 
 
 def test_tojson_takes_transformers_arguments() -> None:
-    tools = [{"b": 1, "a": "é<"}]
-    assert render("{{ tools[0] | tojson }}", tools=tools) == '{"b": 1, "a": "é<"}'  # no HTML escaping
-    assert render("{{ tools[0] | tojson(indent=2) }}", tools=tools) == '{\n  "b": 1,\n  "a": "é<"\n}'
-    assert render("{{ tools[0] | tojson(separators=(',', ':'), sort_keys=true) }}", tools=tools) == \
-        '{"a":"é<","b":1}'
-    assert render("{{ tools[0] | tojson(ensure_ascii=true) }}", tools=tools) == '{"b": 1, "a": "\\u00e9<"}'
+    x: dict[str, Any] = {"extra": {"x": {"b": 1, "a": "é<"}}}
+    assert render("{{ x | tojson }}", **x) == '{"b": 1, "a": "é<"}'  # no HTML escaping
+    assert render("{{ x | tojson(indent=2) }}", **x) == '{\n  "b": 1,\n  "a": "é<"\n}'
+    assert render("{{ x | tojson(separators=(',', ':'), sort_keys=true) }}", **x) == '{"a":"é<","b":1}'
+    assert render("{{ x | tojson(ensure_ascii=true) }}", **x) == '{"b": 1, "a": "\\u00e9<"}'
+
+
+def test_tools_as_vllm_dumps_them() -> None:
+    tools = [{"function": {"parameters": {"type": "object"}, "name": "f", "strict": True}, "type": "function"}]
+    assert render("{{ tools | tojson }}", tools=tools) == \
+        '[{"type": "function", "function": {"name": "f", "description": null, "parameters": {"type": "object"}, ' \
+        '"strict": true}}]'
+    with pytest.raises(ChatTemplateError):
+        render("{{ tools }}", tools=[{"type": "function"}])
 
 
 def test_loop_controls_namespace_dict_and_trimming() -> None:

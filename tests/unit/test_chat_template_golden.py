@@ -38,9 +38,9 @@ TOOLS = [
         "parameters": {"type": "object", "properties": {
             "city": {"type": "string", "description": "City name"},
             "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}},
-    {"type": "function", "function": {
-        "name": "search", "description": "Search the web",
-        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}},
+    {"function": {  # no description, keys in another order: vLLM's pydantic dump decides what the template sees
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+        "name": "search"}, "type": "function"},
 ]
 CALL = {"id": "abc123XYZ",  # Mistral templates want 9 alphanumerics
         "type": "function",
@@ -145,14 +145,24 @@ def as_vllm_passes(messages: list[dict[str, Any]], content_format: str) -> list[
     return out
 
 
+def as_vllm_dumps(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """vLLM's ChatCompletionToolsParam(type="function", function=FunctionDefinition(name, description=None,
+    parameters=None)).model_dump()."""
+    if tools is None:
+        return None
+    return [{"type": t.get("type", "function"), "function": {
+        "name": t["function"]["name"], "description": t["function"].get("description"),
+        "parameters": t["function"].get("parameters")}} for t in tools]
+
+
 def transformers_ids(folder: Path, messages: list[dict[str, Any]], options: dict[str, Any],
                      content_format: str) -> list[int] | str:
     hf = transformers.PreTrainedTokenizerFast.from_pretrained(str(folder))
     continue_final = bool(options.get("continue_final_message", False))
     try:
         ids = hf.apply_chat_template(
-            as_vllm_passes(messages, content_format), tools=options.get("tools"), documents=options.get("documents"),
-            add_generation_prompt=options.get("add_generation_prompt", not continue_final),
+            as_vllm_passes(messages, content_format), tools=as_vllm_dumps(options.get("tools")),
+            documents=options.get("documents"), add_generation_prompt=options.get("add_generation_prompt", True),
             continue_final_message=continue_final, tokenize=True, return_dict=False,
             **options.get("chat_template_kwargs", {}))
     except Exception as exc:  # noqa: BLE001 - the template refused the conversation: the sidecar must refuse too
