@@ -87,14 +87,20 @@ class PromptTokenizer:
         prompt, so does this)."""
         if self.chat_template is None:
             raise ChatTemplateUnavailable("no_chat_template")
-        o = options or {}
-        continue_final = bool(o.get("continue_final_message", False))
-        extra = o.get("chat_template_kwargs")
+        o = dict(options or {})
+        kwargs = o.get("chat_template_kwargs")
+        kwargs = dict(kwargs) if isinstance(kwargs, Mapping) else {}
+        if kwargs.keys() & {"chat_template", "tokenize"}:  # vLLM answers 400
+            raise TokenizerError("chat_template_kwargs may not set chat_template or tokenize")
+        # vLLM lets chat_template_kwargs override the request's own fields (apply_chat_template's parameters).
+        for key in ("add_generation_prompt", "continue_final_message", "tools", "documents"):
+            if key in kwargs:
+                o[key] = kwargs.pop(key)
         try:
             return self.chat_template.render(
                 messages, tools=o.get("tools"), documents=o.get("documents"),
                 add_generation_prompt=bool(o.get("add_generation_prompt", True)),  # vLLM's default, even continuing
-                continue_final_message=continue_final, extra=extra if isinstance(extra, Mapping) else None)
+                continue_final_message=bool(o.get("continue_final_message", False)), extra=kwargs)
         except ChatTemplateError as exc:
             raise TokenizerError(str(exc)) from exc
 

@@ -204,3 +204,15 @@ async def test_the_request_options_reach_the_template(tmp_path: Path) -> None:
     assert plain == tok.tokenizer._plain("hi<|im_start|>assistant")
     assert with_tools == tok.tokenizer._plain("[1 tools]hi")
     tok.close()
+
+
+def test_chat_template_kwargs_as_vllm_takes_them(tmp_path: Path) -> None:
+    source = "{{ add_generation_prompt }}|{{ tools | length if tools else 0 }}|{{ flag }}"
+    tok = PromptTokenizer(str(_model_with(tmp_path, source)))
+    chat = [{"role": "user", "content": "x"}]
+    assert tok.render_chat(chat, {"chat_template_kwargs": {"flag": 1}}) == "True|0|1"
+    # the kwargs override the request's own fields, as apply_chat_template's keyword arguments do in vLLM
+    assert tok.render_chat(chat, {"add_generation_prompt": True, "chat_template_kwargs": {
+        "add_generation_prompt": False, "tools": [{"function": {"name": "f"}}], "flag": 2}}) == "False|1|2"
+    with pytest.raises(TokenizerError):
+        tok.render_chat(chat, {"chat_template_kwargs": {"tokenize": True}})
