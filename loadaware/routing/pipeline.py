@@ -28,7 +28,8 @@ class Loads(Protocol):
 class PromptEncoder(Protocol):
     async def encode_prompt(self, prompt: str) -> list[int]: ...
 
-    async def encode_chat(self, messages: list[dict[str, object]]) -> list[int]: ...
+    async def encode_chat(self, messages: list[dict[str, object]], options: dict[str, object] | None = None
+                          ) -> list[int]: ...
 
 
 class Decider:
@@ -48,7 +49,7 @@ class Decider:
         if request.messages is not None:
             if self.tokenizer is None:
                 raise LookupError("no_tokenizer")
-            return await self.tokenizer.encode_chat(request.messages)
+            return await self.tokenizer.encode_chat(request.messages, request.chat_options)
         if isinstance(request.prompt, list):
             return request.prompt
         if self.tokenizer is None:
@@ -88,8 +89,8 @@ class Decider:
             t = time.perf_counter()
             try:
                 tokens = await self.prompt_tokens(request)
-            except LookupError:
-                reasons.append("no_tokenizer")
+            except LookupError as exc:  # no tokenizer, or no chat template that renders (told once at start)
+                reasons.append(str(exc.args[0]) if exc.args else "no_tokenizer")
             except TimeoutError:
                 reasons.append("tokenizer_timeout")
             except Exception as exc:  # noqa: BLE001 - any tokenizer failure degrades, never fails, the request

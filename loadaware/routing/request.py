@@ -6,6 +6,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+# The fields of a chat request that reach the chat template (vllm/entrypoints/openai/serving_chat.py).
+CHAT_OPTIONS = ("tools", "documents", "add_generation_prompt", "continue_final_message", "chat_template_kwargs")
+
 INFERENCE_PATHS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 
 
@@ -18,6 +21,9 @@ class InferenceRequest:
     # vLLM's tenant isolation: the salt enters the hash of the prompt's first KV block, so the request only
     # hits blocks cached under the same salt (None: unsalted; vLLM rejects an empty or non-string salt).
     cache_salt: str | None = None
+    # A chat's fields that reach the template as vLLM passes them (tools, documents, add_generation_prompt,
+    # continue_final_message, chat_template_kwargs); None: none given.
+    chat_options: dict[str, Any] | None = None
 
     @property
     def has_prompt(self) -> bool:
@@ -66,6 +72,8 @@ def parse_body(kind: str, body: bytes) -> InferenceRequest:
     if kind == "chat":
         messages = data.get("messages")
         if isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages):
-            return InferenceRequest(kind, messages=messages, model=model, cache_salt=salt)
+            options = {k: data[k] for k in CHAT_OPTIONS if data.get(k) is not None}
+            return InferenceRequest(kind, messages=messages, model=model, cache_salt=salt,
+                                    chat_options=options or None)
         return InferenceRequest(kind, model=model, cache_salt=salt)
     return InferenceRequest(kind, prompt=_first_prompt(data.get("prompt")), model=model, cache_salt=salt)

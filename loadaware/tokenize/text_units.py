@@ -20,7 +20,9 @@ class TextUnits:
             return list(prompt)
         return list(prompt.encode("utf-8"))
 
-    async def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+    async def encode_chat(self, messages: Sequence[dict[str, Any]], options: Any = None) -> list[int]:
+        if options and options.get("tools"):  # tools render before the first message in most templates
+            messages = [{"tools": options["tools"]}, *messages]
         text = json.dumps(list(messages), ensure_ascii=False, sort_keys=True, separators=(",", ":"))
         return list(text[:-1].encode("utf-8"))  # without the closing "]": a longer chat extends the prefix
 

@@ -8,17 +8,18 @@ what a router that only tokenizes `prompt` gets wrong (it never matches chat tra
 from __future__ import annotations
 
 import asyncio
-import json
+import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from loadaware.tokenize.chat_template import ChatTemplate, ChatTemplateError, Clock, read_tokenizer_config
 from loadaware.tokenize.pieces import ChunkedEncoder
+
+log = logging.getLogger(__name__)
 
 # A load-time exactness probe for the piece cache: words, digits, punctuation, newlines, non-ASCII.
 _PROBE = " ".join(
@@ -30,32 +31,16 @@ class TokenizerError(Exception):
     """The prompt could not be tokenized (bad template input, missing template, ...)."""
 
 
-def _token_text(value: Any) -> str | None:
-    if isinstance(value, dict):
-        value = value.get("content")
-    return value if isinstance(value, str) else None
-
-
-def _raise(message: str) -> None:
-    raise TokenizerError(message)
-
-
-def _message_content(content: Any) -> Any:
-    # OpenAI content parts: vLLM joins the text parts with newlines before templating.
-    if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    return content
+class ChatTemplateUnavailable(LookupError):
+    """The tokenizer has no chat template that renders (told once at start): chat traffic routes on load."""
 
 
 class PromptTokenizer:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, clock: Clock | None = None) -> None:
         folder, file = (path, os.path.join(path, "tokenizer.json")) if os.path.isdir(path) else \
             (os.path.dirname(path), path)
         self._tokenizer = Tokenizer.from_file(file)
-        self.chat_template_source: str | None = None
-        self._specials: dict[str, str | None] = {}
-        self._load_config(folder)
-        self._template: jinja2.Template | None = None
+        self.chat_template_source, self._specials = read_tokenizer_config(folder)
         self._plain = lambda text: self._tokenizer.encode(text, add_special_tokens=False).ids
         self.pieces = ChunkedEncoder(self._plain)
         self.pieces.self_check(_PROBE)
@@ -63,30 +48,25 @@ class PromptTokenizer:
         self._specials_noop = self._tokenizer.encode(_PROBE[:200], add_special_tokens=True).ids == \
             self._plain(_PROBE[:200])
         self._encoded = 0
-        if self.chat_template_source:
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                extensions=["jinja2.ext.loopcontrols"])
-            env.globals["raise_exception"] = _raise
-            env.filters["tojson"] = lambda v, indent=None: json.dumps(v, ensure_ascii=False, indent=indent)
-            self._template = env.from_string(self.chat_template_source)
+        self.chat_template: ChatTemplate | None = None
+        self.chat_unavailable: str | None = None
+        self._load_template(path, clock)
 
-    def _load_config(self, folder: str) -> None:
-        config_path = os.path.join(folder, "tokenizer_config.json")
-        config: dict[str, Any] = {}
-        if os.path.exists(config_path):
-            with open(config_path, encoding="utf-8") as fh:
-                config = json.load(fh)
-        template = config.get("chat_template")
-        if isinstance(template, list):  # named templates: the "default" one is what the engine uses
-            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-            template = named.get("default") or next(iter(named.values()), None)
-        jinja_path = os.path.join(folder, "chat_template.jinja")
-        if os.path.exists(jinja_path):
-            with open(jinja_path, encoding="utf-8") as fh:
-                template = fh.read()
-        self.chat_template_source = template if isinstance(template, str) else None
-        for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
-            self._specials[key] = _token_text(config.get(key))
+    def _load_template(self, path: str, clock: Clock | None) -> None:
+        """Compile the template and render one plain chat with it: a template that cannot is reported here,
+        once, with the reason; the sidecar serves on and routes chat traffic on load."""
+        if not self.chat_template_source:
+            self.chat_unavailable = "the tokenizer has no chat template"
+        else:
+            try:
+                template = ChatTemplate(self.chat_template_source, self._specials,
+                                        **({"clock": clock} if clock else {}))
+                template.render([{"role": "user", "content": "hello"}])
+                self.chat_template = template
+            except ChatTemplateError as exc:
+                self.chat_unavailable = str(exc)
+        if self.chat_unavailable:
+            log.warning("tokenizer %s: chat requests will route on load alone: %s", path, self.chat_unavailable)
 
     def _encode_plain(self, text: str) -> list[int]:
         self._encoded += 1
@@ -101,19 +81,33 @@ class PromptTokenizer:
             return self._tokenizer.encode(prompt, add_special_tokens=True).ids
         return list(prompt)  # pre-tokenized prompts go to the engine as they are
 
-    def render_chat(self, messages: Sequence[dict[str, Any]]) -> str:
-        if self._template is None:
-            raise TokenizerError("the tokenizer has no chat template")
-        normalized = [{**m, "content": _message_content(m.get("content"))} for m in messages]
+    def render_chat(self, messages: Sequence[Mapping[str, Any]], options: Mapping[str, Any] | None = None) -> str:
+        """The chat as the engine renders it; `options`: the request's chat fields (vLLM's defaults when absent:
+        a generation prompt, no continuation, no tools or documents; vLLM refuses a continuation with a generation
+        prompt, so does this)."""
+        if self.chat_template is None:
+            raise ChatTemplateUnavailable("no_chat_template")
+        o = dict(options or {})
+        kwargs = o.get("chat_template_kwargs")
+        kwargs = dict(kwargs) if isinstance(kwargs, Mapping) else {}
+        if kwargs.keys() & {"chat_template", "tokenize"}:  # vLLM answers 400
+            raise TokenizerError("chat_template_kwargs may not set chat_template or tokenize")
+        # vLLM lets chat_template_kwargs override the request's own fields (apply_chat_template's parameters).
+        for key in ("add_generation_prompt", "continue_final_message", "tools", "documents"):
+            if key in kwargs:
+                o[key] = kwargs.pop(key)
         try:
-            return self._template.render(messages=normalized, add_generation_prompt=True, **self._specials)
-        except TokenizerError:
-            raise
-        except Exception as exc:
-            raise TokenizerError(f"chat template failed: {exc}") from exc
+            return self.chat_template.render(
+                messages, tools=o.get("tools"), documents=o.get("documents"),
+                add_generation_prompt=bool(o.get("add_generation_prompt", True)),  # vLLM's default, even continuing
+                continue_final_message=bool(o.get("continue_final_message", False)), extra=kwargs)
+        except ChatTemplateError as exc:
+            raise TokenizerError(str(exc)) from exc
 
-    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        return self._encode_plain(self.render_chat(messages))
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]], options: Mapping[str, Any] | None = None
+                    ) -> list[int]:
+        # vLLM tokenizes the rendered chat without adding special tokens: the template placed them.
+        return self._encode_plain(self.render_chat(messages, options))
 
 
 class AsyncTokenizer:
@@ -129,12 +123,15 @@ class AsyncTokenizer:
             return list(prompt)
         return await self._run(self.tokenizer.encode_prompt, prompt)
 
-    async def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        return await self._run(self.tokenizer.encode_chat, messages)
+    async def encode_chat(self, messages: Sequence[Mapping[str, Any]], options: Mapping[str, Any] | None = None
+                          ) -> list[int]:
+        if self.tokenizer.chat_template is None:  # told once at start; no thread hop to fail again
+            raise ChatTemplateUnavailable("no_chat_template")
+        return await self._run(self.tokenizer.encode_chat, messages, options)
 
-    async def _run(self, fn: Any, arg: Any) -> list[int]:
+    async def _run(self, fn: Any, *args: Any) -> list[int]:
         loop = asyncio.get_running_loop()
-        return await asyncio.wait_for(loop.run_in_executor(self._pool, fn, arg), self.timeout_s)
+        return await asyncio.wait_for(loop.run_in_executor(self._pool, fn, *args), self.timeout_s)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
