@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loadaware.fleet.discovery.catalog import DRAINING, HEALTHY, UNHEALTHY, DiscoveredEndpoint, DiscoveryCatalog
-from loadaware.fleet.discovery.kubernetes import ApiClientFactory, Gone, watch_events
+from loadaware.fleet.discovery.kubernetes import ApiClientFactory, Gone, list_then_watch, watch_events
 from loadaware.fleet.discovery.metrics import DiscoveryMetrics
 
 log = logging.getLogger(__name__)
@@ -271,24 +271,7 @@ class InferencePoolDiscovery:
 
     # ---- the pods ----
     async def _follow_pods(self, core: Any) -> None:
-        delay = self.backoff_s[0]
-        while True:
-            try:
-                if self.resource_version is None:
-                    await self._list(core)
-                await self._watch(core)
-                delay = self.backoff_s[0]  # a watch that ended cleanly (server timeout): resume at once
-            except Gone:
-                log.info("inference pool discovery: resourceVersion %s expired; re-listing", self.resource_version)
-                self.resource_version = None
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the API server being away keeps the last fleet
-                if self._progress:
-                    delay = self.backoff_s[0]  # a working watch that dropped: back off from the start
-                self._failed("watch", exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.backoff_s[1])
+        await list_then_watch(self, core, self.backoff_s, lambda exc, retry_s: self._failed("watch", exc, retry_s))
 
     async def _list(self, core: Any) -> None:
         assert self.pods is not None

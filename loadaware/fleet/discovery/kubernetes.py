@@ -18,7 +18,7 @@ import json
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from loadaware.fleet.discovery.catalog import DRAINING, HEALTHY, UNHEALTHY, DiscoveredEndpoint, DiscoveryCatalog
 from loadaware.fleet.discovery.metrics import DiscoveryMetrics
@@ -116,6 +116,42 @@ class Gone(Exception):
     """410: the resourceVersion we hold was compacted away; only a fresh list helps."""
 
 
+class ListWatcher(Protocol):
+    """A source that lists a collection, then watches it from the list's resourceVersion."""
+
+    resource_version: str | None
+    _progress: bool  # the current watch delivered something: its failure is not a pattern
+
+    async def _list(self, api: Any) -> None: ...
+
+    async def _watch(self, api: Any) -> None: ...
+
+
+async def list_then_watch(source: ListWatcher, api: Any, backoff_s: tuple[float, float],
+                          failed: Callable[[Exception, float], None]) -> None:
+    """List (when there is no resourceVersion to resume from), then watch, forever. A watch the server ends
+    (its timeout) resumes at once; 410 Gone re-lists; any other failure keeps the last fleet, is reported to
+    `failed` and retried with exponential backoff (from the start again after a watch that worked)."""
+    delay = backoff_s[0]
+    while True:
+        try:
+            if source.resource_version is None:
+                await source._list(api)
+            await source._watch(api)
+            delay = backoff_s[0]
+        except Gone:
+            log.info("discovery: resourceVersion %s expired; re-listing", source.resource_version)
+            source.resource_version = None
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the API server being away keeps the last fleet
+            if source._progress:
+                delay = backoff_s[0]
+            failed(exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, backoff_s[1])
+
+
 async def watch_events(watch: Any, list_call: Any, namespace: str, label_selector: str,
                        resource_version: str | None, timeout_s: float) -> AsyncIterator[dict[str, Any]]:
     """One watch of `list_call` from `resource_version`: its events, each checked to be one; the server's
@@ -179,30 +215,15 @@ class KubernetesDiscovery:
 
         api_client = await self.client_factory()
         api = client.DiscoveryV1Api(api_client)
-        delay = self.backoff_s[0]
         try:
-            while True:
-                try:
-                    if self.resource_version is None:
-                        await self._list(api)
-                    await self._watch(api)
-                    delay = self.backoff_s[0]  # a watch that ended cleanly (server timeout): resume at once
-                except Gone:
-                    log.info("kubernetes discovery: resourceVersion %s expired; re-listing", self.resource_version)
-                    self.resource_version = None
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - the API server being away keeps the last set
-                    if self._progress:
-                        delay = self.backoff_s[0]  # a working watch that dropped: back off from the start
-                    self.metrics.error(SOURCE, type(exc).__name__)
-                    log.warning("kubernetes discovery of %s/%s failed (%s: %s); retrying in %.1fs from "
-                                "resourceVersion %s", self.namespace, self.service, type(exc).__name__, exc,
-                                delay, self.resource_version)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, self.backoff_s[1])
+            await list_then_watch(self, api, self.backoff_s, self._failed)
         finally:
             await api_client.close()
+
+    def _failed(self, exc: Exception, retry_s: float) -> None:
+        self.metrics.error(SOURCE, type(exc).__name__)
+        log.warning("kubernetes discovery of %s/%s failed (%s: %s); retrying in %.1fs from resourceVersion %s",
+                    self.namespace, self.service, type(exc).__name__, exc, retry_s, self.resource_version)
 
     async def _list(self, api: Any) -> None:
         items: list[Mapping[str, Any]] = []
