@@ -12,7 +12,6 @@ Times are process CPU (all threads, so the tokenizer's too).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
@@ -25,6 +24,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from bench import inprocess_cli
 from loadaware.app import Sidecar
 from loadaware.config import from_args
 from sim.fleet import DEFAULT_TOKENIZER as TINY_MODEL_DIR
@@ -125,13 +125,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.extproc_inprocess", description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
-    result = run(args.quick)
-    print(json.dumps(result, indent=2) if args.json else table(result))
-    return 0
+    return inprocess_cli.main("python -m bench.extproc_inprocess", __doc__, run, table, argv)
 
 
 if __name__ == "__main__":

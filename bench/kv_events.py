@@ -12,8 +12,6 @@ Times are process CPU (time.process_time), single-threaded.
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import sys
 import time
@@ -22,6 +20,7 @@ from typing import Any
 
 import msgpack
 
+from bench import inprocess_cli
 from loadaware.policies import Candidate
 from loadaware.policies.loadaware import LoadAware
 from loadaware.prefix.blocks import BlockIndex, block_keys
@@ -157,13 +156,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.kv_events", description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--json", action="store_true", help="print the JSON record instead of the table")
-    args = p.parse_args(argv)
-    result = run(args.quick)
-    print(json.dumps(result, indent=2) if args.json else table(result))
-    return 0
+    return inprocess_cli.main("python -m bench.kv_events", __doc__, run, table, argv)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,6 @@ engines x once a second, between decisions. Input: a page shaped like a real vLL
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -18,6 +16,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench import inprocess_cli
 from loadaware.load.vllm_metrics import WANTED, combine, parse_vllm_gauges
 from sim.vllm_exposition import vllm_exposition
 
@@ -58,13 +57,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.scrape_parse", description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
-    result = run(args.quick)
-    print(json.dumps(result, indent=2) if args.json else table(result))
-    return 0
+    return inprocess_cli.main("python -m bench.scrape_parse", __doc__, run, table, argv)
 
 
 if __name__ == "__main__":
