@@ -1,10 +1,12 @@
-"""The demo against a running stack: one HTTP session, the storyline, the burst, the picker mode."""
+"""The demo against a running stack: one HTTP session, the storyline, the burst, the picker mode, a failing
+engine."""
 
 from __future__ import annotations
 
 import aiohttp
 
 from demo.burst import burst
+from demo.failover import failing_engine
 from demo.picker import picker_mode
 from demo.session import DemoFailure, DemoSession, debug_url_of
 from demo.storyline import storyline
@@ -14,8 +16,9 @@ from testkit.stack import Stack
 
 
 async def walk_through(stack: Stack, metrics_url: str, beta: float) -> DemoSession:
-    """Once the sidecar says ready: steps 1-5, the burst, then the picker mode (step 7). A failure ends the walk
-    and is recorded as a failed check; the session (checks, facts) is returned either way."""
+    """Once the sidecar says ready: steps 1-5, the burst, the picker mode (step 7), a failing engine (step 8).
+    A failure ends the walk and is recorded as a failed check; the session (checks, facts) is returned either
+    way."""
     assert stack.fleet is not None
     names = {f"{e['ip']}:{e['port']}": str(e["name"]) for e in stack.fleet.engines}
     urls = {str(e["name"]): str(e["url"]) for e in stack.fleet.engines}
@@ -32,6 +35,7 @@ async def walk_through(stack: Stack, metrics_url: str, beta: float) -> DemoSessi
                 await storyline(demo)
                 await burst(demo)
                 await picker_mode(demo)
+                await failing_engine(demo)
         except DemoFailure as e:
             demo.check(False, str(e))
         except (TimeoutError, aiohttp.ClientError, OSError, KeyError, ValueError) as e:

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import signal
 from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import asdict
 from typing import Any
 
 import grpc
@@ -26,6 +27,7 @@ from loadaware.fleet.discovery.envoy_admin import EnvoyAdminDiscovery
 from loadaware.fleet.discovery.file import EndpointsFileWatcher
 from loadaware.fleet.discovery.kubernetes import KubernetesDiscovery, default_namespace, make_api_client
 from loadaware.fleet.discovery.metrics import DiscoveryMetrics
+from loadaware.fleet.health import EndpointHealth, HealthOptions
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import RequestLifecycle
 from loadaware.load.scraper import MetricsScraper
@@ -84,18 +86,27 @@ class Sidecar:
         encoder: PromptEncoder | None = self.tokenizer
         if encoder is None and self.prefixes.names == ("approx",):
             encoder = TextUnits()  # the approximate source alone may guess from text bytes
+        # Failure-aware routing: request outcomes and scrapes take failing engines out of rotation.
+        self.endpoint_health = EndpointHealth(
+            HealthOptions(s.eject_after_failures, s.ejection_base_s, s.ejection_max_s, s.unreachable_after_scrapes),
+            on_change=self._health_changed)
         self.decider = Decider(make_policy(s.policy, s.loadaware_beta), self.registry, self.loads, self.lifecycle,
-                               encoder, self.prefixes.source, fallbacks=s.fallback_endpoints)
+                               encoder, self.prefixes.source, fallbacks=s.fallback_endpoints,
+                               health=self.endpoint_health)
         # Who hears about each request: counts first (a later listener failing must not leak one).
         self.recent = RecentDecisions()
         self.lifecycle.subscribe(self.loads)
         if self.prefixes.approx is not None:
             self.lifecycle.subscribe(self.prefixes.approx)
-        self.lifecycle.subscribe(DecisionMetrics(self.metrics))
+        self.lifecycle.subscribe(self.endpoint_health)
+        decision_metrics = DecisionMetrics(self.metrics)
+        self.lifecycle.subscribe(decision_metrics)
+        self.lifecycle.subscribe_outcomes(self.endpoint_health)
+        self.lifecycle.subscribe_outcomes(decision_metrics)
         self.lifecycle.subscribe(DecisionLog())
         self.lifecycle.subscribe(self.recent)
         self.scraper = MetricsScraper(self.registry, self.loads, self.metrics, s.scrape_interval_s,
-                                      s.scrape_timeout_ms / 1e3)
+                                      s.scrape_timeout_ms / 1e3, health=self.endpoint_health)
         self.file_watcher = EndpointsFileWatcher(s.endpoints_file, self.registry) if s.endpoints_file else None
         if self.file_watcher:
             self.file_watcher.poll()  # the first set is in before the first stream
@@ -103,7 +114,7 @@ class Sidecar:
         self.registry.on_removed(lambda _ep: self._endpoints_changed())
         self.catalog, self._discovery_tasks = self._discovery(s)
         self.api = RouterServicer(s.policy, s.loadaware_beta, s.describe, self.decider, self.registry,
-                                  self.loads, self.bridge, self.catalog, self.ready)
+                                  self.loads, self.bridge, self.catalog, self.ready, self.endpoint_health)
         # The scrape round that must finish before readiness (see _scraped_since_fleet).
         self._fleet_round: int | None = 1 if self.registry.snapshot() else None
         self.extproc = ExtProcServicer(self.decider, self.lifecycle, self.metrics, s.destination_header,
@@ -161,8 +172,13 @@ class Sidecar:
         self.bridge.set_endpoints(self.registry.snapshot())  # rebuild the live map now, not on the next poll
 
     # ---- fleet changes ----
+    def _health_changed(self, endpoint: str, state: str, reason: str) -> None:
+        log.warning("endpoint %s is now %s%s", endpoint, state, f" ({reason})" if reason else "")
+        self.metrics.routing_state_changed(endpoint, state, reason)
+
     def _endpoint_removed(self, endpoint: str) -> None:
         self.loads.drop(endpoint)
+        self.endpoint_health.forget(endpoint)
         self.prefixes.endpoint_removed(endpoint)
         self.metrics.forget_endpoint(endpoint)
 
@@ -210,6 +226,7 @@ class Sidecar:
         for ep, load in zip(endpoints, loads):
             st = self.loads.fresh_stats(ep)
             rows.append({"endpoint": ep, "load": load, "inflight": self.loads.count(ep),
+                         "routing_health": asdict(self.endpoint_health.view(ep)),
                          "instance_id": self.bridge.instance_for(ep),
                          "scraped": None if st is None else {"running": st.running, "waiting": st.waiting,
                                                              "kv_usage": st.kv_usage}})

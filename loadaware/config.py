@@ -224,6 +224,16 @@ SETTINGS: tuple[Setting, ...] = (
             parse_positive, "time box for one engine scrape"),
     Setting("scrape_stale_s", "--scrape-stale-s", "LOADAWARE_SCRAPE_STALE_S", 5.0, parse_positive,
             "a scrape older than this is ignored"),
+    Setting("eject_after_failures", "--eject-after-failures", "LOADAWARE_EJECT_AFTER_FAILURES", 3, parse_count,
+            "consecutive failed requests (5xx, timeout, passed over by the proxy's retries) that take an engine "
+            "out of rotation (0 = never)"),
+    Setting("ejection_base_s", "--ejection-base-s", "LOADAWARE_EJECTION_BASE_S", 1.0, parse_positive,
+            "first ejection's length; each further one in a row doubles it, up to --ejection-max-s"),
+    Setting("ejection_max_s", "--ejection-max-s", "LOADAWARE_EJECTION_MAX_S", 5.0, parse_positive,
+            "longest ejection: a healed engine is probed, and back, within about this long"),
+    Setting("unreachable_after_scrapes", "--unreachable-after-scrapes", "LOADAWARE_UNREACHABLE_AFTER_SCRAPES", 2,
+            parse_count, "consecutive scrapes that time out or cannot connect that take an engine out until a "
+                         "scrape succeeds (0 = never)"),
     Setting("shutdown_grace_s", "--shutdown-grace-s", "LOADAWARE_SHUTDOWN_GRACE_S", 10.0, parse_positive,
             "how long SIGTERM waits for open streams"),
     Setting("health_listen", "--health-listen", "LOADAWARE_HEALTH_LISTEN", "", parse_optional_hostport,
@@ -294,6 +304,10 @@ class Settings:
     scrape_interval_s: float = 1.0
     scrape_timeout_ms: float = 500.0
     scrape_stale_s: float = 5.0
+    eject_after_failures: int = 3
+    ejection_base_s: float = 1.0
+    ejection_max_s: float = 5.0
+    unreachable_after_scrapes: int = 2
     shutdown_grace_s: float = 10.0
     health_listen: str = ""
     tls_cert: str = ""
@@ -385,6 +399,8 @@ def _check_combination(settings: Settings) -> None:
         raise ConfigError("--endpoints-file: give either --endpoints or --endpoints-file, not both")
     if settings.scrape_stale_s < settings.scrape_interval_s:
         raise ConfigError("--scrape-stale-s: must be at least --scrape-interval-s")
+    if settings.ejection_max_s < settings.ejection_base_s:
+        raise ConfigError("--ejection-max-s: must be at least --ejection-base-s")
     if bool(settings.tls_cert) != bool(settings.tls_key):
         raise ConfigError("--tls-key: --tls-cert and --tls-key go together")
     if settings.tls_client_ca and not settings.tls_cert:

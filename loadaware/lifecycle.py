@@ -2,7 +2,8 @@
 
 The decision pipeline emits `decided` at the moment of choice; the ext_proc server emits `served` when the
 response path learns which engine served (a retry may have walked the ranked list to another one) and
-`ended` exactly once when the request's stream ends, however it ended. Load accounting, the approximate
+`ended` exactly once when the request's stream ends, however it ended. `responded` carries the response's
+status to the outcome listeners (failure-aware routing, response metrics). Load accounting, the approximate
 prefix index and metrics subscribe; none of them is called by the pipeline or the server directly, so
 request state flows one way (docs/architecture.md, "Request lifecycle").
 
@@ -40,6 +41,7 @@ class Decision:
     tokens: Sequence[int] | None = None
     ranked: tuple[str, ...] = ()  # the choice, then the fallbacks a proxy's retries walk, best first
     served: str | None = None  # the engine that served, once known; starts as the choice
+    status: int | None = None  # the response's HTTP status, once its headers came back
     lease: Any = None  # the load module's receipt for this request's in-flight count
     ended: bool = False
 
@@ -50,7 +52,7 @@ class Decision:
     def as_dict(self) -> dict[str, Any]:
         return {
             "request_id": self.request_id, "endpoint": self.endpoint, "ranked": list(self.ranked),
-            "served": self.served,
+            "served": self.served, "status": self.status,
             "outcome": self.outcome, "reasons": list(self.reasons), "prompt_tokens": self.prompt_tokens,
             "candidates": [{"endpoint": c.endpoint, "matched_tokens": c.matched_tokens, "load": c.load,
                             "score": s} for c, s in zip(self.candidates, self.scores)],
@@ -69,15 +71,25 @@ class LifecycleListener(Protocol):
     def on_ended(self, decision: Decision) -> None: ...
 
 
+class OutcomeListener(Protocol):
+    def on_responded(self, decision: Decision, status: int) -> None:
+        """The response headers came back: `decision.served` answered with `status`."""
+        ...
+
+
 class RequestLifecycle:
     """Fans each event out to the listeners, in subscription order. Listeners run synchronously and must
     not block: `decided` runs on the hot path between the choice and the reply."""
 
     def __init__(self) -> None:
         self._listeners: list[LifecycleListener] = []
+        self._outcome_listeners: list[OutcomeListener] = []
 
     def subscribe(self, listener: LifecycleListener) -> None:
         self._listeners.append(listener)
+
+    def subscribe_outcomes(self, listener: OutcomeListener) -> None:
+        self._outcome_listeners.append(listener)
 
     def decided(self, decision: Decision) -> None:
         for listener in self._listeners:
@@ -96,6 +108,22 @@ class RequestLifecycle:
                 listener.on_served(decision, previous)
             except Exception:
                 log.exception("lifecycle listener %r failed on served", listener)
+
+    def responded(self, decision: Decision | None, status: int | None, served: str | None) -> None:
+        """The response path saw the response headers: who served (if the proxy says) and the status. Once
+        per request; a response to a request the sidecar did not route (no choice) tells nothing."""
+        if decision is None or decision.ended or decision.endpoint is None or decision.status is not None:
+            return
+        if served is not None:
+            self.served(decision, served)
+        if status is None:
+            return
+        decision.status = status
+        for listener in self._outcome_listeners:
+            try:
+                listener.on_responded(decision, status)
+            except Exception:
+                log.exception("outcome listener %r failed on responded", listener)
 
     def ended(self, decision: Decision | None) -> None:
         """Exactly once per decision, whatever ended the request; a no-op for None or a repeat."""

@@ -7,11 +7,13 @@ handler, which unwinds the generation and frees its running slot (vLLM aborts su
 Test hooks: header `x-sim-fail: <status>` answers that status with an OpenAI-style error; header
 `x-sim-abort-after: N` drops the connection after N streamed events; every completion's response carries
 `x-sim-body-sha256`, the SHA-256 (hex) of the request body exactly as the engine received it; POST
-/sim/phantom_load adds phantom running / waiting counts to the gauges; GET /sim/state; POST /sim/reset_cache.
+/sim/phantom_load adds phantom running / waiting counts to the gauges; GET /sim/state; POST /sim/reset_cache;
+POST /sim/fault {"mode": "error" | "hang" | "none", "status": 500} breaks (and heals) the whole engine.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -77,7 +79,15 @@ class Engine:
             ("GET", "/sim/state"): self._state,
             ("POST", "/sim/phantom_load"): self._phantom_load,
             ("POST", "/sim/reset_cache"): self._reset_cache,
+            ("POST", "/sim/fault"): self._set_fault,
         }
+        # Engine-wide fault (POST /sim/fault): "error" answers every OpenAI request with `fault_status` at
+        # once (server alive, as after an engine-core crash); "hang" accepts and never answers anything but
+        # /sim/* until healed (a wedged server). /sim/* always answers, so a test can heal the engine.
+        self.fault = "none"
+        self.fault_status = 500
+        self._healed = asyncio.Event()
+        self._healed.set()
 
     @property
     def name(self) -> str:
@@ -122,6 +132,13 @@ class Engine:
         handler = self._routes.get((request.method, request.path))
         if handler is None:
             return self._json(error_body(404, f"no route {request.method} {request.path}"), 404)
+        if self.fault != "none" and not request.path.startswith("/sim/"):
+            if self.fault == "hang":
+                await self._healed.wait()
+            elif request.path.startswith("/v1/") and request.method == "POST":
+                self.core.stats.failed += 1
+                return self._json(error_body(self.fault_status, f"engine fault {self.fault_status} in "
+                                                                f"{self.name}"), self.fault_status)
         try:
             return await handler(request)
         except _BadRequest as e:
@@ -140,6 +157,19 @@ class Engine:
         if not isinstance(body, dict):
             raise _BadRequest(400, "body must be a JSON object")
         return body
+
+    async def _set_fault(self, request: web.BaseRequest) -> web.StreamResponse:
+        body = await self._body(request)
+        mode = body.get("mode", "none")
+        status = body.get("status", 500)
+        if mode not in ("none", "error", "hang") or not isinstance(status, int) or not 500 <= status <= 599:
+            raise _BadRequest(400, 'expected {"mode": "none" | "error" | "hang", "status": 5xx}')
+        self.fault, self.fault_status = mode, status
+        if mode == "hang":
+            self._healed.clear()
+        else:
+            self._healed.set()
+        return self._json({"mode": mode, "status": status})
 
     # ---- OpenAI API ------------------------------------------------------------------------------------
     async def _completions(self, request: web.BaseRequest, chat: bool) -> web.StreamResponse:

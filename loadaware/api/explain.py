@@ -11,6 +11,7 @@ from google.protobuf import json_format, struct_pb2
 
 from loadaware.api.v1 import loadaware_pb2 as pb
 from loadaware.fleet.discovery.catalog import DiscoveredEndpoint
+from loadaware.fleet.health import HealthView
 from loadaware.lifecycle import Decision
 from loadaware.load.tracker import EngineStats
 from loadaware.policies import Policy
@@ -48,9 +49,16 @@ def scraped(stats: EngineStats | None, now: float, stale_s: float) -> pb.Scraped
     return msg
 
 
+def routing_health(view: HealthView) -> pb.RoutingHealth:
+    return pb.RoutingHealth(state=view.state, reason=view.reason, consecutive_failures=view.consecutive_failures,
+                            ejections=view.ejections, ejected_for_seconds=view.ejected_for_s,
+                            failures=view.failures, successes=view.successes)
+
+
 def explanation(decision: Decision, policy: Policy, beta: float, kind: str,
                 instance_for: Callable[[str], str | None], inflight: Callable[[str], int],
-                stats_for: Callable[[str], pb.ScrapedLoad | None]) -> pb.ExplainResponse:
+                stats_for: Callable[[str], pb.ScrapedLoad | None], routing_state: Callable[[str], str],
+                excluded: Sequence[str] = ()) -> pb.ExplainResponse:
     candidates = decision.candidates
     loads = [c.load for c in candidates]
     rel = relative_loads(loads) if loads else []
@@ -58,20 +66,20 @@ def explanation(decision: Decision, policy: Policy, beta: float, kind: str,
         outcome=decision.outcome, endpoint=decision.endpoint or "", reasons=list(decision.reasons),
         policy=policy.name, beta=beta if policy.name == "loadaware" else 0.0, formula=policy.formula, kind=kind,
         prompt_tokens=decision.prompt_tokens, mean_load=mean_load(loads),
-        stages_ms={k: round(v * 1e3, 3) for k, v in decision.stages.items()})
+        stages_ms={k: round(v * 1e3, 3) for k, v in decision.stages.items()}, excluded=list(excluded))
     for c, score, r in zip(candidates, decision.scores, rel):
         out.endpoints.append(pb.EndpointScore(
             endpoint=c.endpoint, lmcache_instance_id=instance_for(c.endpoint) or "",
             matched_tokens=c.matched_tokens, benefit=benefit(c.matched_tokens, decision.prompt_tokens),
             inflight=inflight(c.endpoint), scraped=stats_for(c.endpoint), load=c.load, relative_load=r,
-            score=score, chosen=c.endpoint == decision.endpoint))
+            score=score, chosen=c.endpoint == decision.endpoint, routing_state=routing_state(c.endpoint)))
     return out
 
 
 def endpoint_list(entries: Iterable[DiscoveredEndpoint], source: str, routable: Sequence[str],
                   loads: Sequence[float], instance_for: Callable[[str], str | None],
-                  inflight: Callable[[str], int], stats_for: Callable[[str], pb.ScrapedLoad | None]
-                  ) -> list[pb.Endpoint]:
+                  inflight: Callable[[str], int], stats_for: Callable[[str], pb.ScrapedLoad | None],
+                  health_of: Callable[[str], HealthView]) -> list[pb.Endpoint]:
     load_of = dict(zip(routable, loads))
     members = set(routable)
     out = []
@@ -80,7 +88,8 @@ def endpoint_list(entries: Iterable[DiscoveredEndpoint], source: str, routable: 
             endpoint=e.endpoint, source=source, health=HEALTH.get(e.health, pb.HEALTH_UNSPECIFIED),
             health_detail=e.detail, routable=e.endpoint in members, inflight=inflight(e.endpoint),
             load=load_of.get(e.endpoint, 0.0), last_scrape=stats_for(e.endpoint),
-            lmcache_instance_id=instance_for(e.endpoint) or e.instance_id, pod=e.pod, zone=e.zone))
+            lmcache_instance_id=instance_for(e.endpoint) or e.instance_id, pod=e.pod, zone=e.zone,
+            routing_health=routing_health(health_of(e.endpoint))))
     return out
 
 

@@ -4,6 +4,8 @@ headers -> (inference POST) continue, stripped of any client destination header
         -> (anything else)   continue with a mode override that skips the body: pass-through
 body    -> decide, reply with the ranked destination (header and `envoy.lb` metadata), or none: Envoy's
            fallback picks
+response headers -> the status and the engine that served (override_host's `selected_host_key`): the
+           request's outcome, for failure-aware routing; continue
 then    -> nothing until the stream ends: Envoy keeps it open until the HTTP request finishes.
 """
 
@@ -14,7 +16,7 @@ from typing import Any
 import grpc
 
 from loadaware.extproc.conversation import Conversation, Read, StreamState, Write, new_request_id, timed_parse
-from loadaware.extproc.metadata import headers_of
+from loadaware.extproc.metadata import headers_of, served_endpoint, status_of
 from loadaware.routing.request import inference_kind
 
 
@@ -47,7 +49,8 @@ class BufferedConversation(Conversation):
                     stream.decided = True
                     await write(await self._decide_body(kind, msg.request_body.body,
                                                         request_id or new_request_id(), stream))
-            elif which == "response_headers":
+            elif which == "response_headers":  # envoy.yaml asks for them: the request's outcome
+                self.lifecycle.responded(stream.decision, status_of(msg.response_headers), served_endpoint(msg))
                 await write(replies.response_headers_continue)
             elif which == "response_body":
                 await write(replies.response_body_continue)

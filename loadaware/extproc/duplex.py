@@ -9,7 +9,8 @@ request body     -> accumulated to end of stream (or trailers), within --max-req
                     parsed and decided once; then the headers reply (ranked destination as header and
                     `envoy.lb` metadata) and the body sent back unchanged as streamed mutations
 request trailers -> decide if the body did not end the stream; trailers continue
-response headers -> the proxy's served-endpoint report moves the request's count if a retry walked the list
+response headers -> the status and the proxy's served-endpoint report: the request's outcome (failure-aware
+                    routing) and its count moves if a retry walked the list
 response body    -> every chunk straight back as a streamed mutation carrying the same bytes
 response trailers-> continue
 A request with nobody to route to gets a 503 (or, by setting, the proxy's own fallback). The stream lives
@@ -23,7 +24,7 @@ from typing import Any
 import grpc
 
 from loadaware.extproc.conversation import Conversation, Read, StreamState, Write, new_request_id, timed_parse
-from loadaware.extproc.metadata import headers_of, served_endpoint, subset_hint
+from loadaware.extproc.metadata import headers_of, served_endpoint, status_of, subset_hint
 from loadaware.extproc.replies import streamed_request_body, streamed_response_body
 from loadaware.routing.request import inference_kind
 
@@ -84,9 +85,7 @@ class DuplexConversation(Conversation):
                         return
                 await write(replies.request_trailers_continue)
             elif which == "response_headers":
-                served = served_endpoint(msg)
-                if served is not None and stream.decision is not None:
-                    self.lifecycle.served(stream.decision, served)
+                self.lifecycle.responded(stream.decision, status_of(msg.response_headers), served_endpoint(msg))
                 await write(replies.response_headers_continue)
                 stream.response_done = msg.response_headers.end_of_stream
             elif which == "response_trailers":

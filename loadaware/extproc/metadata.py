@@ -29,6 +29,15 @@ def headers_of(http_headers: Any) -> tuple[str, str, str]:
     return method, path, request_id
 
 
+def status_of(http_headers: Any) -> int | None:
+    """The `:status` of a response's HttpHeaders message, or None if absent or garbled."""
+    for h in http_headers.headers.headers:
+        if h.key == ":status":
+            value = h.raw_value.decode() if h.raw_value else h.value
+            return int(value) if value.isdigit() else None
+    return None
+
+
 def _namespace(msg: Any, name: str) -> struct_pb2.Struct | None:
     if not msg.HasField("metadata_context"):
         return None

@@ -8,6 +8,7 @@ import time
 
 import aiohttp
 
+from loadaware.fleet.health import EndpointHealth
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.load.tracker import EngineStats, LoadTracker
 from loadaware.load.vllm_metrics import parse_vllm_gauges
@@ -18,8 +19,10 @@ log = logging.getLogger(__name__)
 
 class MetricsScraper:
     def __init__(self, registry: EndpointRegistry, loads: LoadTracker, metrics: Metrics,
-                 interval_s: float, timeout_s: float, path: str = "/metrics") -> None:
+                 interval_s: float, timeout_s: float, path: str = "/metrics",
+                 health: EndpointHealth | None = None) -> None:
         self.registry = registry
+        self.health = health  # a scrape that times out or cannot connect says the engine is unreachable
         self.loads = loads
         self.metrics = metrics
         self.interval_s = interval_s
@@ -38,11 +41,21 @@ class MetricsScraper:
                     text = await resp.text()
         except TimeoutError:
             self.metrics.scrape_failure(endpoint, "timeout")
+            self._unreachable(endpoint)
+            return False
+        except aiohttp.ClientConnectionError as exc:  # refused, reset, closed mid-answer
+            log.debug("scrape of %s failed: %s", endpoint, exc)
+            self.metrics.scrape_failure(endpoint, "connect")
+            self._unreachable(endpoint)
             return False
         except Exception as exc:  # noqa: BLE001 - any failure only costs this endpoint's refinement
             log.debug("scrape of %s failed: %s", endpoint, exc)
             self.metrics.scrape_failure(endpoint, "error")
+            if self.health is not None:
+                self.health.scrape_ok(endpoint)  # it answered: reachable, whatever the answer
             return False
+        if self.health is not None:
+            self.health.scrape_ok(endpoint)
         gauges = parse_vllm_gauges(text)
         if "running" not in gauges:
             self.metrics.scrape_failure(endpoint, "no_vllm_metrics")
@@ -54,6 +67,10 @@ class MetricsScraper:
         self.loads.record(endpoint, stats)
         self.metrics.scraped(endpoint, stats.running, stats.waiting, stats.kv_usage)
         return True
+
+    def _unreachable(self, endpoint: str) -> None:
+        if self.health is not None and endpoint in self.registry.snapshot():
+            self.health.scrape_failed(endpoint)
 
     async def scrape_all(self) -> None:
         endpoints = self.registry.snapshot()

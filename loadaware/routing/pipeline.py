@@ -20,9 +20,15 @@ from loadaware.routing.request import InferenceRequest
 
 log = logging.getLogger(__name__)
 
+ALL_FAILING = "all_endpoints_failing"
+
 
 class Loads(Protocol):
     def loads(self, endpoints: tuple[str, ...]) -> list[float]: ...
+
+
+class Eligibility(Protocol):
+    def eligible(self, endpoints: tuple[str, ...]) -> tuple[str, ...]: ...
 
 
 class PromptEncoder(Protocol):
@@ -35,8 +41,9 @@ class PromptEncoder(Protocol):
 class Decider:
     def __init__(self, policy: Policy, registry: EndpointRegistry, loads: Loads, lifecycle: RequestLifecycle,
                  tokenizer: PromptEncoder | None = None, prefix_source: PrefixSource | None = None,
-                 fallbacks: int = 0) -> None:
+                 fallbacks: int = 0, health: Eligibility | None = None) -> None:
         self.policy = policy
+        self.health = health  # engines failing their requests are left out (fleet/health.py)
         self.fallbacks = fallbacks  # next-best endpoints named after the choice, for the proxy's retries
         self.registry = registry
         self.loads = loads
@@ -61,6 +68,20 @@ class Decider:
         fleet = self.registry.snapshot()
         return fleet if subset is None else tuple(ep for ep in fleet if ep in subset)
 
+    def candidates(self, subset: frozenset[str] | None, reasons: list[str]) -> tuple[str, ...]:
+        """The endpoints a decision may choose: the fleet (or subset) less the engines failing their
+        requests. If that leaves nobody, all of them (fail open: the proxy's retries and outlier detection
+        still act), and the decision says so."""
+        endpoints = self.endpoints(subset)
+        if self.health is None or not endpoints:
+            return endpoints
+        eligible = self.health.eligible(endpoints)
+        if eligible:
+            return eligible
+        if ALL_FAILING not in reasons:
+            reasons.append(ALL_FAILING)
+        return endpoints
+
     async def prefix_matches(self, tokens: list[int], endpoints: tuple[str, ...], reasons: list[str],
                              salt: str | None = None) -> dict[str, int]:
         if self.prefix_source is None:
@@ -80,7 +101,7 @@ class Decider:
         reasons: list[str] = []
         tokens: list[int] = []
         matches: dict[str, int] = {}
-        endpoints = self.endpoints(subset)
+        endpoints = self.candidates(subset, reasons)
         if not endpoints:
             return self._empty(request_id, subset, 0, stages, started, count)
         if request is None or not request.has_prompt:
@@ -103,11 +124,11 @@ class Decider:
                 tokens = SaltedTokens(tokens, request.cache_salt)
             if tokens:
                 t = time.perf_counter()
-                matches = await self.prefix_matches(tokens, self.endpoints(subset), reasons, request.cache_salt)
+                matches = await self.prefix_matches(tokens, endpoints, reasons, request.cache_salt)
                 stages["lookup"] = time.perf_counter() - t
         # Fresh snapshot after the awaits: an endpoint may have left meanwhile. From here on, no await.
         t = time.perf_counter()
-        endpoints = self.endpoints(subset)
+        endpoints = self.candidates(subset, reasons)
         if not endpoints:
             return self._empty(request_id, subset, len(tokens), stages, started, count)
         loads = self.loads.loads(endpoints)
@@ -117,7 +138,8 @@ class Decider:
         choice = self.policy.choose(n_tokens, candidates)
         assert choice is not None  # candidates is non-empty here
         stages["score"] = time.perf_counter() - t
-        outcome = "fallback_load_only" if reasons else "routed"
+        # Failing engines left out is news, not a lost helper: the decision still used every signal.
+        outcome = "fallback_load_only" if reasons and reasons != [ALL_FAILING] else "routed"
         order = tuple(candidates[i].endpoint for i in ranked(choice, candidates, 1 + self.fallbacks))
         return self._finish(request_id, order, outcome, reasons, n_tokens, candidates, choice.scores, stages,
                             started, count, tokens)

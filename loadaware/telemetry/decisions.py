@@ -37,6 +37,9 @@ class DecisionMetrics:
     def on_ended(self, decision: Decision) -> None:
         pass
 
+    def on_responded(self, decision: Decision, status: int) -> None:
+        self.metrics.responded(decision.served or "none", status)
+
 
 class DecisionLog:
     """Every decision at DEBUG; fallbacks at WARNING, rate-limited per reason."""

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 STAGES = ("parse", "tokenize", "lookup", "score")
+ROUTING_STATES = ("healthy", "ejected", "probing")
 
 
 class Metrics:
@@ -52,7 +53,17 @@ class Metrics:
         self.tokenizer_pieces = Gauge("loadaware_tokenizer_piece_cache",
                                       "Tokenizer piece cache: hits and misses since start, and whether it is "
                                       "enabled (0 after an exactness self-check failed)", ["what"], registry=r)
+        self.responses = Counter("loadaware_responses", "Responses seen on the response path, by the endpoint "
+                                 "that served and status class (2xx, 4xx, 5xx, ...)", ["endpoint", "code"],
+                                 registry=r)
+        self.routing_state = Gauge("loadaware_endpoint_routing_state", "1 for each endpoint's failure-aware routing "
+                                   "state: healthy, ejected (out of rotation), probing (one request at a time)",
+                                   ["endpoint", "state"], registry=r)
+        self.ejections = Counter("loadaware_endpoint_ejections", "Endpoints taken out of rotation, by reason "
+                                 "(http_5xx, timeout, passed_over, unreachable)", ["endpoint", "reason"],
+                                 registry=r)
         self._decision_children: dict[tuple[str, str], Counter] = {}
+        self._response_children: dict[tuple[str, int], Counter] = {}
         self._fallback_children: dict[str, Counter] = {}
         self._stage_children = {s: self.stage_seconds.labels(stage=s) for s in STAGES}
         self._lookup_children = {k: self.lookups.labels(result=k) for k in ("match", "empty", "failed")}
@@ -126,7 +137,20 @@ class Metrics:
             self._lookup_seen += 1
             self._lookup_matched += result == "match"
 
+    def responded(self, endpoint: str, status: int) -> None:
+        key = (endpoint, status // 100)
+        child = self._response_children.get(key)
+        if child is None:
+            child = self._response_children[key] = self.responses.labels(endpoint, f"{status // 100}xx")
+        child.inc()
+
     # ---- background ----
+    def routing_state_changed(self, endpoint: str, state: str, reason: str) -> None:
+        for known in ROUTING_STATES:
+            self.routing_state.labels(endpoint, known).set(1 if known == state else 0)
+        if state == "ejected":
+            self.ejections.labels(endpoint, reason).inc()
+
     def scraped(self, endpoint: str, running: float, waiting: float, kv_usage: float | None) -> None:
         self.scraped_running.labels(endpoint).set(running)
         self.scraped_waiting.labels(endpoint).set(waiting)
@@ -143,6 +167,14 @@ class Metrics:
                 gauge.remove(endpoint)
             except KeyError:
                 pass
+        for state in ROUTING_STATES:
+            try:
+                self.routing_state.remove(endpoint, state)
+            except KeyError:
+                pass
+        for key in [k for k in self._response_children if k[0] == endpoint]:
+            del self._response_children[key]
+            self.responses.remove(endpoint, f"{key[1]}xx")
 
     def tokenizer_pieces_seen(self, hits: int, misses: int, enabled: bool) -> None:
         self.tokenizer_pieces.labels("hits").set(hits)

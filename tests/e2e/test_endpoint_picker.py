@@ -145,13 +145,14 @@ class Fleet:
 class Picker:
     """One sidecar process (`loadaware-sidecar serve`) on free ports, and what its debug port says."""
 
-    def __init__(self, log_dir: Path, endpoints: list[str], name: str = "sidecar") -> None:
+    def __init__(self, log_dir: Path, endpoints: list[str], name: str = "sidecar", extra: tuple[str, ...] = ()
+                 ) -> None:
         self.port = free_port()
         self.metrics = f"127.0.0.1:{free_port()}"
         self.proc = SidecarProc(
             ["--listen", f"127.0.0.1:{self.port}", "--metrics-listen", self.metrics,
              "--endpoints", ",".join(endpoints), "--policy", "loadaware", "--tokenizer", str(TINY_TOKENIZER),
-             "--prefix-source", "approx", "--scrape-interval-s", "0.2", "--scrape-stale-s", "2"],
+             "--prefix-source", "approx", "--scrape-interval-s", "0.2", "--scrape-stale-s", "2", *extra],
             log_dir=log_dir / name)
 
     @property
@@ -410,7 +411,10 @@ async def test_refused_engine_skipped_to_next_of_list(http: aiohttp.ClientSessio
     names = {ep: name for name, ep in fleet.by_name.items()}
     # The dead host is first in the engines cluster and in the sidecar's fleet, and unloaded (its scrape
     # fails: its load is the sidecar's own count, 0); the live engines carry phantom load, e0 the least.
-    picker = Picker(log_dir, [dead, *fleet.endpoints], name="sidecar-dead-host")
+    # Its failing scrapes would take it out of rotation at once (test_failing_engines.py): that is turned off
+    # here, so the request goes to it and the proxy's retry has to walk the list.
+    picker = Picker(log_dir, [dead, *fleet.endpoints], name="sidecar-dead-host",
+                    extra=("--unreachable-after-scrapes", "0"))
     with picker.proc, start_envoy(log_dir, "envoy-dead-host", picker.port, [dead, *fleet.endpoints]) as envoy:
         loads = {e0: 2, e1: 4, e2: 6}
         fleet.phantom(loads)

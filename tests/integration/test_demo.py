@@ -57,7 +57,7 @@ def test_exits_zero_and_says_ok(demo_run: subprocess.CompletedProcess[str]) -> N
 
 def test_every_step_is_shown(demo_run: subprocess.CompletedProcess[str]) -> None:
     out = demo_run.stdout
-    for n in range(1, 8):
+    for n in range(1, 9):
         assert f"== Step {n}:" in out, out
     # each storyline step explains its decision with the per-engine table and a "why" line
     assert out.count("matched/prompt") >= 6
@@ -142,3 +142,14 @@ def test_short_experiment_table(demo_run: subprocess.CompletedProcess[str]) -> N
         assert float(imbalance) >= 1.0 and float(ttft_p95) > 0.0, row.group(0)
         assert 0.0 < float(hit) <= 1.0, row.group(0)  # the warm-up made prefixes hit
         assert float(err) == 0.0, row.group(0)
+
+
+def test_a_failing_engine_is_taken_out_and_back(demo_run: subprocess.CompletedProcess[str]) -> None:
+    out = demo_run.stdout
+    assert "took engine-" in out and "out of rotation after" in out, out
+    assert "probed back and healthy" in out, out
+    s = _summary(out)
+    ejected = re.fullmatch(r"([\d.]+)s,(\d+)/(\d+)", s["failover"])
+    assert ejected is not None, s
+    assert float(ejected.group(1)) < 2.0
+    assert int(ejected.group(2)) <= 0.05 * int(ejected.group(3)), s

@@ -1,0 +1,227 @@
+"""Failure-aware routing through the real Envoy, the sidecar and 3 simulated engines under steady load.
+
+An engine that fails fast (answers 500 within milliseconds, its server alive) looks idle to a load-aware
+router and draws most of the traffic. These tests break one engine while an open-loop sender keeps a steady
+rate, and measure what clients get, where the decisions go, and how fast a healed engine is back:
+
+- fast 500s: from 2 s after the onset at least 99% of client requests succeed (Envoy retries a 5xx on the
+  next engine of the ranked list) and the failing engine gets at most 5% of the decisions after the sidecar
+  ejected it (its probes: one request at a time, each after a doubling backoff);
+- a hung engine (accepts connections, never answers): its requests end in 504 after the route timeout, its
+  scrapes time out and take it out of rotation;
+- healed: within 10 s it takes its share again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import ClientSession, ClientTimeout
+
+from testkit.http import post_json
+from testkit.metrics_text import sum_by_label
+from testkit.paths import ENVOY_CONFIG
+from testkit.stack import Stack
+from tests.conftest import wait_until_async
+
+pytestmark = pytest.mark.e2e
+
+RATE = 40.0  # requests per second, open loop
+FLEET = ["--decode-base-ms", "2", "--decode-per-seq-ms", "0", "--prefill-overhead-ms", "0"]
+SIDECAR = ["--log-level", "warning", "--scrape-interval-s", "0.5", "--scrape-timeout-ms", "400"]
+ROUTE_TIMEOUT_S = 3.0  # the hang test's Envoy config: route timeout cut from 600 s
+
+
+@dataclass
+class Sent:
+    at: float
+    status: int = 0
+    latency: float = 0.0
+    served_by: str = ""
+
+
+@dataclass
+class Sender:
+    """Open loop: one request every 1/RATE seconds whatever the answers do, each with its own outcome."""
+    url: str
+    sent: list[Sent] = field(default_factory=list)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    async def run(self, stop: asyncio.Event, session: ClientSession) -> None:
+        n = 0
+        start = time.monotonic()
+        while not stop.is_set():
+            n += 1
+            record = Sent(time.monotonic())
+            self.sent.append(record)
+            task = asyncio.create_task(self._one(session, record, n))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            await asyncio.sleep(max(0.0, start + n / RATE - time.monotonic()))
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=ROUTE_TIMEOUT_S + 5)
+
+    async def _one(self, session: ClientSession, record: Sent, n: int) -> None:
+        body = {"model": "tiny-model", "prompt": f"request {n} about the weather in city {n % 17}",
+                "max_tokens": 4}
+        try:
+            async with session.post(f"{self.url}/v1/completions", json=body) as resp:
+                await resp.read()
+                record.status = resp.status
+                record.served_by = resp.headers.get("x-served-by", "")
+        except Exception:  # noqa: BLE001 - a transport failure is a failed request, status 0
+            record.status = 0
+        record.latency = time.monotonic() - record.at
+
+    def window(self, start: float, end: float) -> list[Sent]:
+        return [s for s in self.sent if start <= s.at < end]
+
+
+def success_rate(sent: list[Sent]) -> float:
+    return sum(1 for s in sent if s.status == 200) / max(1, len(sent))
+
+
+def decisions_by_endpoint(stack: Stack) -> dict[str, float]:
+    assert stack.sidecar is not None
+    return sum_by_label(stack.sidecar.metrics_text(), "loadaware_decisions_total", "endpoint")
+
+
+def routing_state(stack: Stack, endpoint: str) -> dict[str, Any]:
+    assert stack.sidecar is not None
+    state = stack.sidecar.debug_json("/debug/state")
+    row = next(r for r in state["endpoints"] if r["endpoint"] == endpoint)
+    return dict(row["routing_health"])
+
+
+def set_fault(stack: Stack, endpoint: str, mode: str) -> None:
+    post_json(f"http://{endpoint}/sim/fault", {"mode": mode, "status": 500})
+
+
+def share(before: dict[str, float], after: dict[str, float], endpoint: str) -> tuple[float, float]:
+    """(decisions to `endpoint`, all decisions) between two counter snapshots."""
+    total = sum(after.get(k, 0) - before.get(k, 0) for k in after)
+    return after.get(endpoint, 0) - before.get(endpoint, 0), total
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    with Stack(tmp_path, engines=3, lmcache=False, fleet_args=FLEET, sidecar_args=SIDECAR) as s:
+        yield s
+
+
+@pytest.fixture
+def hang_stack(tmp_path: Path) -> Iterator[Stack]:
+    config = ENVOY_CONFIG.read_text()
+    short, n = re.subn(r"timeout: 600s", f"timeout: {ROUTE_TIMEOUT_S:g}s", config)
+    assert n == 1, "the shipped engine route's timeout moved"
+    path = tmp_path / "envoy-short-timeout.yaml"
+    path.write_text(short)
+    with Stack(tmp_path, engines=3, lmcache=False, fleet_args=FLEET, sidecar_args=SIDECAR,
+               envoy_config=path) as s:
+        yield s
+
+
+async def run_scenario(stack: Stack, fault: str, fault_s: float, healed_s: float) -> dict[str, Any]:
+    """Steady load; the first engine breaks after a warm-up and heals `fault_s` later. Returns the figures."""
+    assert stack.fleet is not None
+    victim = stack.fleet.endpoints[0]
+    sender = Sender(stack.url)
+    stop = asyncio.Event()
+    figures: dict[str, Any] = {"victim": victim}
+    async with ClientSession(timeout=ClientTimeout(total=ROUTE_TIMEOUT_S + 30)) as session:
+        load = asyncio.create_task(sender.run(stop, session))
+        await asyncio.sleep(3.0)
+        await asyncio.to_thread(set_fault, stack, victim, fault)
+        onset = time.monotonic()
+        # Detected: the sidecar took the engine out of rotation.
+        detected = await _wait_state(stack, victim, ("ejected", "probing"), timeout=15)
+        figures["detected_after_s"] = detected - onset
+        before = await asyncio.to_thread(decisions_by_endpoint, stack)
+        figures["state_while_failing"] = await asyncio.to_thread(routing_state, stack, victim)
+        await asyncio.sleep(max(0.0, onset + fault_s - time.monotonic()))
+        after = await asyncio.to_thread(decisions_by_endpoint, stack)
+        figures["victim_decisions"], figures["all_decisions"] = share(before, after, victim)
+        figures["state_before_heal"] = await asyncio.to_thread(routing_state, stack, victim)
+        await asyncio.to_thread(set_fault, stack, victim, "none")
+        healed = time.monotonic()
+        back = await _wait_state(stack, victim, ("healthy",), timeout=15)
+        figures["back_after_s"] = back - healed
+        before_share = await asyncio.to_thread(decisions_by_endpoint, stack)
+        await asyncio.sleep(healed_s)
+        after_share = await asyncio.to_thread(decisions_by_endpoint, stack)
+        figures["victim_share_after_heal"] = share(before_share, after_share, victim)
+        stop.set()
+        await load
+    figures["sender"] = sender
+    figures["onset"], figures["healed"] = onset, healed
+    return figures
+
+
+async def _wait_state(stack: Stack, endpoint: str, states: tuple[str, ...], timeout: float) -> float:
+    async def reached() -> bool:
+        return (await asyncio.to_thread(routing_state, stack, endpoint))["state"] in states
+    await wait_until_async(reached, message=f"{endpoint} never reached {states}", timeout=timeout, interval=0.05)
+    return time.monotonic()
+
+
+async def test_fast_failing_engine_is_ejected_and_clients_succeed(stack: Stack) -> None:
+    f = await run_scenario(stack, "error", fault_s=10.0, healed_s=4.0)
+    sender: Sender = f["sender"]
+    onset, healed = f["onset"], f["healed"]
+    steady = sender.window(onset + 2.0, healed)
+    rate = success_rate(steady)
+    victim_decisions, all_decisions = f["victim_decisions"], f["all_decisions"]
+    back_decisions, back_total = f["victim_share_after_heal"]
+    print(f"\nfast 500: detected after {f['detected_after_s']:.2f} s; clients from onset+2 s to heal: "
+          f"{rate:.2%} of {len(steady)} succeeded; decisions to the failing engine after detection: "
+          f"{victim_decisions:.0f} of {all_decisions:.0f} ({victim_decisions / max(1, all_decisions):.1%}); "
+          f"healed -> healthy after {f['back_after_s']:.2f} s, then {back_decisions:.0f} of {back_total:.0f} "
+          f"decisions; state while failing {f['state_while_failing']}")
+    assert rate >= 0.99, [(round(s.at - onset, 2), s.status) for s in steady if s.status != 200]
+    assert all_decisions > 100
+    assert victim_decisions / all_decisions <= 0.05
+    assert f["state_while_failing"]["failures"].get("http_5xx", 0) + \
+        f["state_while_failing"]["failures"].get("passed_over", 0) >= 3
+    # Healed: probed back and taking its share (a third of the fleet; at least a sixth here) within 10 s.
+    assert f["back_after_s"] <= 10.0
+    assert back_total > 50 and back_decisions / back_total >= 1 / 6
+    assert success_rate(sender.window(healed, healed + 4.0)) >= 0.99
+    # The dashboard says what happened.
+    assert stack.sidecar is not None
+    metrics = stack.sidecar.metrics_text()
+    ejections = sum_by_label(metrics, "loadaware_endpoint_ejections_total", "endpoint")
+    assert ejections.get(f["victim"], 0) >= 1
+    responses = sum_by_label(metrics, "loadaware_responses_total", "code")
+    assert responses.get("2xx", 0) > 100
+
+
+async def test_hung_engine_times_out_per_route_and_is_avoided(hang_stack: Stack) -> None:
+    stack = hang_stack
+    f = await run_scenario(stack, "hang", fault_s=8.0, healed_s=4.0)
+    sender: Sender = f["sender"]
+    onset, healed = f["onset"], f["healed"]
+    timed_out = [s for s in sender.window(onset - 1.0, healed) if s.status == 504]
+    steady = sender.window(onset + f["detected_after_s"] + 0.5, healed)
+    rate = success_rate(steady)
+    victim_decisions, all_decisions = f["victim_decisions"], f["all_decisions"]
+    back_decisions, back_total = f["victim_share_after_heal"]
+    print(f"\nhung engine: {len(timed_out)} requests ended in 504 after "
+          f"{min((s.latency for s in timed_out), default=0):.2f}-{max((s.latency for s in timed_out), default=0):.2f}"
+          f" s; detected after {f['detected_after_s']:.2f} s; then {rate:.2%} of {len(steady)} succeeded; "
+          f"decisions to it after detection {victim_decisions:.0f} of {all_decisions:.0f}; healed -> healthy "
+          f"after {f['back_after_s']:.2f} s, then {back_decisions:.0f} of {back_total:.0f} decisions")
+    # Requests caught on the hung engine end per the route's timeout, not never.
+    assert timed_out, "no request was caught on the hung engine"
+    assert all(ROUTE_TIMEOUT_S - 0.2 <= s.latency <= ROUTE_TIMEOUT_S + 2.0 for s in timed_out)
+    assert f["state_while_failing"]["reason"] == "unreachable"
+    assert victim_decisions / max(1, all_decisions) <= 0.05
+    assert rate >= 0.99
+    assert f["back_after_s"] <= 10.0
+    assert back_total > 50 and back_decisions / back_total >= 1 / 6
