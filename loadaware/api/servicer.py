@@ -19,6 +19,7 @@ from loadaware.api import explain
 from loadaware.api.v1 import loadaware_pb2 as pb
 from loadaware.api.v1 import loadaware_pb2_grpc as pb_grpc
 from loadaware.fleet.discovery.catalog import DiscoveryCatalog
+from loadaware.fleet.models import EndpointModels
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.load.tracker import LoadTracker
 from loadaware.prefix.lmcache.bridge import InstanceBridge
@@ -32,7 +33,7 @@ DEFAULT_PATH = "/v1/completions"
 class RouterServicer(pb_grpc.RouterServicer):
     def __init__(self, policy: str, beta: float, describe: Callable[[], list[dict[str, Any]]], decider: Decider,
                  registry: EndpointRegistry, loads: LoadTracker, bridge: InstanceBridge, catalog: DiscoveryCatalog,
-                 ready: Callable[[], bool]) -> None:
+                 ready: Callable[[], bool], models: EndpointModels | None = None) -> None:
         self.policy = policy
         self.beta = beta
         self.describe = describe  # every setting with its origin (flag, env, default)
@@ -42,6 +43,11 @@ class RouterServicer(pb_grpc.RouterServicer):
         self.bridge = bridge
         self.catalog = catalog
         self.ready = ready
+        self.models = models  # None: model awareness off
+
+    def _models_for(self, endpoint: str) -> list[str]:
+        known = self.models.models_of(endpoint) if self.models is not None else None
+        return [] if known is None else known.names()
 
     def add_to(self, server: grpc.aio.Server) -> None:
         pb_grpc.add_RouterServicer_to_server(self, server)
@@ -67,14 +73,15 @@ class RouterServicer(pb_grpc.RouterServicer):
         decision = await decider.decide(parsed, f"explain-{uuid.uuid4().hex[:12]}", count=False,
                                         parse_s=time.perf_counter() - t)
         return explain.explanation(decision, decider.policy, self.beta, kind, self.bridge.instance_for,
-                                   self.loads.count, self._stats())
+                                   self.loads.count, self._stats(), parsed.model, self._models_for)
 
     async def ListEndpoints(self, request: pb.ListEndpointsRequest,
                             context: grpc.aio.ServicerContext) -> pb.ListEndpointsResponse:
         routable = self.registry.snapshot()
         loads = self.loads.loads(routable) if routable else []
         endpoints = explain.endpoint_list(self.catalog.entries(), self.catalog.source, routable, loads,
-                                          self.bridge.instance_for, self.loads.count, self._stats())
+                                          self.bridge.instance_for, self.loads.count, self._stats(),
+                                          self._models_for)
         return pb.ListEndpointsResponse(endpoints=endpoints, discovery=self.catalog.source, ready=self.ready(),
                                         fleet_version=self.registry.version)
 

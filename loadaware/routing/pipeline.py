@@ -25,6 +25,10 @@ class Loads(Protocol):
     def loads(self, endpoints: tuple[str, ...]) -> list[float]: ...
 
 
+class ModelPools(Protocol):
+    def pool(self, model: str, endpoints: tuple[str, ...]) -> tuple[str, ...] | None: ...
+
+
 class PromptEncoder(Protocol):
     async def encode_prompt(self, prompt: str) -> list[int]: ...
 
@@ -35,8 +39,9 @@ class PromptEncoder(Protocol):
 class Decider:
     def __init__(self, policy: Policy, registry: EndpointRegistry, loads: Loads, lifecycle: RequestLifecycle,
                  tokenizer: PromptEncoder | None = None, prefix_source: PrefixSource | None = None,
-                 fallbacks: int = 0) -> None:
+                 fallbacks: int = 0, models: ModelPools | None = None) -> None:
         self.policy = policy
+        self.models = models  # which engines serve which model (None: model awareness off)
         self.fallbacks = fallbacks  # next-best endpoints named after the choice, for the proxy's retries
         self.registry = registry
         self.loads = loads
@@ -56,10 +61,16 @@ class Decider:
             raise LookupError("no_tokenizer")
         return await self.tokenizer.encode_prompt(request.prompt or "")
 
-    def endpoints(self, subset: frozenset[str] | None) -> tuple[str, ...]:
-        """The fleet, or the part of it in the proxy's subset hint."""
+    def endpoints(self, subset: frozenset[str] | None, model: str | None = None) -> tuple[str, ...]:
+        """The fleet, or the part of it in the proxy's subset hint; then only the engines serving `model`
+        when their models are known. A model's engines are its own fleet: the policy compares loads (and
+        takes the mean) over what this returns (docs/architecture.md, "Model pools")."""
         fleet = self.registry.snapshot()
-        return fleet if subset is None else tuple(ep for ep in fleet if ep in subset)
+        eligible = fleet if subset is None else tuple(ep for ep in fleet if ep in subset)
+        if model is None or self.models is None:
+            return eligible
+        pool = self.models.pool(model, eligible)
+        return eligible if pool is None else pool
 
     async def prefix_matches(self, tokens: list[int], endpoints: tuple[str, ...], reasons: list[str],
                              salt: str | None = None) -> dict[str, int]:
@@ -80,9 +91,10 @@ class Decider:
         reasons: list[str] = []
         tokens: list[int] = []
         matches: dict[str, int] = {}
-        endpoints = self.endpoints(subset)
+        model = request.model if request is not None else None
+        endpoints = self.endpoints(subset, model)
         if not endpoints:
-            return self._empty(request_id, subset, 0, stages, started, count)
+            return self._empty(request_id, subset, 0, stages, started, count, model)
         if request is None or not request.has_prompt:
             reasons.append("no_prompt")
         elif self.policy.uses_prefix:
@@ -103,13 +115,13 @@ class Decider:
                 tokens = SaltedTokens(tokens, request.cache_salt)
             if tokens:
                 t = time.perf_counter()
-                matches = await self.prefix_matches(tokens, self.endpoints(subset), reasons, request.cache_salt)
+                matches = await self.prefix_matches(tokens, self.endpoints(subset, model), reasons, request.cache_salt)
                 stages["lookup"] = time.perf_counter() - t
         # Fresh snapshot after the awaits: an endpoint may have left meanwhile. From here on, no await.
         t = time.perf_counter()
-        endpoints = self.endpoints(subset)
+        endpoints = self.endpoints(subset, model)
         if not endpoints:
-            return self._empty(request_id, subset, len(tokens), stages, started, count)
+            return self._empty(request_id, subset, len(tokens), stages, started, count, model)
         loads = self.loads.loads(endpoints)
         n_tokens = len(tokens)
         candidates = tuple(Candidate(ep, min(matches.get(ep, 0), n_tokens), load)
@@ -123,9 +135,14 @@ class Decider:
                             started, count, tokens)
 
     def _empty(self, request_id: str, subset: frozenset[str] | None, n_tokens: int, stages: dict[str, float],
-               started: float, count: bool) -> Decision:
-        """Nobody to route to: the fleet is empty, or nothing in it is in the proxy's subset."""
-        outcome = "no_eligible_endpoints" if subset is not None and self.registry.snapshot() else "no_endpoints"
+               started: float, count: bool, model: str | None = None) -> Decision:
+        """Nobody to route to: the fleet is empty, nothing in it is in the proxy's subset, or no engine of the
+        whole fleet serves the request's model (the gateway answers 404 itself)."""
+        fleet = self.registry.snapshot()
+        if model is not None and self.models is not None and self.models.pool(model, fleet) == ():
+            outcome = "unknown_model"
+        else:
+            outcome = "no_eligible_endpoints" if subset is not None and fleet else "no_endpoints"
         return self._finish(request_id, (), outcome, [outcome], n_tokens, (), (), stages, started, count)
 
     def _finish(self, request_id: str, order: tuple[str, ...], outcome: str, reasons: list[str], n_tokens: int,

@@ -46,7 +46,7 @@ class ScrapedLoad(_message.Message):
     def __init__(self, running: _Optional[float] = ..., waiting: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., age_seconds: _Optional[float] = ..., fresh: _Optional[bool] = ...) -> None: ...
 
 class EndpointScore(_message.Message):
-    __slots__ = ("endpoint", "lmcache_instance_id", "matched_tokens", "benefit", "inflight", "scraped", "load", "relative_load", "score", "chosen")
+    __slots__ = ("endpoint", "lmcache_instance_id", "matched_tokens", "benefit", "inflight", "scraped", "load", "relative_load", "score", "chosen", "models")
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     LMCACHE_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     MATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,7 @@ class EndpointScore(_message.Message):
     RELATIVE_LOAD_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     CHOSEN_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
     endpoint: str
     lmcache_instance_id: str
     matched_tokens: int
@@ -67,10 +68,11 @@ class EndpointScore(_message.Message):
     relative_load: float
     score: float
     chosen: bool
-    def __init__(self, endpoint: _Optional[str] = ..., lmcache_instance_id: _Optional[str] = ..., matched_tokens: _Optional[int] = ..., benefit: _Optional[float] = ..., inflight: _Optional[int] = ..., scraped: _Optional[_Union[ScrapedLoad, _Mapping]] = ..., load: _Optional[float] = ..., relative_load: _Optional[float] = ..., score: _Optional[float] = ..., chosen: _Optional[bool] = ...) -> None: ...
+    models: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, endpoint: _Optional[str] = ..., lmcache_instance_id: _Optional[str] = ..., matched_tokens: _Optional[int] = ..., benefit: _Optional[float] = ..., inflight: _Optional[int] = ..., scraped: _Optional[_Union[ScrapedLoad, _Mapping]] = ..., load: _Optional[float] = ..., relative_load: _Optional[float] = ..., score: _Optional[float] = ..., chosen: _Optional[bool] = ..., models: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ExplainResponse(_message.Message):
-    __slots__ = ("outcome", "endpoint", "reasons", "policy", "beta", "formula", "kind", "prompt_tokens", "mean_load", "endpoints", "stages_ms", "message")
+    __slots__ = ("outcome", "endpoint", "reasons", "policy", "beta", "formula", "kind", "prompt_tokens", "mean_load", "endpoints", "stages_ms", "message", "model")
     class StagesMsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +92,7 @@ class ExplainResponse(_message.Message):
     ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     STAGES_MS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     outcome: str
     endpoint: str
     reasons: _containers.RepeatedScalarFieldContainer[str]
@@ -102,14 +105,15 @@ class ExplainResponse(_message.Message):
     endpoints: _containers.RepeatedCompositeFieldContainer[EndpointScore]
     stages_ms: _containers.ScalarMap[str, float]
     message: str
-    def __init__(self, outcome: _Optional[str] = ..., endpoint: _Optional[str] = ..., reasons: _Optional[_Iterable[str]] = ..., policy: _Optional[str] = ..., beta: _Optional[float] = ..., formula: _Optional[str] = ..., kind: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., mean_load: _Optional[float] = ..., endpoints: _Optional[_Iterable[_Union[EndpointScore, _Mapping]]] = ..., stages_ms: _Optional[_Mapping[str, float]] = ..., message: _Optional[str] = ...) -> None: ...
+    model: str
+    def __init__(self, outcome: _Optional[str] = ..., endpoint: _Optional[str] = ..., reasons: _Optional[_Iterable[str]] = ..., policy: _Optional[str] = ..., beta: _Optional[float] = ..., formula: _Optional[str] = ..., kind: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., mean_load: _Optional[float] = ..., endpoints: _Optional[_Iterable[_Union[EndpointScore, _Mapping]]] = ..., stages_ms: _Optional[_Mapping[str, float]] = ..., message: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
 
 class ListEndpointsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class Endpoint(_message.Message):
-    __slots__ = ("endpoint", "source", "health", "health_detail", "routable", "inflight", "load", "last_scrape", "lmcache_instance_id", "pod", "zone")
+    __slots__ = ("endpoint", "source", "health", "health_detail", "routable", "inflight", "load", "last_scrape", "lmcache_instance_id", "pod", "zone", "models")
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +125,7 @@ class Endpoint(_message.Message):
     LMCACHE_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     POD_FIELD_NUMBER: _ClassVar[int]
     ZONE_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
     endpoint: str
     source: str
     health: Health
@@ -132,7 +137,8 @@ class Endpoint(_message.Message):
     lmcache_instance_id: str
     pod: str
     zone: str
-    def __init__(self, endpoint: _Optional[str] = ..., source: _Optional[str] = ..., health: _Optional[_Union[Health, str]] = ..., health_detail: _Optional[str] = ..., routable: _Optional[bool] = ..., inflight: _Optional[int] = ..., load: _Optional[float] = ..., last_scrape: _Optional[_Union[ScrapedLoad, _Mapping]] = ..., lmcache_instance_id: _Optional[str] = ..., pod: _Optional[str] = ..., zone: _Optional[str] = ...) -> None: ...
+    models: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, endpoint: _Optional[str] = ..., source: _Optional[str] = ..., health: _Optional[_Union[Health, str]] = ..., health_detail: _Optional[str] = ..., routable: _Optional[bool] = ..., inflight: _Optional[int] = ..., load: _Optional[float] = ..., last_scrape: _Optional[_Union[ScrapedLoad, _Mapping]] = ..., lmcache_instance_id: _Optional[str] = ..., pod: _Optional[str] = ..., zone: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListEndpointsResponse(_message.Message):
     __slots__ = ("endpoints", "discovery", "ready", "fleet_version")
