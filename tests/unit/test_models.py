@@ -52,6 +52,7 @@ def test_parse_lists_every_served_name_and_adapter_with_its_parent() -> None:
 
 def test_parse_skips_entries_without_an_id_and_refuses_a_non_list() -> None:
     assert parse_models({"data": [{"id": "x"}, {"object": "model"}, "junk", {"id": ""}]}).ids == {"x"}
+    bad: Any
     for bad in ({}, [], {"data": {"id": "x"}}, "text"):
         with pytest.raises(ValueError):
             parse_models(bad)
