@@ -83,7 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\nsummary: step1={f.get('step1')} step2={f.get('step2')} step3={f.get('step3')} "
           f"step4={f.get('step4')} step5={f.get('step5')} burst={f.get('burst')} "
           f"fallbacks={f.get('fallbacks')} inflight={f.get('inflight')} picker={f.get('picker')} "
-          f"retry={f.get('retry')} failover={f.get('failover')} experiment={experiment} "
+          f"retry={f.get('retry')} models={f.get('models')} failover={f.get('failover')} "
+          f"experiment={experiment} "
           f"elapsed={elapsed:.1f}s", flush=True)
     if demo.failures:
         print(f"DEMO FAILED: {len(demo.failures)} check(s) failed: " + "; ".join(demo.failures), flush=True)

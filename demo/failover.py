@@ -1,4 +1,4 @@
-"""Step 8 of the demo: an engine starts failing fast under steady load, is taken out of rotation, and is
+"""Step 9 of the demo: an engine starts failing fast under steady load, is taken out of rotation, and is
 back once healed."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ HEALED_S = 3.0
 async def failing_engine(demo: DemoSession) -> None:
     victim = sorted(demo.urls)[0]
     endpoint = demo.endpoint_of(victim)
-    heading(8, f"{victim} starts answering every request with HTTP 500 at once, under {RATE:g} req/s")
+    heading(9, f"{victim} starts answering every request with HTTP 500 at once, under {RATE:g} req/s")
     replies: list[tuple[float, Reply | None]] = []
     stop = asyncio.Event()
 

@@ -12,7 +12,7 @@ live engines, which run in one process. So a scratch pair shows it, written to t
 config whose pool has a fourth host where nothing listens (an engine that just died) and a second sidecar whose
 fleet lists that host. Its scrape fails, so the sidecar counts only its own in-flight requests there (0) while
 the live engines report BUSY_RUNNING running: it ranks the dead host first (its unreachable-engine ejection is
-turned off for this: step 8 shows failure-aware routing). Envoy's connection is refused, the
+turned off for this: step 9 shows failure-aware routing). Envoy's connection is refused, the
 retry takes the next entry of the list, and the served endpoint Envoy reports moves the sidecar's count there.
 """
 
@@ -312,7 +312,7 @@ async def retry_walks_the_list(demo: DemoSession) -> None:
           f"   - a second sidecar on :{grpc_port} whose --endpoints list that host after the three engines.\n"
           f"   Its scrape of {dead} fails, so that sidecar counts only its own in-flight requests there (0), "
           f"while\n   the live engines report {BUSY_RUNNING} running each (/sim/phantom_load): it ranks the dead "
-          f"host first.\n   (Its failing scrapes would take the dead host out of rotation at once, as step 8 shows "
+          f"host first.\n   (Its failing scrapes would take the dead host out of rotation at once, as step 9 shows "
           f"for a failing\n   engine; --unreachable-after-scrapes 0 turns that off here, so the retry has a host to "
           f"walk past.)", flush=True)
     sidecar = SidecarProc(["--listen", f"127.0.0.1:{grpc_port}", "--endpoints", ",".join([*live, dead]),

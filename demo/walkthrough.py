@@ -7,6 +7,7 @@ import aiohttp
 
 from demo.burst import burst
 from demo.failover import failing_engine
+from demo.models import two_models
 from demo.picker import picker_mode
 from demo.session import DemoFailure, DemoSession, debug_url_of
 from demo.storyline import storyline
@@ -16,9 +17,9 @@ from testkit.stack import Stack
 
 
 async def walk_through(stack: Stack, metrics_url: str, beta: float) -> DemoSession:
-    """Once the sidecar says ready: steps 1-5, the burst, the picker mode (step 7), a failing engine (step 8).
-    A failure ends the walk and is recorded as a failed check; the session (checks, facts) is returned either
-    way."""
+    """Once the sidecar says ready: steps 1-5, the burst, the picker mode (step 7), two models (step 8), a
+    failing engine (step 9). A failure ends the walk and is recorded as a failed check; the session (checks,
+    facts) is returned either way."""
     assert stack.fleet is not None
     names = {f"{e['ip']}:{e['port']}": str(e["name"]) for e in stack.fleet.engines}
     urls = {str(e["name"]): str(e["url"]) for e in stack.fleet.engines}
@@ -35,6 +36,7 @@ async def walk_through(stack: Stack, metrics_url: str, beta: float) -> DemoSessi
                 await storyline(demo)
                 await burst(demo)
                 await picker_mode(demo)
+                await two_models(demo)
                 await failing_engine(demo)
         except DemoFailure as e:
             demo.check(False, str(e))

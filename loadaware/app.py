@@ -28,6 +28,8 @@ from loadaware.fleet.discovery.file import EndpointsFileWatcher
 from loadaware.fleet.discovery.kubernetes import KubernetesDiscovery, default_namespace, make_api_client
 from loadaware.fleet.discovery.metrics import DiscoveryMetrics
 from loadaware.fleet.health import EndpointHealth, HealthOptions
+from loadaware.fleet.models import EndpointModels
+from loadaware.fleet.models_poller import ModelsPoller
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import RequestLifecycle
 from loadaware.load.scraper import MetricsScraper
@@ -49,6 +51,7 @@ log = logging.getLogger(__name__)
 ENVOY_ADMIN_TIMEOUT_S = 2.0
 GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # request bodies arrive whole in BUFFERED mode
 FLEET_POLL_S = 0.2
+MODELS_STALE_ROUNDS = 3  # a failing engine keeps its last model list for this many refresh periods
 
 Task = Callable[[], Coroutine[Any, Any, None]]
 
@@ -83,6 +86,10 @@ class Sidecar:
         # --prefix-source: LMCache, the KV-events index, the approximate index, or a combination.
         self.prefixes = PrefixWiring(self._prefix_options(s), self.metrics, self.registry.snapshot, lmcache_source,
                                      lambda eps: {ep for ep in eps if self.bridge.instance_for(ep)})
+        # The request's model selects its engines (--models-refresh-s 0: off, every engine serves anything).
+        self.models = EndpointModels(MODELS_STALE_ROUNDS * s.models_refresh_s) if s.models_refresh_s else None
+        self.models_poller = ModelsPoller(self.registry, self.models, self.metrics, s.models_refresh_s,
+                                          s.scrape_timeout_ms / 1e3) if self.models is not None else None
         encoder: PromptEncoder | None = self.tokenizer
         if encoder is None and self.prefixes.names == ("approx",):
             encoder = TextUnits()  # the approximate source alone may guess from text bytes
@@ -92,7 +99,7 @@ class Sidecar:
             on_change=self._health_changed)
         self.decider = Decider(make_policy(s.policy, s.loadaware_beta), self.registry, self.loads, self.lifecycle,
                                encoder, self.prefixes.source, fallbacks=s.fallback_endpoints,
-                               health=self.endpoint_health)
+                               health=self.endpoint_health, models=self.models)
         # Who hears about each request: counts first (a later listener failing must not leak one).
         self.recent = RecentDecisions()
         self.lifecycle.subscribe(self.loads)
@@ -114,7 +121,8 @@ class Sidecar:
         self.registry.on_removed(lambda _ep: self._endpoints_changed())
         self.catalog, self._discovery_tasks = self._discovery(s)
         self.api = RouterServicer(s.policy, s.loadaware_beta, s.describe, self.decider, self.registry,
-                                  self.loads, self.bridge, self.catalog, self.ready, self.endpoint_health)
+                                  self.loads, self.bridge, self.catalog, self.ready, health=self.endpoint_health,
+                                  models=self.models)
         # The scrape round that must finish before readiness (see _scraped_since_fleet).
         self._fleet_round: int | None = 1 if self.registry.snapshot() else None
         self.extproc = ExtProcServicer(self.decider, self.lifecycle, self.metrics, s.destination_header,
@@ -181,6 +189,8 @@ class Sidecar:
         self.endpoint_health.forget(endpoint)
         self.prefixes.endpoint_removed(endpoint)
         self.metrics.forget_endpoint(endpoint)
+        if self.models is not None:
+            self.models.forget(endpoint)
 
     def _endpoints_changed(self) -> None:
         self.bridge.set_endpoints(self.registry.snapshot())
@@ -222,12 +232,13 @@ class Sidecar:
     def _state(self) -> dict[str, Any]:
         endpoints = self.registry.snapshot()
         loads = self.loads.loads(endpoints) if endpoints else []
+        models = self.models.state(endpoints) if self.models is not None else {}  # None: unknown, serves any
         rows = []
         for ep, load in zip(endpoints, loads):
             st = self.loads.fresh_stats(ep)
             rows.append({"endpoint": ep, "load": load, "inflight": self.loads.count(ep),
                          "routing_health": asdict(self.endpoint_health.view(ep)),
-                         "instance_id": self.bridge.instance_for(ep),
+                         "instance_id": self.bridge.instance_for(ep), "models": models.get(ep),
                          "scraped": None if st is None else {"running": st.running, "waiting": st.waiting,
                                                              "kv_usage": st.kv_usage}})
         return {"ready": self.ready(), "open_streams": self.extproc.open_streams,
@@ -255,6 +266,8 @@ class Sidecar:
             await self.metrics_http.start(s.metrics_listen)
         await self._start_admin(s)
         tasks: list[tuple[str, Task]] = [("scraper", self.scraper.run)]
+        if self.models_poller is not None:
+            tasks.append(("models", self.models_poller.run))
         if self.file_watcher:
             tasks.append(("endpoints-file", self.file_watcher.run))
         tasks += self._discovery_tasks

@@ -63,6 +63,13 @@ def parse_positive(text: str) -> float:
     return value
 
 
+def parse_non_negative(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{text!r} must be a number >= 0")
+    return value
+
+
 def parse_policy(text: str) -> str:
     if text not in POLICY_NAMES:
         raise ValueError(f"{text!r}: expected one of {', '.join(POLICY_NAMES)}")
@@ -234,6 +241,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("unreachable_after_scrapes", "--unreachable-after-scrapes", "LOADAWARE_UNREACHABLE_AFTER_SCRAPES", 2,
             parse_count, "consecutive scrapes that time out or cannot connect that take an engine out until a "
                          "scrape succeeds (0 = never)"),
+    Setting("models_refresh_s", "--models-refresh-s", "LOADAWARE_MODELS_REFRESH_S", 10.0, parse_non_negative,
+            "period of the engines' /v1/models fetch (the request's model selects its engines; 0 = off, "
+            "every engine serves every model)"),
     Setting("shutdown_grace_s", "--shutdown-grace-s", "LOADAWARE_SHUTDOWN_GRACE_S", 10.0, parse_positive,
             "how long SIGTERM waits for open streams"),
     Setting("health_listen", "--health-listen", "LOADAWARE_HEALTH_LISTEN", "", parse_optional_hostport,
@@ -308,6 +318,7 @@ class Settings:
     ejection_base_s: float = 1.0
     ejection_max_s: float = 5.0
     unreachable_after_scrapes: int = 2
+    models_refresh_s: float = 10.0
     shutdown_grace_s: float = 10.0
     health_listen: str = ""
     tls_cert: str = ""

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 class Decision:
     request_id: str
     endpoint: str | None  # the choice; None: Envoy's own fallback picks (or the picker answers 503)
-    outcome: str  # routed | fallback_load_only | no_endpoints | no_eligible_endpoints
+    outcome: str  # routed | fallback_load_only | no_endpoints | no_eligible_endpoints | unknown_model
     reasons: tuple[str, ...]
     prompt_tokens: int
     candidates: tuple[Candidate, ...]

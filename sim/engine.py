@@ -26,6 +26,7 @@ from aiohttp import web
 
 from sim.engine_core import EngineCore, filler_texts
 from sim.lmcache_reporter import ControllerAddress, LMCacheReporter
+from sim.models import EngineModels
 from sim.openai_format import StreamFormatter, error_body, full_response, new_request_id
 from sim.service_model import ServiceModel
 from sim.tokenization import PromptError, SimTokenizer
@@ -42,22 +43,26 @@ class EngineConfig:
     ip: str = "127.0.0.2"
     port: int = 8000  # 0 picks a free port
     model_id: str = "tiny-model"
+    models: EngineModels | None = None  # served names and LoRA adapters (None: model_id alone)
     service: ServiceModel = field(default_factory=ServiceModel)
     lmcache: ControllerAddress | None = None
     lmcache_worker_port: int = 0  # where the controller's REQ socket connects back; 0 picks a free port
 
 
 class _BadRequest(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.param = param
 
 
 class Engine:
     def __init__(self, config: EngineConfig, tokenizer: SimTokenizer) -> None:
         self.config = config
         self.tokenizer = tokenizer
+        self.models = config.models or EngineModels((config.model_id,))
+        self._servable = self.models.servable()
         reporter = None
         if config.lmcache is not None:
             reporter = LMCacheReporter(config.lmcache, config.name, config.ip, config.lmcache_worker_port,
@@ -106,6 +111,7 @@ class Engine:
         if self.reporter is not None:
             d["lmcache_instance_id"] = self.name
             d["lmcache_worker_port"] = self.reporter.worker_port
+        d["models"] = sorted(self._servable)
         return d
 
     # ---- lifecycle -------------------------------------------------------------------------------------
@@ -142,7 +148,7 @@ class Engine:
         try:
             return await handler(request)
         except _BadRequest as e:
-            return self._json(error_body(e.status, e.message), e.status)
+            return self._json(error_body(e.status, e.message, e.param), e.status)
 
     def _json(self, body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
         return web.Response(text=json.dumps(body), status=status, content_type="application/json",
@@ -182,8 +188,8 @@ class Engine:
         received = {"x-sim-body-sha256": hashlib.sha256(await request.read()).hexdigest()}
         body = await self._body(request)
         model = body.get("model")
-        if model is not None and model != self.config.model_id:
-            raise _BadRequest(404, f"The model `{model}` does not exist.")
+        if model is not None and model not in self._servable:  # any served name or loaded adapter, as vLLM
+            raise _BadRequest(404, f"The model `{model}` does not exist.", "model")
         try:
             prompt = await self.tokenizer.encode_request_async(body, chat)
         except PromptError as e:
@@ -250,9 +256,7 @@ class Engine:
         return resp
 
     async def _models(self, request: web.BaseRequest) -> web.StreamResponse:
-        return self._json({"object": "list", "data": [{"id": self.config.model_id, "object": "model",
-                                                       "owned_by": "vllm", "root": self.config.model_id,
-                                                       "max_model_len": self.tokenizer.max_model_len}]})
+        return self._json(self.models.listing(self.tokenizer.max_model_len))
 
     async def _health(self, request: web.BaseRequest) -> web.StreamResponse:
         return web.Response(status=200, headers=self._served_by)

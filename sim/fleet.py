@@ -3,6 +3,7 @@
     python -m sim.fleet --engines 3 --base-ip 127.0.0.2 --port 8000 --tokenizer sim/assets/tiny-model \\
         [--lmcache-host 127.0.0.1 --lmcache-pull-port A --lmcache-reply-port B] [--names a,b,c] [model flags]
         [--kv-events [--kv-events-port 5557 --kv-events-replay-port 5558 --kv-events-hash int|bytes]]
+        [--models 'model-a;model-a;model-b,b-alias+b-adapter=/loras/b']  (per engine; see sim/models.py)
 
 Engine i is named `engine-<i>` (or the i-th of --names; the name is also its LMCache instance id) and
 listens on base-ip + i (every 127/8 address is bindable on Linux), all on the same port. Once every engine
@@ -33,6 +34,7 @@ from typing import Any
 from sim.engine import Engine, EngineConfig
 from sim.kv_events_publisher import KvEventsPublisher
 from sim.lmcache_reporter import ControllerAddress
+from sim.models import EngineModels, parse_fleet_models
 from sim.service_model import ServiceModel, add_cli_flags, from_cli_args
 from sim.tokenization import SimTokenizer
 
@@ -96,15 +98,20 @@ async def start_fleet(
     names: Sequence[str] | None = None,
     model_id: str = "tiny-model",
     kv_events: KvEventsOptions | None = None,
+    models: Sequence[EngineModels] | None = None,
 ) -> Fleet:
-    """Start `engines` engines (port 0: each picks a free port) and register them with LMCache if given."""
+    """Start `engines` engines (port 0: each picks a free port) and register them with LMCache if given.
+    `models`: what each engine serves (its base name replaces `model_id`)."""
     if names is not None and len(names) != engines:
         raise ValueError(f"{len(names)} names for {engines} engines")
+    if models is not None and len(models) != engines:
+        raise ValueError(f"{len(models)} model specs for {engines} engines")
     tok = tokenizer if isinstance(tokenizer, SimTokenizer) else SimTokenizer(tokenizer)
     service = service or ServiceModel()
     fleet = Fleet([
         Engine(EngineConfig(name=names[i] if names is not None else f"engine-{i}", ip=ip, port=port,
-                            model_id=model_id, service=service, lmcache=lmcache), tok)
+                            model_id=models[i].base if models else model_id,
+                            models=models[i] if models else None, service=service, lmcache=lmcache), tok)
         for i, ip in enumerate(engine_ips(base_ip, engines))
     ])
     # Concurrently: with the controller absent each registration attempt waits out its timeout.
@@ -134,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER))
     p.add_argument("--model-id", default="tiny-model")
+    p.add_argument("--models", default=None,
+                   help="per engine, ';'-separated: name[,alias...][+adapter[=path]...] (one spec: every engine)")
     p.add_argument("--names", default=None, help="comma-separated engine names (default engine-<i>)")
     p.add_argument("--lmcache-host", default=None)
     p.add_argument("--lmcache-pull-port", type=int, default=None)
@@ -158,6 +167,10 @@ async def _amain(args: argparse.Namespace) -> int:
         lmcache = ControllerAddress(args.lmcache_host or "127.0.0.1", args.lmcache_pull_port,
                                     args.lmcache_reply_port)
     names = [n.strip() for n in args.names.split(",")] if args.names else None
+    try:
+        models = parse_fleet_models(args.models, args.engines) if args.models else None
+    except ValueError as exc:
+        raise SystemExit(f"--models: {exc}") from None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -166,7 +179,7 @@ async def _amain(args: argparse.Namespace) -> int:
                                 None if args.kv_events_replay_port < 0 else args.kv_events_replay_port,
                                 args.kv_events_topic, args.kv_events_hash) if args.kv_events else None
     fleet = await start_fleet(args.engines, args.base_ip, args.port, args.tokenizer, lmcache,
-                              from_cli_args(args), names, args.model_id, kv_events)
+                              from_cli_args(args), names, args.model_id, kv_events, models)
     sys.stdout.write("READY " + json.dumps(fleet.describe()) + "\n")
     sys.stdout.flush()
     await stop.wait()

@@ -12,10 +12,10 @@ def new_request_id(chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
 
 
-def error_body(status: int, message: str) -> dict[str, Any]:
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
     kinds = {400: "BadRequestError", 404: "NotFoundError", 429: "RateLimitError", 503: "ServiceUnavailableError"}
     kind = kinds.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
-    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

@@ -17,6 +17,13 @@ from loadaware.load.tracker import EngineStats
 from loadaware.policies import Policy
 from loadaware.policies.loadaware import benefit, mean_load, relative_loads
 
+ModelsFor = Callable[[str], list[str]]  # an endpoint's served models; [] when not known
+
+
+def no_models(endpoint: str) -> list[str]:
+    return []
+
+
 HEALTH = {"HEALTHY": pb.HEALTHY, "DEGRADED": pb.DEGRADED, "UNHEALTHY": pb.UNHEALTHY, "DRAINING": pb.DRAINING}
 
 
@@ -58,28 +65,30 @@ def routing_health(view: HealthView) -> pb.RoutingHealth:
 def explanation(decision: Decision, policy: Policy, beta: float, kind: str,
                 instance_for: Callable[[str], str | None], inflight: Callable[[str], int],
                 stats_for: Callable[[str], pb.ScrapedLoad | None], routing_state: Callable[[str], str],
-                excluded: Sequence[str] = ()) -> pb.ExplainResponse:
+                excluded: Sequence[str] = (), model: str | None = None,
+                models_for: ModelsFor = no_models) -> pb.ExplainResponse:
     candidates = decision.candidates
     loads = [c.load for c in candidates]
     rel = relative_loads(loads) if loads else []
     out = pb.ExplainResponse(
         outcome=decision.outcome, endpoint=decision.endpoint or "", reasons=list(decision.reasons),
         policy=policy.name, beta=beta if policy.name == "loadaware" else 0.0, formula=policy.formula, kind=kind,
-        prompt_tokens=decision.prompt_tokens, mean_load=mean_load(loads),
+        prompt_tokens=decision.prompt_tokens, mean_load=mean_load(loads), model=model or "",
         stages_ms={k: round(v * 1e3, 3) for k, v in decision.stages.items()}, excluded=list(excluded))
     for c, score, r in zip(candidates, decision.scores, rel):
         out.endpoints.append(pb.EndpointScore(
             endpoint=c.endpoint, lmcache_instance_id=instance_for(c.endpoint) or "",
             matched_tokens=c.matched_tokens, benefit=benefit(c.matched_tokens, decision.prompt_tokens),
             inflight=inflight(c.endpoint), scraped=stats_for(c.endpoint), load=c.load, relative_load=r,
-            score=score, chosen=c.endpoint == decision.endpoint, routing_state=routing_state(c.endpoint)))
+            score=score, chosen=c.endpoint == decision.endpoint, routing_state=routing_state(c.endpoint),
+            models=models_for(c.endpoint)))
     return out
 
 
 def endpoint_list(entries: Iterable[DiscoveredEndpoint], source: str, routable: Sequence[str],
                   loads: Sequence[float], instance_for: Callable[[str], str | None],
                   inflight: Callable[[str], int], stats_for: Callable[[str], pb.ScrapedLoad | None],
-                  health_of: Callable[[str], HealthView]) -> list[pb.Endpoint]:
+                  health_of: Callable[[str], HealthView], models_for: ModelsFor = no_models) -> list[pb.Endpoint]:
     load_of = dict(zip(routable, loads))
     members = set(routable)
     out = []
@@ -89,7 +98,7 @@ def endpoint_list(entries: Iterable[DiscoveredEndpoint], source: str, routable: 
             health_detail=e.detail, routable=e.endpoint in members, inflight=inflight(e.endpoint),
             load=load_of.get(e.endpoint, 0.0), last_scrape=stats_for(e.endpoint),
             lmcache_instance_id=instance_for(e.endpoint) or e.instance_id, pod=e.pod, zone=e.zone,
-            routing_health=routing_health(health_of(e.endpoint))))
+            routing_health=routing_health(health_of(e.endpoint)), models=models_for(e.endpoint)))
     return out
 
 

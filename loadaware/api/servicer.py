@@ -20,6 +20,7 @@ from loadaware.api.v1 import loadaware_pb2 as pb
 from loadaware.api.v1 import loadaware_pb2_grpc as pb_grpc
 from loadaware.fleet.discovery.catalog import DiscoveryCatalog
 from loadaware.fleet.health import EndpointHealth
+from loadaware.fleet.models import EndpointModels
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.load.tracker import LoadTracker
 from loadaware.prefix.lmcache.bridge import InstanceBridge
@@ -33,7 +34,8 @@ DEFAULT_PATH = "/v1/completions"
 class RouterServicer(pb_grpc.RouterServicer):
     def __init__(self, policy: str, beta: float, describe: Callable[[], list[dict[str, Any]]], decider: Decider,
                  registry: EndpointRegistry, loads: LoadTracker, bridge: InstanceBridge, catalog: DiscoveryCatalog,
-                 ready: Callable[[], bool], health: EndpointHealth | None = None) -> None:
+                 ready: Callable[[], bool], health: EndpointHealth | None = None,
+                 models: EndpointModels | None = None) -> None:
         self.policy = policy
         self.beta = beta
         self.describe = describe  # every setting with its origin (flag, env, default)
@@ -44,6 +46,11 @@ class RouterServicer(pb_grpc.RouterServicer):
         self.catalog = catalog
         self.ready = ready
         self.health = health or EndpointHealth()
+        self.models = models  # None: model awareness off
+
+    def _models_for(self, endpoint: str) -> list[str]:
+        known = self.models.models_of(endpoint) if self.models is not None else None
+        return [] if known is None else known.names()
 
     def add_to(self, server: grpc.aio.Server) -> None:
         pb_grpc.add_RouterServicer_to_server(self, server)
@@ -69,9 +76,10 @@ class RouterServicer(pb_grpc.RouterServicer):
         decision = await decider.decide(parsed, f"explain-{uuid.uuid4().hex[:12]}", count=False,
                                         parse_s=time.perf_counter() - t)
         considered = {c.endpoint for c in decision.candidates}
-        excluded = [ep for ep in decider.endpoints(None) if ep not in considered] if considered else []
+        excluded = [ep for ep in decider.endpoints(None, parsed.model) if ep not in considered] if considered else []
         return explain.explanation(decision, decider.policy, self.beta, kind, self.bridge.instance_for,
-                                   self.loads.count, self._stats(), self.health.state, excluded)
+                                   self.loads.count, self._stats(), self.health.state, excluded, parsed.model,
+                                   self._models_for)
 
     async def ListEndpoints(self, request: pb.ListEndpointsRequest,
                             context: grpc.aio.ServicerContext) -> pb.ListEndpointsResponse:
@@ -79,7 +87,7 @@ class RouterServicer(pb_grpc.RouterServicer):
         loads = self.loads.loads(routable) if routable else []
         endpoints = explain.endpoint_list(self.catalog.entries(), self.catalog.source, routable, loads,
                                           self.bridge.instance_for, self.loads.count, self._stats(),
-                                          self.health.view)
+                                          self.health.view, self._models_for)
         return pb.ListEndpointsResponse(endpoints=endpoints, discovery=self.catalog.source, ready=self.ready(),
                                         fleet_version=self.registry.version)
 

@@ -65,7 +65,7 @@ class BufferedConversation(Conversation):
         if isinstance(parsed, bytes):
             return parsed
         decision = await self.decide(parsed, request_id, stream, parse_s)
-        unroutable = self.unroutable_reply(decision, picker=False)
+        unroutable = self.unroutable_reply(decision, picker=False, model=parsed.model)
         if unroutable is not None:
             return unroutable
         return self.replies.body_route(decision.ranked) if decision.ranked else self.replies.body_no_destination

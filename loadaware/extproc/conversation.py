@@ -18,6 +18,8 @@ from loadaware.telemetry.metrics import Metrics
 
 log = logging.getLogger("loadaware.extproc")
 
+MODEL_NAME_SHOWN = 256  # characters of a requested model's name echoed in the 404 (bounds the reply)
+
 # Bodies up to this size are parsed on the event loop (a 1,600-token prompt is ~8 KB and parses in ~20 µs,
 # less than a thread hand-off costs); larger ones in a worker thread.
 INLINE_PARSE_BYTES = 256 * 1024
@@ -72,16 +74,27 @@ class Conversation:
             self._errors[(status, reason)] = reply
         return reply
 
-    def unroutable_reply(self, decision: Decision, picker: bool) -> bytes | None:
-        """The 503 for a decision with nobody to route to, when the setting (or the mode) says so."""
+    def unroutable_reply(self, decision: Decision, picker: bool, model: str | None = None) -> bytes | None:
+        """The 503 for a decision with nobody to route to, when the setting (or the mode) says so; the 404 for a
+        model no engine serves, in every mode (no engine could answer it otherwise)."""
         if decision.endpoint is not None:
             return None
+        if decision.outcome == "unknown_model":
+            return self.unknown_model(model or "")
         mode = self.options.no_endpoint_reply
         if mode == "fallback" or (mode == "auto" and not picker):
             return None
         if decision.outcome == "no_eligible_endpoints":
             return self.error(503, "no_eligible_endpoints", "no endpoint in the proxy's subset is ready")
         return self.error(503, "no_endpoints", "no ready endpoint")
+
+    def unknown_model(self, model: str) -> bytes:
+        """vLLM's answer to a model it does not serve (not cached: the message names the model)."""
+        message = f"The model `{model[:MODEL_NAME_SHOWN]}` does not exist."
+        if self.json_errors:
+            return Replies.immediate_json(404, message, "NotFoundError", "unknown_model", param="model")
+        # BUFFERED: envoy/envoy.yaml's local_reply_config wraps the text into the same JSON for a 404.
+        return Replies.immediate_error(404, message, "unknown_model")
 
     async def parse(self, kind: str, body: bytes, request_id: str) -> InferenceRequest | bytes:
         """The request, or the 400 reply for a body that cannot be one. A large body is parsed in a worker

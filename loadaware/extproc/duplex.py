@@ -102,7 +102,7 @@ class DuplexConversation(Conversation):
             await write(parsed)
             return False
         decision = await self.decide(parsed, request_id, stream, parse_s, subset)
-        reply = self.unroutable_reply(decision, picker=True)
+        reply = self.unroutable_reply(decision, picker=True, model=parsed.model)
         if reply is not None:
             await write(reply)
             return False

@@ -96,10 +96,10 @@ class Replies:
         return [streamed_request_body(p, end_of_stream and i == len(pieces) - 1) for i, p in enumerate(pieces)]
 
     @staticmethod
-    def immediate_json(status: int, message: str, error_type: str, details: str) -> bytes:
+    def immediate_json(status: int, message: str, error_type: str, details: str, param: str | None = None) -> bytes:
         """A local reply with an OpenAI-style JSON error body, for proxies (gateways) that send the picker's
         reply as it is."""
-        body = json.dumps({"error": {"message": message, "type": error_type, "param": None, "code": status}})
+        body = json.dumps({"error": {"message": message, "type": error_type, "param": param, "code": status}})
         return pb.ProcessingResponse(immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=status),
             headers=pb.HeaderMutation(set_headers=[base_pb2.HeaderValueOption(

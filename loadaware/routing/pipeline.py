@@ -31,6 +31,10 @@ class Eligibility(Protocol):
     def eligible(self, endpoints: tuple[str, ...]) -> tuple[str, ...]: ...
 
 
+class ModelPools(Protocol):
+    def pool(self, model: str, endpoints: tuple[str, ...]) -> tuple[str, ...] | None: ...
+
+
 class PromptEncoder(Protocol):
     async def encode_prompt(self, prompt: str) -> list[int]: ...
 
@@ -41,9 +45,11 @@ class PromptEncoder(Protocol):
 class Decider:
     def __init__(self, policy: Policy, registry: EndpointRegistry, loads: Loads, lifecycle: RequestLifecycle,
                  tokenizer: PromptEncoder | None = None, prefix_source: PrefixSource | None = None,
-                 fallbacks: int = 0, health: Eligibility | None = None) -> None:
+                 fallbacks: int = 0, health: Eligibility | None = None, models: ModelPools | None = None
+                 ) -> None:
         self.policy = policy
         self.health = health  # engines failing their requests are left out (fleet/health.py)
+        self.models = models  # which engines serve which model (None: model awareness off)
         self.fallbacks = fallbacks  # next-best endpoints named after the choice, for the proxy's retries
         self.registry = registry
         self.loads = loads
@@ -63,16 +69,22 @@ class Decider:
             raise LookupError("no_tokenizer")
         return await self.tokenizer.encode_prompt(request.prompt or "")
 
-    def endpoints(self, subset: frozenset[str] | None) -> tuple[str, ...]:
-        """The fleet, or the part of it in the proxy's subset hint."""
+    def endpoints(self, subset: frozenset[str] | None, model: str | None = None) -> tuple[str, ...]:
+        """The fleet, or the part of it in the proxy's subset hint; then only the engines serving `model`
+        when their models are known. A model's engines are its own fleet: the policy compares loads (and
+        takes the mean) over what this returns (docs/architecture.md, "Model pools")."""
         fleet = self.registry.snapshot()
-        return fleet if subset is None else tuple(ep for ep in fleet if ep in subset)
+        eligible = fleet if subset is None else tuple(ep for ep in fleet if ep in subset)
+        if model is None or self.models is None:
+            return eligible
+        pool = self.models.pool(model, eligible)
+        return eligible if pool is None else pool
 
-    def candidates(self, subset: frozenset[str] | None, reasons: list[str]) -> tuple[str, ...]:
-        """The endpoints a decision may choose: the fleet (or subset) less the engines failing their
-        requests. If that leaves nobody, all of them (fail open: the proxy's retries and outlier detection
-        still act), and the decision says so."""
-        endpoints = self.endpoints(subset)
+    def candidates(self, subset: frozenset[str] | None, model: str | None, reasons: list[str]) -> tuple[str, ...]:
+        """The endpoints a decision may choose: the model's pool in the fleet (or subset) less the engines
+        failing their requests. If that leaves nobody, the whole pool (fail open: the proxy's retries and
+        outlier detection still act), and the decision says so."""
+        endpoints = self.endpoints(subset, model)
         if self.health is None or not endpoints:
             return endpoints
         eligible = self.health.eligible(endpoints)
@@ -101,9 +113,10 @@ class Decider:
         reasons: list[str] = []
         tokens: list[int] = []
         matches: dict[str, int] = {}
-        endpoints = self.candidates(subset, reasons)
+        model = request.model if request is not None else None
+        endpoints = self.candidates(subset, model, reasons)
         if not endpoints:
-            return self._empty(request_id, subset, 0, stages, started, count)
+            return self._empty(request_id, subset, 0, stages, started, count, model)
         if request is None or not request.has_prompt:
             reasons.append("no_prompt")
         elif self.policy.uses_prefix:
@@ -128,9 +141,9 @@ class Decider:
                 stages["lookup"] = time.perf_counter() - t
         # Fresh snapshot after the awaits: an endpoint may have left meanwhile. From here on, no await.
         t = time.perf_counter()
-        endpoints = self.candidates(subset, reasons)
+        endpoints = self.candidates(subset, model, reasons)
         if not endpoints:
-            return self._empty(request_id, subset, len(tokens), stages, started, count)
+            return self._empty(request_id, subset, len(tokens), stages, started, count, model)
         loads = self.loads.loads(endpoints)
         n_tokens = len(tokens)
         candidates = tuple(Candidate(ep, min(matches.get(ep, 0), n_tokens), load)
@@ -145,9 +158,14 @@ class Decider:
                             started, count, tokens)
 
     def _empty(self, request_id: str, subset: frozenset[str] | None, n_tokens: int, stages: dict[str, float],
-               started: float, count: bool) -> Decision:
-        """Nobody to route to: the fleet is empty, or nothing in it is in the proxy's subset."""
-        outcome = "no_eligible_endpoints" if subset is not None and self.registry.snapshot() else "no_endpoints"
+               started: float, count: bool, model: str | None = None) -> Decision:
+        """Nobody to route to: the fleet is empty, nothing in it is in the proxy's subset, or no engine of the
+        whole fleet serves the request's model (the gateway answers 404 itself)."""
+        fleet = self.registry.snapshot()
+        if model is not None and self.models is not None and self.models.pool(model, fleet) == ():
+            outcome = "unknown_model"
+        else:
+            outcome = "no_eligible_endpoints" if subset is not None and fleet else "no_endpoints"
         return self._finish(request_id, (), outcome, [outcome], n_tokens, (), (), stages, started, count)
 
     def _finish(self, request_id: str, order: tuple[str, ...], outcome: str, reasons: list[str], n_tokens: int,

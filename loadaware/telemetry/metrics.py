@@ -20,7 +20,7 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.decisions = Counter("loadaware_decisions", "Routing decisions by policy, endpoint and outcome "
-                                 "(routed, fallback_load_only, no_endpoints, passthrough, rejected)",
+                                 "(routed, fallback_load_only, no_endpoints, unknown_model, passthrough, rejected)",
                                  ["policy", "endpoint", "outcome"], registry=r)
         self.fallbacks = Counter("loadaware_fallbacks", "Decisions that lost a helper and fell back to the load "
                                  "term alone (or to Envoy's own fallback), by reason", ["reason"], registry=r)
@@ -62,6 +62,13 @@ class Metrics:
         self.ejections = Counter("loadaware_endpoint_ejections", "Endpoints taken out of rotation, by reason "
                                  "(http_5xx, timeout, passed_over, unreachable)", ["endpoint", "reason"],
                                  registry=r)
+        self.endpoint_models = Gauge("loadaware_endpoint_models", "1 for each model an endpoint serves (served "
+                                     "names and LoRA adapters, from its /v1/models)", ["endpoint", "model"],
+                                     registry=r)
+        self.models_fetch_failures = Counter("loadaware_models_fetch_failures", "Failed /v1/models fetches (the "
+                                             "last good list is kept until stale)", ["endpoint", "reason"],
+                                             registry=r)
+        self._model_labels: dict[str, frozenset[str]] = {}
         self._decision_children: dict[tuple[str, str], Counter] = {}
         self._response_children: dict[tuple[str, int], Counter] = {}
         self._fallback_children: dict[str, Counter] = {}
@@ -160,7 +167,20 @@ class Metrics:
     def scrape_failure(self, endpoint: str, reason: str) -> None:
         self.scrape_failures.labels(endpoint, reason).inc()
 
+    def models_seen(self, endpoint: str, models: frozenset[str]) -> None:
+        """The endpoint's model list now; labels of models it no longer lists are removed."""
+        for gone in self._model_labels.get(endpoint, frozenset()) - models:
+            self.endpoint_models.remove(endpoint, gone)
+        for model in models:
+            self.endpoint_models.labels(endpoint, model).set(1)
+        self._model_labels[endpoint] = models
+
+    def models_fetch_failure(self, endpoint: str, reason: str) -> None:
+        self.models_fetch_failures.labels(endpoint, reason).inc()
+
     def forget_endpoint(self, endpoint: str) -> None:
+        self.models_seen(endpoint, frozenset())
+        self._model_labels.pop(endpoint, None)
         for gauge in (self.inflight, self.scraped_running, self.scraped_waiting, self.scraped_kv,
                       self.kv_connected, self.kv_index_blocks, self.approx_blocks):
             try:

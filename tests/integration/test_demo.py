@@ -14,8 +14,9 @@ import pytest
 from testkit.paths import LMCACHE_VENV_BIN, REPO
 
 CONTROLLER = LMCACHE_VENV_BIN / "lmcache_controller"
-# The demo takes ~12 s (step 7, the picker mode, ~3 s of it), plus ~1.5 min for its short experiment on the
-# tiny point; it may first queue behind other runs for the fixed ports.
+# The demo takes ~25 s (step 7, the picker mode, ~3 s of it; step 8, two models, ~1 s; step 9, a failing engine,
+# ~10 s), plus ~1.5 min for its short experiment on the tiny point; it may first queue behind other runs for the
+# fixed ports.
 TIMEOUT_S = 900.0
 
 pytestmark = [
@@ -57,7 +58,7 @@ def test_exits_zero_and_says_ok(demo_run: subprocess.CompletedProcess[str]) -> N
 
 def test_every_step_is_shown(demo_run: subprocess.CompletedProcess[str]) -> None:
     out = demo_run.stdout
-    for n in range(1, 9):
+    for n in range(1, 10):
         assert f"== Step {n}:" in out, out
     # each storyline step explains its decision with the per-engine table and a "why" line
     assert out.count("matched/prompt") >= 6
@@ -124,6 +125,20 @@ def test_retry_walks_the_list(demo_run: subprocess.CompletedProcess[str]) -> Non
     assert step.count("sidecar chose dead-host") == 2, step
     assert step.count("1 refused connect(s) and 1 retry(ies)") == 2, step
     assert "dead-host 0" in step  # mid-stream: the count sits on the engine that serves, not the dead host
+
+
+def test_two_models_behind_one_gateway(demo_run: subprocess.CompletedProcess[str]) -> None:
+    """Step 8: model-a's 6 concurrent requests on both of model-a's engines (and only them), model-b's and its
+    adapter's all on model-b's engine, an unknown model answered 404 by the gateway with nothing sent upstream."""
+    out = demo_run.stdout
+    s = _summary(out)
+    assert s["models"] == "ok", s
+    assert (s["models_a"], s["models_b"], s["models_sql"]) == ("a-0+a-1", "b-0", "b-0"), s
+    assert (s["models_unknown"], s["models_reached"]) == ("404", "0"), s
+    step = out[out.index("== Step 8:"):]
+    assert "adapters b-sql (LoRA on model-b)" in step, step
+    assert re.search(r"6 x model-a\s+served by a-0 x\d, a-1 x\d", step), step
+    assert '"type":"NotFoundError"' in step and "does not exist." in step, step
 
 
 def test_short_experiment_table(demo_run: subprocess.CompletedProcess[str]) -> None:

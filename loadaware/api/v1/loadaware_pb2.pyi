@@ -46,7 +46,7 @@ class ScrapedLoad(_message.Message):
     def __init__(self, running: _Optional[float] = ..., waiting: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., age_seconds: _Optional[float] = ..., fresh: _Optional[bool] = ...) -> None: ...
 
 class EndpointScore(_message.Message):
-    __slots__ = ("endpoint", "lmcache_instance_id", "matched_tokens", "benefit", "inflight", "scraped", "load", "relative_load", "score", "chosen", "routing_state")
+    __slots__ = ("endpoint", "lmcache_instance_id", "matched_tokens", "benefit", "inflight", "scraped", "load", "relative_load", "score", "chosen", "models", "routing_state")
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     LMCACHE_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     MATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,7 @@ class EndpointScore(_message.Message):
     RELATIVE_LOAD_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     CHOSEN_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
     ROUTING_STATE_FIELD_NUMBER: _ClassVar[int]
     endpoint: str
     lmcache_instance_id: str
@@ -68,11 +69,12 @@ class EndpointScore(_message.Message):
     relative_load: float
     score: float
     chosen: bool
+    models: _containers.RepeatedScalarFieldContainer[str]
     routing_state: str
-    def __init__(self, endpoint: _Optional[str] = ..., lmcache_instance_id: _Optional[str] = ..., matched_tokens: _Optional[int] = ..., benefit: _Optional[float] = ..., inflight: _Optional[int] = ..., scraped: _Optional[_Union[ScrapedLoad, _Mapping]] = ..., load: _Optional[float] = ..., relative_load: _Optional[float] = ..., score: _Optional[float] = ..., chosen: _Optional[bool] = ..., routing_state: _Optional[str] = ...) -> None: ...
+    def __init__(self, endpoint: _Optional[str] = ..., lmcache_instance_id: _Optional[str] = ..., matched_tokens: _Optional[int] = ..., benefit: _Optional[float] = ..., inflight: _Optional[int] = ..., scraped: _Optional[_Union[ScrapedLoad, _Mapping]] = ..., load: _Optional[float] = ..., relative_load: _Optional[float] = ..., score: _Optional[float] = ..., chosen: _Optional[bool] = ..., models: _Optional[_Iterable[str]] = ..., routing_state: _Optional[str] = ...) -> None: ...
 
 class ExplainResponse(_message.Message):
-    __slots__ = ("outcome", "endpoint", "reasons", "policy", "beta", "formula", "kind", "prompt_tokens", "mean_load", "endpoints", "stages_ms", "message", "excluded")
+    __slots__ = ("outcome", "endpoint", "reasons", "policy", "beta", "formula", "kind", "prompt_tokens", "mean_load", "endpoints", "stages_ms", "message", "model", "excluded")
     class StagesMsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +94,7 @@ class ExplainResponse(_message.Message):
     ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     STAGES_MS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     EXCLUDED_FIELD_NUMBER: _ClassVar[int]
     outcome: str
     endpoint: str
@@ -105,15 +108,16 @@ class ExplainResponse(_message.Message):
     endpoints: _containers.RepeatedCompositeFieldContainer[EndpointScore]
     stages_ms: _containers.ScalarMap[str, float]
     message: str
+    model: str
     excluded: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, outcome: _Optional[str] = ..., endpoint: _Optional[str] = ..., reasons: _Optional[_Iterable[str]] = ..., policy: _Optional[str] = ..., beta: _Optional[float] = ..., formula: _Optional[str] = ..., kind: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., mean_load: _Optional[float] = ..., endpoints: _Optional[_Iterable[_Union[EndpointScore, _Mapping]]] = ..., stages_ms: _Optional[_Mapping[str, float]] = ..., message: _Optional[str] = ..., excluded: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, outcome: _Optional[str] = ..., endpoint: _Optional[str] = ..., reasons: _Optional[_Iterable[str]] = ..., policy: _Optional[str] = ..., beta: _Optional[float] = ..., formula: _Optional[str] = ..., kind: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., mean_load: _Optional[float] = ..., endpoints: _Optional[_Iterable[_Union[EndpointScore, _Mapping]]] = ..., stages_ms: _Optional[_Mapping[str, float]] = ..., message: _Optional[str] = ..., model: _Optional[str] = ..., excluded: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListEndpointsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class Endpoint(_message.Message):
-    __slots__ = ("endpoint", "source", "health", "health_detail", "routable", "inflight", "load", "last_scrape", "lmcache_instance_id", "pod", "zone", "routing_health")
+    __slots__ = ("endpoint", "source", "health", "health_detail", "routable", "inflight", "load", "last_scrape", "lmcache_instance_id", "pod", "zone", "models", "routing_health")
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +129,7 @@ class Endpoint(_message.Message):
     LMCACHE_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     POD_FIELD_NUMBER: _ClassVar[int]
     ZONE_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
     ROUTING_HEALTH_FIELD_NUMBER: _ClassVar[int]
     endpoint: str
     source: str
@@ -137,8 +142,9 @@ class Endpoint(_message.Message):
     lmcache_instance_id: str
     pod: str
     zone: str
+    models: _containers.RepeatedScalarFieldContainer[str]
     routing_health: RoutingHealth
-    def __init__(self, endpoint: _Optional[str] = ..., source: _Optional[str] = ..., health: _Optional[_Union[Health, str]] = ..., health_detail: _Optional[str] = ..., routable: _Optional[bool] = ..., inflight: _Optional[int] = ..., load: _Optional[float] = ..., last_scrape: _Optional[_Union[ScrapedLoad, _Mapping]] = ..., lmcache_instance_id: _Optional[str] = ..., pod: _Optional[str] = ..., zone: _Optional[str] = ..., routing_health: _Optional[_Union[RoutingHealth, _Mapping]] = ...) -> None: ...
+    def __init__(self, endpoint: _Optional[str] = ..., source: _Optional[str] = ..., health: _Optional[_Union[Health, str]] = ..., health_detail: _Optional[str] = ..., routable: _Optional[bool] = ..., inflight: _Optional[int] = ..., load: _Optional[float] = ..., last_scrape: _Optional[_Union[ScrapedLoad, _Mapping]] = ..., lmcache_instance_id: _Optional[str] = ..., pod: _Optional[str] = ..., zone: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., routing_health: _Optional[_Union[RoutingHealth, _Mapping]] = ...) -> None: ...
 
 class RoutingHealth(_message.Message):
     __slots__ = ("state", "reason", "consecutive_failures", "ejections", "ejected_for_seconds", "failures", "successes")

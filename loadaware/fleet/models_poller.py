@@ -1,0 +1,85 @@
+"""Fetches every engine's `GET /v1/models` on an interval, and promptly for endpoints discovery just added.
+
+Engines are reached at the endpoint's own ip:port (as the metrics scraper does), each call time-boxed. A
+failed fetch keeps the last good list (the store ages it out) and is counted; it never blocks routing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+import aiohttp
+
+from loadaware.fleet.models import EndpointModels, parse_models
+from loadaware.fleet.registry import EndpointRegistry
+from loadaware.telemetry.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+ADDITIONS_POLL_S = 0.2  # how soon an endpoint discovery added gets its first fetch
+
+
+class ModelsPoller:
+    def __init__(self, registry: EndpointRegistry, store: EndpointModels, metrics: Metrics, interval_s: float,
+                 timeout_s: float, path: str = "/v1/models") -> None:
+        self.registry = registry
+        self.store = store
+        self.metrics = metrics
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.path = path
+        self.rounds = 0  # completed full rounds
+        self._tried: set[str] = set()  # endpoints fetched at least once since they (re)joined
+        self._session: aiohttp.ClientSession | None = None
+
+    async def fetch_one(self, endpoint: str) -> bool:
+        assert self._session is not None
+        self._tried.add(endpoint)
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                async with self._session.get(f"http://{endpoint}{self.path}") as resp:
+                    if resp.status != 200:
+                        raise RuntimeError(f"HTTP {resp.status}")
+                    models = parse_models(json.loads(await resp.read()))
+        except TimeoutError:
+            self.metrics.models_fetch_failure(endpoint, "timeout")
+            return False
+        except ValueError as exc:  # not JSON, or not a model list
+            log.debug("models of %s unreadable: %s", endpoint, exc)
+            self.metrics.models_fetch_failure(endpoint, "bad_body")
+            return False
+        except Exception as exc:  # noqa: BLE001 - a failure only costs this endpoint's filtering (fail open)
+            log.debug("models fetch of %s failed: %s", endpoint, exc)
+            self.metrics.models_fetch_failure(endpoint, "error")
+            return False
+        if endpoint not in self.registry.snapshot():
+            return False  # left while we waited: do not resurrect it
+        self.store.record(endpoint, models)
+        self.metrics.models_seen(endpoint, models.ids)
+        return True
+
+    async def fetch(self, endpoints: tuple[str, ...] | list[str]) -> None:
+        if endpoints:
+            await asyncio.gather(*(self.fetch_one(ep) for ep in endpoints))
+
+    async def run(self) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            timeout=aiohttp.ClientTimeout(total=None))
+        try:
+            next_round = 0.0
+            while True:
+                fleet = self.registry.snapshot()
+                self._tried &= set(fleet)  # an endpoint that left and returns is new again
+                if time.monotonic() >= next_round:
+                    next_round = time.monotonic() + self.interval_s
+                    await self.fetch(fleet)
+                    self.rounds += 1
+                else:
+                    await self.fetch([ep for ep in fleet if ep not in self._tried])
+                await asyncio.sleep(max(0.0, min(ADDITIONS_POLL_S, next_round - time.monotonic())))
+        finally:
+            await self._session.close()
