@@ -128,40 +128,64 @@ def hang_stack(tmp_path: Path) -> Iterator[Stack]:
         yield s
 
 
-async def run_scenario(stack: Stack, fault: str, fault_s: float, healed_s: float) -> dict[str, Any]:
-    """Steady load; the first engine breaks after a warm-up and heals `fault_s` later. Returns the figures."""
+@dataclass
+class Figures:
+    """What one scenario measured (times are monotonic)."""
+    sender: Sender
+    victim: str
+    onset: float = 0.0
+    detected_after_s: float = 0.0
+    state_while_failing: dict[str, Any] = field(default_factory=dict)
+    victim_decisions: float = 0.0  # decisions to the broken engine from its ejection to its healing
+    all_decisions: float = 0.0
+    healed: float = 0.0
+    back_after_s: float = 0.0  # healing -> healthy again
+    back_decisions: float = 0.0  # decisions to it in the seconds after it was back
+    back_total: float = 0.0
+
+    def describe(self) -> str:
+        return (f"detected after {self.detected_after_s:.2f} s; decisions to it while out: "
+                f"{self.victim_decisions:.0f} of {self.all_decisions:.0f} "
+                f"({self.victim_decisions / max(1, self.all_decisions):.1%}); healed -> healthy after "
+                f"{self.back_after_s:.2f} s, then {self.back_decisions:.0f} of {self.back_total:.0f} decisions; "
+                f"state while failing {self.state_while_failing}")
+
+    def assert_avoided_then_back(self) -> None:
+        """At most 5% of the decisions while it failed; back within 10 s of healing, taking its share (a third
+        of the fleet; at least a sixth here)."""
+        assert self.all_decisions > 100
+        assert self.victim_decisions / self.all_decisions <= 0.05
+        assert self.back_after_s <= 10.0
+        assert self.back_total > 50 and self.back_decisions / self.back_total >= 1 / 6
+        assert success_rate(self.sender.window(self.healed, self.healed + 4.0)) >= 0.99
+
+
+async def run_scenario(stack: Stack, fault: str, fault_s: float, healed_s: float) -> Figures:
+    """Steady load; the first engine breaks after a warm-up and heals `fault_s` later."""
     assert stack.fleet is not None
-    victim = stack.fleet.endpoints[0]
-    sender = Sender(stack.url)
+    f = Figures(Sender(stack.url), stack.fleet.endpoints[0])
     stop = asyncio.Event()
-    figures: dict[str, Any] = {"victim": victim}
     async with ClientSession(timeout=ClientTimeout(total=ROUTE_TIMEOUT_S + 30)) as session:
-        load = asyncio.create_task(sender.run(stop, session))
+        load = asyncio.create_task(f.sender.run(stop, session))
         await asyncio.sleep(3.0)
-        await asyncio.to_thread(set_fault, stack, victim, fault)
-        onset = time.monotonic()
-        # Detected: the sidecar took the engine out of rotation.
-        detected = await _wait_state(stack, victim, ("ejected", "probing"), timeout=15)
-        figures["detected_after_s"] = detected - onset
+        await asyncio.to_thread(set_fault, stack, f.victim, fault)
+        f.onset = time.monotonic()
+        f.detected_after_s = await _wait_state(stack, f.victim, ("ejected", "probing"), timeout=15) - f.onset
         before = await asyncio.to_thread(decisions_by_endpoint, stack)
-        figures["state_while_failing"] = await asyncio.to_thread(routing_state, stack, victim)
-        await asyncio.sleep(max(0.0, onset + fault_s - time.monotonic()))
+        f.state_while_failing = await asyncio.to_thread(routing_state, stack, f.victim)
+        await asyncio.sleep(max(0.0, f.onset + fault_s - time.monotonic()))
         after = await asyncio.to_thread(decisions_by_endpoint, stack)
-        figures["victim_decisions"], figures["all_decisions"] = share(before, after, victim)
-        figures["state_before_heal"] = await asyncio.to_thread(routing_state, stack, victim)
-        await asyncio.to_thread(set_fault, stack, victim, "none")
-        healed = time.monotonic()
-        back = await _wait_state(stack, victim, ("healthy",), timeout=15)
-        figures["back_after_s"] = back - healed
-        before_share = await asyncio.to_thread(decisions_by_endpoint, stack)
+        f.victim_decisions, f.all_decisions = share(before, after, f.victim)
+        await asyncio.to_thread(set_fault, stack, f.victim, "none")
+        f.healed = time.monotonic()
+        f.back_after_s = await _wait_state(stack, f.victim, ("healthy",), timeout=15) - f.healed
+        before = await asyncio.to_thread(decisions_by_endpoint, stack)
         await asyncio.sleep(healed_s)
-        after_share = await asyncio.to_thread(decisions_by_endpoint, stack)
-        figures["victim_share_after_heal"] = share(before_share, after_share, victim)
+        after = await asyncio.to_thread(decisions_by_endpoint, stack)
+        f.back_decisions, f.back_total = share(before, after, f.victim)
         stop.set()
         await load
-    figures["sender"] = sender
-    figures["onset"], figures["healed"] = onset, healed
-    return figures
+    return f
 
 
 async def _wait_state(stack: Stack, endpoint: str, states: tuple[str, ...], timeout: float) -> float:
@@ -173,55 +197,31 @@ async def _wait_state(stack: Stack, endpoint: str, states: tuple[str, ...], time
 
 async def test_fast_failing_engine_is_ejected_and_clients_succeed(stack: Stack) -> None:
     f = await run_scenario(stack, "error", fault_s=10.0, healed_s=4.0)
-    sender: Sender = f["sender"]
-    onset, healed = f["onset"], f["healed"]
-    steady = sender.window(onset + 2.0, healed)
+    steady = f.sender.window(f.onset + 2.0, f.healed)
     rate = success_rate(steady)
-    victim_decisions, all_decisions = f["victim_decisions"], f["all_decisions"]
-    back_decisions, back_total = f["victim_share_after_heal"]
-    print(f"\nfast 500: detected after {f['detected_after_s']:.2f} s; clients from onset+2 s to heal: "
-          f"{rate:.2%} of {len(steady)} succeeded; decisions to the failing engine after detection: "
-          f"{victim_decisions:.0f} of {all_decisions:.0f} ({victim_decisions / max(1, all_decisions):.1%}); "
-          f"healed -> healthy after {f['back_after_s']:.2f} s, then {back_decisions:.0f} of {back_total:.0f} "
-          f"decisions; state while failing {f['state_while_failing']}")
-    assert rate >= 0.99, [(round(s.at - onset, 2), s.status) for s in steady if s.status != 200]
-    assert all_decisions > 100
-    assert victim_decisions / all_decisions <= 0.05
-    assert f["state_while_failing"]["failures"].get("http_5xx", 0) + \
-        f["state_while_failing"]["failures"].get("passed_over", 0) >= 3
-    # Healed: probed back and taking its share (a third of the fleet; at least a sixth here) within 10 s.
-    assert f["back_after_s"] <= 10.0
-    assert back_total > 50 and back_decisions / back_total >= 1 / 6
-    assert success_rate(sender.window(healed, healed + 4.0)) >= 0.99
+    print(f"\nfast 500: clients from onset+2 s to heal: {rate:.2%} of {len(steady)} succeeded; {f.describe()}")
+    assert rate >= 0.99, [(round(s.at - f.onset, 2), s.status) for s in steady if s.status != 200]
+    failures = f.state_while_failing["failures"]
+    assert failures.get("http_5xx", 0) + failures.get("passed_over", 0) >= 3
+    f.assert_avoided_then_back()
     # The dashboard says what happened.
     assert stack.sidecar is not None
     metrics = stack.sidecar.metrics_text()
-    ejections = sum_by_label(metrics, "loadaware_endpoint_ejections_total", "endpoint")
-    assert ejections.get(f["victim"], 0) >= 1
-    responses = sum_by_label(metrics, "loadaware_responses_total", "code")
-    assert responses.get("2xx", 0) > 100
+    assert sum_by_label(metrics, "loadaware_endpoint_ejections_total", "endpoint").get(f.victim, 0) >= 1
+    assert sum_by_label(metrics, "loadaware_responses_total", "code").get("2xx", 0) > 100
 
 
 async def test_hung_engine_times_out_per_route_and_is_avoided(hang_stack: Stack) -> None:
-    stack = hang_stack
-    f = await run_scenario(stack, "hang", fault_s=8.0, healed_s=4.0)
-    sender: Sender = f["sender"]
-    onset, healed = f["onset"], f["healed"]
-    timed_out = [s for s in sender.window(onset - 1.0, healed) if s.status == 504]
-    steady = sender.window(onset + f["detected_after_s"] + 0.5, healed)
+    f = await run_scenario(hang_stack, "hang", fault_s=8.0, healed_s=4.0)
+    timed_out = [s for s in f.sender.window(f.onset - 1.0, f.healed) if s.status == 504]
+    steady = f.sender.window(f.onset + f.detected_after_s + 0.5, f.healed)
     rate = success_rate(steady)
-    victim_decisions, all_decisions = f["victim_decisions"], f["all_decisions"]
-    back_decisions, back_total = f["victim_share_after_heal"]
-    print(f"\nhung engine: {len(timed_out)} requests ended in 504 after "
-          f"{min((s.latency for s in timed_out), default=0):.2f}-{max((s.latency for s in timed_out), default=0):.2f}"
-          f" s; detected after {f['detected_after_s']:.2f} s; then {rate:.2%} of {len(steady)} succeeded; "
-          f"decisions to it after detection {victim_decisions:.0f} of {all_decisions:.0f}; healed -> healthy "
-          f"after {f['back_after_s']:.2f} s, then {back_decisions:.0f} of {back_total:.0f} decisions")
+    latencies = [s.latency for s in timed_out] or [0.0]
+    print(f"\nhung engine: {len(timed_out)} requests ended in 504 after {min(latencies):.2f}-{max(latencies):.2f} s; "
+          f"then {rate:.2%} of {len(steady)} succeeded; {f.describe()}")
     # Requests caught on the hung engine end per the route's timeout, not never.
     assert timed_out, "no request was caught on the hung engine"
     assert all(ROUTE_TIMEOUT_S - 0.2 <= s.latency <= ROUTE_TIMEOUT_S + 2.0 for s in timed_out)
-    assert f["state_while_failing"]["reason"] == "unreachable"
-    assert victim_decisions / max(1, all_decisions) <= 0.05
+    assert f.state_while_failing["reason"] == "unreachable"
     assert rate >= 0.99
-    assert f["back_after_s"] <= 10.0
-    assert back_total > 50 and back_decisions / back_total >= 1 / 6
+    f.assert_avoided_then_back()

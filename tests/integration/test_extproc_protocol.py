@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import grpc
@@ -59,6 +59,17 @@ async def converse(addr: str, *messages: pb.ProcessingRequest) -> list[pb.Proces
             replies.append(await call.read())
         await call.done_writing()
         return replies
+
+
+def response_headers(status: str, served: str | None) -> pb.ProcessingRequest:
+    """The response headers as envoy.yaml sends them: `:status`, and override_host's served-endpoint report in
+    the forwarded `envoy.lb` namespace."""
+    msg = pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(
+        headers=[base_pb2.HeaderValue(key=":status", raw_value=status.encode())])))
+    if served is not None:
+        msg.metadata_context.filter_metadata["envoy.lb"].fields[
+            "x-gateway-destination-endpoint-served"].string_value = served
+    return msg
 
 
 def set_headers(mutation: pb.HeaderMutation) -> dict[str, str]:
@@ -175,3 +186,57 @@ def _check_sigterm_drains_open_streams(proc: SidecarProc, port: int) -> None:
     log = proc.log_tail(20)
     assert "draining 1 open streams" in log
     assert "released 0 in-flight counts" in log  # the stream's own end released it, before shutdown
+
+
+
+async def routed_with_response(addr: str, respond: Callable[[list[str]], pb.ProcessingRequest | None],
+                               app: Sidecar, while_open: Callable[[list[str]], None] = lambda _: None
+                               ) -> list[str]:
+    """One BUFFERED request: headers, body, then (if `respond` gives one) the response headers for its ranked
+    list; `while_open` looks at the sidecar before the stream ends. Returns the ranked list."""
+    async with grpc.aio.insecure_channel(addr) as channel:
+        call = pb_grpc.ExternalProcessorStub(channel).Process()
+        await call.write(headers("POST", "/v1/completions"))
+        await call.read()
+        await call.write(body(b'{"prompt": "x"}'))
+        reply = await call.read()
+        ranked = set_headers(reply.request_body.response.header_mutation)[HEADER].split(",")
+        response = respond(ranked)
+        if response is not None:
+            await call.write(response)
+            assert (await call.read()).WhichOneof("response") == "response_headers"
+        while_open(ranked)
+        await call.done_writing()
+    await wait_until_async(lambda: app.loads.total() == 0, message="the count released")
+    return ranked
+
+
+async def test_response_headers_report_each_requests_outcome(sidecar: tuple[Sidecar, str]) -> None:
+    """BUFFERED mode (envoy.yaml sends the response headers): the status and the engine that served feed
+    failure-aware routing; a retry that walked past the choice moves the count there."""
+    app, addr = sidecar
+    victim, other = FLEET.split(",")
+
+    def count_moved(ranked: list[str]) -> None:
+        assert app.loads.count(ranked[1]) == 1 and app.loads.count(ranked[0]) == 0
+
+    # Envoy's retry moved the request from the choice to the other engine, which answered 200.
+    ranked = await routed_with_response(addr, lambda r: response_headers("200", r[1]), app, count_moved)
+    passed = ranked[0]
+    assert app.endpoint_health.view(passed).failures == {"passed_over": 1}
+    assert app.endpoint_health.view(ranked[1]).successes == 1
+
+    def fail_victim(ranked: list[str]) -> pb.ProcessingRequest:
+        return response_headers("500" if ranked[0] == victim else "200", ranked[0])
+
+    for _ in range(12):  # leastload alternates on an idle fleet; --eject-after-failures is 3
+        await routed_with_response(addr, fail_victim, app)
+        if app.endpoint_health.state(victim) == "ejected":
+            break
+    view = app.endpoint_health.view(victim)
+    assert view.state == "ejected" and view.reason == "http_5xx" and view.failures.get("http_5xx", 0) >= 2
+    # Out of rotation: the next decisions name only the other engine, and its 4xx answers are no failures.
+    for _ in range(3):
+        ranked = await routed_with_response(addr, lambda r: response_headers("404", r[0]), app)
+        assert ranked == [other]
+    assert app.endpoint_health.state(other) == "healthy"

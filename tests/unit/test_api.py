@@ -17,6 +17,7 @@ from loadaware.api.v1 import loadaware_pb2 as pb
 from loadaware.api.v1 import loadaware_pb2_grpc as pb_grpc
 from loadaware.config import resolve
 from loadaware.fleet.discovery.catalog import DiscoveredEndpoint, DiscoveryCatalog
+from loadaware.fleet.health import EndpointHealth, HealthOptions
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import RequestLifecycle
 from loadaware.load.tracker import EngineStats, LoadTracker
@@ -61,7 +62,11 @@ def build(policy: str = "loadaware", answer: dict[str, int] | None = None,
     for listener in (loads, DecisionMetrics(metrics), recent):
         lifecycle.subscribe(listener)
     tokenizer = AsyncTokenizer(PromptTokenizer("sim/assets/tiny-model"), timeout_s=5.0)
-    decider = Decider(make_policy(policy, 0.5), registry, loads, lifecycle, tokenizer, FixedSource(answer or {}))
+    health = EndpointHealth(HealthOptions(failures_to_eject=1), clock=clock)
+    lifecycle.subscribe(health)
+    lifecycle.subscribe_outcomes(health)
+    decider = Decider(make_policy(policy, 0.5), registry, loads, lifecycle, tokenizer, FixedSource(answer or {}),
+                      health=health)
     bridge = InstanceBridge({"engine-1": FLEET[1]})
     bridge.set_endpoints(FLEET)
     catalog = DiscoveryCatalog("static", registry)
@@ -69,9 +74,10 @@ def build(policy: str = "loadaware", answer: dict[str, int] | None = None,
         catalog = DiscoveryCatalog("kubernetes", registry)
         catalog.apply(discovered)
     servicer = RouterServicer(settings.policy, settings.loadaware_beta, settings.describe, decider, registry, loads,
-                              bridge, catalog, lambda: True)
+                              bridge, catalog, lambda: True, health=health)
     return servicer, type("Parts", (), {"loads": loads, "inflight": inflight, "metrics": metrics,
-                                        "clock": clock, "decider": decider, "recent": recent})
+                                        "clock": clock, "decider": decider, "recent": recent, "health": health,
+                                        "lifecycle": lifecycle})
 
 
 def struct_request(body: dict[str, Any], path: str = "/v1/completions") -> pb.ExplainRequest:
@@ -165,6 +171,30 @@ async def test_list_endpoints_shows_discovery_health_and_scrapes() -> None:
     assert rows[FLEET[1]].lmcache_instance_id == "engine-1"  # the bridge's live map wins
     gone = rows["127.0.0.9:8000"]
     assert not gone.routable and gone.health == pb.DRAINING and gone.health_detail == "terminating"
+
+
+async def test_failing_engines_show_in_explain_and_list_endpoints() -> None:
+    servicer, parts = build(answer={FLEET[1]: 256})
+    parts.health.failed(FLEET[1], "http_5xx")  # the prefix holder fails: out of rotation for 1 s
+    reply = await servicer.Explain(struct_request({"prompt": PROMPT, "max_tokens": 8}), None)
+    assert list(reply.excluded) == [FLEET[1]]
+    assert [e.endpoint for e in reply.endpoints] == [FLEET[0], FLEET[2]]
+    assert {e.routing_state for e in reply.endpoints} == {"healthy"} and reply.outcome == "routed"
+    rows = {e.endpoint: e for e in (await servicer.ListEndpoints(pb.ListEndpointsRequest(), None)).endpoints}
+    out = rows[FLEET[1]].routing_health
+    assert out.state == "ejected" and out.reason == "http_5xx" and dict(out.failures) == {"http_5xx": 1}
+    assert out.ejections == 1 and out.ejected_for_seconds == pytest.approx(1.0)
+    assert rows[FLEET[0]].routing_health.state == "healthy"
+    parts.clock.now += 1.0  # due for its probe: a candidate again, shown as probing
+    reply = await servicer.Explain(struct_request({"prompt": PROMPT, "max_tokens": 8}), None)
+    assert not reply.excluded
+    probing = next(e for e in reply.endpoints if e.endpoint == FLEET[1])
+    assert probing.routing_state == "probing" and probing.chosen  # it holds the prefix
+    for ep in FLEET:  # every engine failing: all are candidates again, and the decision says so
+        parts.health.failed(ep, "http_5xx")
+    reply = await servicer.Explain(struct_request({"prompt": PROMPT, "max_tokens": 8}), None)
+    assert len(reply.endpoints) == 3 and not reply.excluded and "all_endpoints_failing" in reply.reasons
+    assert reply.outcome == "routed"
 
 
 async def test_get_config_reports_origins() -> None:

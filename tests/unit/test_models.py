@@ -7,9 +7,8 @@ import json
 from typing import Any
 
 import pytest
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from bench.extproc_inprocess import Feed, buffered_messages, duplex_messages
+from bench.extproc_inprocess import buffered_messages, duplex_messages
 from loadaware.app import Sidecar
 from loadaware.config import from_args
 from loadaware.fleet.models import EndpointModels, ServedModels, parse_models
@@ -22,6 +21,7 @@ from loadaware.routing.request import InferenceRequest
 from loadaware.telemetry.decisions import DecisionMetrics, RecentDecisions
 from loadaware.telemetry.metrics import Metrics
 from sim.models import parse_fleet_models
+from tests.unit.test_extproc_duplex import Recorder
 
 A1, A2, B = "127.0.0.2:8000", "127.0.0.3:8000", "127.0.0.4:8000"
 FLEET = (A1, A2, B)
@@ -148,14 +148,6 @@ async def test_a_model_no_engine_serves_is_unknown_model_and_takes_no_count() ->
 
 
 # ---- the reply, in both ext_proc modes ----
-
-class Recorder(Feed):
-    def __init__(self, messages: list[Any]) -> None:
-        super().__init__(messages)
-        self.sent: list[Any] = []
-
-    async def write(self, reply: bytes) -> None:
-        self.sent.append(pb.ProcessingResponse.FromString(reply))
 
 
 def sidecar() -> Sidecar:
