@@ -40,7 +40,7 @@ from experiment.realtime import outputs
 from experiment.realtime.arms import DEFAULT_ARMS, RealArm, parse_arms
 from experiment.realtime.envoycfg import engines_config
 from experiment.realtime.fleetctl import reset_caches, service_flags, wait_idle, wait_lmcache_empty
-from experiment.realtime.peers import PEER_VERSIONS, PeerProc
+from testkit.peers import PEER_VERSIONS, PeerProc
 from experiment.realtime.points import OperatingPoint, point_by_name
 from experiment.realtime.scrape import sum_by_label
 from experiment.realtime.sender import SenderSpec, result_from_json

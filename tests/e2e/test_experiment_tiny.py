@@ -12,7 +12,7 @@ import pytest
 from experiment.realtime import outputs
 from experiment.realtime.arms import parse_arms
 from experiment.realtime.driver import DriverConfig, run_experiment
-from experiment.realtime.peers import peers_available
+from testkit.peers import peers_available
 from experiment.realtime.points import point_by_name
 from testkit.lmcache import LMCacheControllerProc
 
