@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from testkit.envoy import EnvoyProc
@@ -34,12 +34,14 @@ from testkit.procs import ManagedProc, ProcError
 from testkit.retry import start_with_retries
 from testkit.sidecar import SidecarProc
 
+from . import promtext
 from .cases import FAST_FLEET, BenchConfig, CaseResults, decision_bodies_files, load_spec, log_arm
 from .measure import ArmResult, measure
 from .table_arms import ARMS, SidecarSetup, TableArm, run_order
 
 log = logging.getLogger("bench")
 CASE = "table"
+PREFIX_GAUGES = ("loadaware_kv_index_blocks", "loadaware_approx_index_blocks", "loadaware_prefix_match_fraction")
 
 
 @dataclass
@@ -47,6 +49,8 @@ class TableRow:
     arm: TableArm
     result: ArmResult | None = None
     error: str = ""  # why the row has no figures (or what went wrong in them)
+    # The sidecar's prefix-source gauges after the window: evidence that the source had something to say.
+    prefix_state: dict[str, float] = field(default_factory=dict)
 
 
 def router_procs(arm: TableArm) -> tuple[str, ...]:
@@ -59,7 +63,23 @@ def router_procs(arm: TableArm) -> tuple[str, ...]:
     return ("envoy", "sidecar", "lmcache") if arm.sidecar.prefix_source == "lmcache" else ("envoy", "sidecar")
 
 
-class _Sidecars:
+def prefix_state(metrics_text: str) -> dict[str, float]:
+    """PREFIX_GAUGES summed over their labels (per-engine block counts add up to the index's size)."""
+    out: dict[str, float] = {}
+    for (name, _), value in promtext.parse_samples(metrics_text).items():
+        if name in PREFIX_GAUGES:
+            out[name] = out.get(name, 0.0) + value
+    return out
+
+
+def _sidecar_prefix_state(sidecar: SidecarProc) -> dict[str, float]:
+    try:
+        return prefix_state(sidecar.metrics_text())
+    except Exception:  # noqa: BLE001 - the gauges are a bonus: a failed scrape must not cost the row
+        return {}
+
+
+class Sidecars:
     """At most one sidecar process at a time, kept while consecutive arms share its setup."""
 
     def __init__(self, cfg: BenchConfig, endpoints: list[str], lmcache: LMCacheControllerProc | None) -> None:
@@ -88,7 +108,7 @@ P = TypeVar("P", bound=ManagedProc)
 
 
 @contextlib.contextmanager
-def _started(proc: P, cfg: BenchConfig, what: str) -> Iterator[P]:
+def started(proc: P, cfg: BenchConfig, what: str) -> Iterator[P]:
     start_with_retries(proc.start, attempts=cfg.start_retries, what=what, delay_s=10.0)
     try:
         yield proc
@@ -105,7 +125,7 @@ def _unavailable(arm: TableArm, lmcache: LMCacheControllerProc | None) -> str:
 
 
 def _run_arm(cfg: BenchConfig, arm: TableArm, bodies_file: str, fleet: FleetProc,
-             lmcache: LMCacheControllerProc | None, sidecars: _Sidecars) -> ArmResult:
+             lmcache: LMCacheControllerProc | None, sidecars: Sidecars) -> ArmResult:
     background: dict[str, ManagedProc] = {"fleet": fleet}
     if lmcache is not None:
         background["lmcache"] = lmcache
@@ -118,37 +138,46 @@ def _run_arm(cfg: BenchConfig, arm: TableArm, bodies_file: str, fleet: FleetProc
     if arm.kind == "peer":
         sidecars.stop()  # a peer's window has no sidecar running beside it
         peer = PeerProc(arm.peer, [e["url"] for e in fleet.engines], cfg.log_dir)
-        with _started(peer, cfg, arm.peer):
+        with started(peer, cfg, arm.peer):
             return one(peer.url, {"router": peer}, None)
     assert arm.envoy_config is not None
     sidecar = sidecars.get(arm.sidecar) if arm.sidecar is not None else None
     if sidecar is None:
         sidecars.stop()
     envoy = EnvoyProc(arm.envoy_config, cfg.log_dir)
-    with _started(envoy, cfg, envoy.name):
+    with started(envoy, cfg, envoy.name):
         procs: dict[str, ManagedProc] = {"envoy": envoy}
         if sidecar is not None:
             procs["sidecar"] = sidecar
         return one(envoy.url, procs, sidecar)
 
 
-def run_table(cfg: BenchConfig, results: CaseResults, arms: tuple[TableArm, ...] = ARMS) -> list[TableRow]:
-    """Every arm in `arms` on one fleet; returns the rows in table order (a failed row carries its error)."""
-    _, bodies_file = decision_bodies_files(cfg)
-    rows = {arm.key: TableRow(arm) for arm in arms}
+@contextlib.contextmanager
+def table_fleet(cfg: BenchConfig, arms: tuple[TableArm, ...]
+                ) -> Iterator[tuple[FleetProc, LMCacheControllerProc | None]]:
+    """The engines every row shares (with the LMCache controller and KV events only when a row asks for
+    them), under the loopback lock; the LMCache controller is None when it is missing or would not start."""
     wants_lmcache = any(a.sidecar is not None and a.sidecar.prefix_source == "lmcache" for a in arms)
     wants_kv = any(a.sidecar is not None and a.sidecar.prefix_source == "kv-events" for a in arms)
     with loopback_lock(), contextlib.ExitStack() as stack:
         lmcache: LMCacheControllerProc | None = None
         if wants_lmcache and LMCacheControllerProc.available():
             try:
-                lmcache = stack.enter_context(_started(LMCacheControllerProc(cfg.log_dir), cfg, "LMCache"))
+                lmcache = stack.enter_context(started(LMCacheControllerProc(cfg.log_dir), cfg, "LMCache"))
             except ProcError as exc:  # only row d needs it: that row says so, the others still run
                 log.warning("LMCache controller did not start, row d is skipped: %s", str(exc).splitlines()[0])
         fleet = FleetProc(cfg.log_dir, engines=3, lmcache=lmcache,
                           extra_args=[*FAST_FLEET, *(["--kv-events"] if wants_kv else [])])
-        stack.enter_context(_started(fleet, cfg, "fleet"))
-        sidecars = _Sidecars(cfg, fleet.endpoints, lmcache)
+        stack.enter_context(started(fleet, cfg, "fleet"))
+        yield fleet, lmcache
+
+
+def run_table(cfg: BenchConfig, results: CaseResults, arms: tuple[TableArm, ...] = ARMS) -> list[TableRow]:
+    """Every arm in `arms` on one fleet; returns the rows in table order (a failed row carries its error)."""
+    _, bodies_file = decision_bodies_files(cfg)
+    rows = {arm.key: TableRow(arm) for arm in arms}
+    with table_fleet(cfg, arms) as (fleet, lmcache), contextlib.ExitStack() as stack:
+        sidecars = Sidecars(cfg, fleet.endpoints, lmcache)
         stack.callback(sidecars.stop)
         for arm in run_order(arms):
             row = rows[arm.key]
@@ -158,6 +187,8 @@ def run_table(cfg: BenchConfig, results: CaseResults, arms: tuple[TableArm, ...]
                 continue
             try:
                 row.result = _run_arm(cfg, arm, bodies_file, fleet, lmcache, sidecars)
+                if arm.sidecar is not None and sidecars.proc is not None:
+                    row.prefix_state = _sidecar_prefix_state(sidecars.proc)
             except Exception as exc:  # one row failing (logged with its traceback) must not lose the others
                 row.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 log.exception("table %s (%s) failed", arm.key, arm.name)

@@ -50,6 +50,7 @@ def row_figures(rows: list[TableRow]) -> list[dict[str, Any]]:
                 fleet_cpu_us_per_request=res.cpu_us_per_request.get("fleet", math.nan),
                 other_cpu_us_per_request=res.cpu_us_per_request.get("outside", math.nan),
                 decision_us=res.decision_us, stages_us=res.stages_us, lookups=res.lookups,
+                prefix_state=row.prefix_state,
             )
         out.append(fig)
     return out
