@@ -109,19 +109,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             load = pool.submit(run_loadgen, spec, cfg.work_dir, f"profile-{arm.name}")
             time.sleep(args.warmup)
-            cpu0, t0 = sidecar.cpu_seconds(), time.monotonic()
             svg_cmd, note = record(sidecar.pid, svg, "flamegraph", args, native=not args.no_native)
             notes += [note] if note else []
+            cpu0, t0 = sidecar.cpu_seconds(), time.monotonic()
             raw_cmd, note = record(sidecar.pid, raw, "raw", args, native=not args.no_native)
             notes += [note] if note else []
             cpu_s, wall_s = sidecar.cpu_seconds() - cpu0, time.monotonic() - t0
             result: LoadResult = load.result()
     prof = parse_raw(raw.read_text().splitlines())
+    # The busy samples should account for the CPU /proc saw in the same window: the filter's sanity check.
+    notes.append(f"check: {prof.samples} busy samples / {args.sample_rate} Hz = {prof.samples / args.sample_rate:.1f} "
+                 f"CPU-s; /proc: the sidecar used {cpu_s:.1f} CPU-s in the raw window ({wall_s:.0f} s)")
     head = [f"py-spy profile of the sidecar: table row {arm.key} ({arm.label}, {arm.mode}), {args.rate:g} req/s "
             f"open loop, 1,578-token /v1/completions bodies, {args.duration} s per window at {args.sample_rate} Hz",
             f"flame graph: {' '.join(svg_cmd)}", f"raw stacks:  {' '.join(raw_cmd)}",
             f"load: {result.sent} sent, {result.ok} ok, {result.errors} errors, {result.achieved_rate:.0f} req/s "
-            f"achieved; sidecar CPU during the windows {cpu_s / max(wall_s, 1e-9):.2f} cores, "
+            f"achieved; sidecar CPU during the raw window {cpu_s / max(wall_s, 1e-9):.2f} cores, "
             f"~{cpu_s / max(1.0, args.rate * wall_s) * 1e6:,.0f} µs/req (inflated by py-spy's pauses)",
             *notes]
     text.write_text(summary(prof, args.top, "\n".join(head)))
