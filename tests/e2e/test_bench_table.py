@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,7 @@ ROWS = "a,b,e,g,h,i"
 
 
 @pytest.fixture(scope="module")
-def table(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, dict[str, object]], str]:
+def table(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, dict[str, Any]], str]:
     out = tmp_path_factory.mktemp("bench-table")
     rc = main(["--cases", "table", "--quick", "--duration", "1", "--warmup", "0.5", "--arrivals", "fixed",
                "--table-arms", ROWS, "--out", str(out)])
@@ -30,7 +31,7 @@ def table(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, dict[str,
     return {r["key"]: r for r in doc["table"]["rows"]}, json.dumps(doc)
 
 
-def test_every_row_that_can_run_routed_every_request(table: tuple[dict[str, dict[str, object]], str]) -> None:
+def test_every_row_that_can_run_routed_every_request(table: tuple[dict[str, dict[str, Any]], str]) -> None:
     rows, _ = table
     assert sorted(rows) == ROWS.split(",")
     runnable = "abeg" + ("hi" if peers_available() else "")
@@ -40,13 +41,13 @@ def test_every_row_that_can_run_routed_every_request(table: tuple[dict[str, dict
         assert row["failures"] == 0 and isinstance(row["requests"], int) and row["requests"] >= 150, row
         assert isinstance(row["cpu_us_per_request_total"], float) and row["cpu_us_per_request_total"] > 0, row
     for key in "beg":
-        assert set(rows[key]["cpu_us_per_request"]) == {"envoy", "sidecar"}  # type: ignore[arg-type]
+        assert set(rows[key]["cpu_us_per_request"]) == {"envoy", "sidecar"}
     # the KV-events row's sidecar indexed what the engines published
     state = rows["e"]["prefix_state"]
     assert isinstance(state, dict) and state.get("loadaware_kv_index_blocks", 0) > 0, state
 
 
-def test_peer_rows_run_or_say_why(table: tuple[dict[str, dict[str, object]], str]) -> None:
+def test_peer_rows_run_or_say_why(table: tuple[dict[str, dict[str, Any]], str]) -> None:
     rows, _ = table
     for key in "hi":
         if peers_available():
