@@ -7,13 +7,14 @@ STAMP := $(VENV)/.installed
 LMCACHE_STAMP := $(LMCACHE_VENV)/.installed
 EXPERIMENT_STAMP := $(VENV)/.experiment-installed
 
-.PHONY: help install lmcache demo test test-unit lint bench proto proto-check k8s-config envoy-configs clean peers \
-	experiment experiment-quick results
+.PHONY: help install lmcache demo test test-unit lint bench profile proto proto-check k8s-config envoy-configs clean \
+	peers peers-best-effort experiment experiment-quick results
 
 help:
 	@echo "make demo   - Envoy + sidecar + simulated engines + LMCache controller on loopback, with traffic"
 	@echo "make test   - every test (unit, integration, end-to-end)"
-	@echo "make bench  - Envoy alone vs Envoy + sidecar: CPU, latency, rate"
+	@echo "make bench  - Envoy alone vs Envoy + sidecar: CPU, latency, rate; every router side by side (the table)"
+	@echo "make profile - py-spy flame graph and top functions of the sidecar at 200 req/s (out/bench/profile*)"
 	@echo "make experiment       - the reference experiment in real time, all arms + peers (SEEDS=1-20)"
 	@echo "make experiment-quick - the same, 3 seeds and the arms the targets are judged on (< 15 min)"
 	@echo "make results          - docs/results.md from the experiment's runs (+ the discrete-event mode)"
@@ -51,8 +52,17 @@ lint: $(EXPERIMENT_STAMP)
 test-unit: $(EXPERIMENT_STAMP)
 	$(PY) -m pytest -q tests/unit
 
-bench: $(STAMP) $(LMCACHE_STAMP)
-	$(PY) -m bench.run
+# The table (case 8) has a row per peer router: the peers are installed first, but without PyPI access those
+# rows say "not installed" instead of failing the whole run.
+BENCH_ARGS ?=
+bench: $(STAMP) $(LMCACHE_STAMP) peers-best-effort
+	$(PY) -m bench.run $(BENCH_ARGS)
+
+# py-spy is a profiling tool, not a test dependency: installed here, on first use.
+PROFILE_ARGS ?=
+profile: $(STAMP)
+	test -x $(VENV)/bin/py-spy || $(PY) -m pip install --quiet py-spy
+	$(PY) -m bench.profile $(PROFILE_ARGS)
 
 # The project's own gRPC API: proto/loadaware/v1 -> loadaware/api/v1 (checked in).
 proto: $(STAMP)
@@ -82,6 +92,9 @@ $(PEERS_STAMP):
 	touch $@
 
 peers: $(PEERS_STAMP)
+
+peers-best-effort:
+	-@$(MAKE) --no-print-directory $(PEERS_STAMP) || echo "peer routers not installed: their bench rows will say so"
 
 # The reference experiment in real time (experiment/realtime): the reference point with every arm and both
 # peers, then the queueing point, then the discrete-event runs and docs/results.md (`make results`).

@@ -49,6 +49,8 @@ class BenchConfig:
     picker_tokens: int = 64
     picker_token_ms: float = 2.0
     picker_prompts: tuple[str, ...] = ("tiny", "decision")
+    # Case 8 (table): `all` or a comma list of its rows' names or letters (bench/table_arms.py).
+    table_arms: str = "all"
 
     @property
     def log_dir(self) -> Path:

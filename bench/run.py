@@ -1,6 +1,6 @@
 """`make bench`: Envoy alone vs Envoy + sidecar — CPU per request, added latency, highest sustained rate.
 
-    python -m bench.run [--duration S] [--rate R] [--quick] [--cases transport,decision,steps,picker]
+    python -m bench.run [--duration S] [--rate R] [--quick] [--cases transport,decision,steps,picker,table]
 
 Prints its figures (it does not pass or fail) and writes out/bench/results.json.
 """
@@ -25,15 +25,19 @@ from .cases import BenchConfig, CaseResults, as_dict, run_decision, run_transpor
 from .picker import PROMPTS as PICKER_PROMPTS
 from .picker import run_picker
 from .report import TARGETS, case_table, picker_figures, picker_table, steps_table, summary, summary_table
+from .table import run_table, table_config
+from .table_arms import arms_by_name
+from .table_report import row_figures, table_markdown
 
 REPO = Path(__file__).resolve().parents[1]
-CASES = ("transport", "decision", "steps", "kv_events", "scrape_parse", "extproc_inprocess", "picker")
+CASES = ("transport", "decision", "steps", "kv_events", "scrape_parse", "extproc_inprocess", "picker", "table")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     p.add_argument("--duration", type=float, default=None, help="measured seconds per arm (default 15)")
-    p.add_argument("--rate", type=float, default=None, help="fixed rate for cases 1, 2 and 7, req/s (default 200)")
+    p.add_argument("--rate", type=float, default=None,
+                   help="fixed rate for cases 1, 2, 7 and 8, req/s (default 200)")
     p.add_argument("--warmup", type=float, default=None, help="warm-up seconds before each arm (default 2)")
     p.add_argument("--step-duration", type=float, default=None, help="seconds per rate step (default 8)")
     p.add_argument("--step-rates", default=None, help="comma list of req/s for the rate steps")
@@ -44,6 +48,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help=f"comma list of {', '.join(PICKER_PROMPTS)} for the picker case (default both)")
     p.add_argument("--picker-token-ms", type=float, default=None,
                    help="picker case: the engines' time between two streamed tokens, ms (default 2)")
+    p.add_argument("--table-arms", default=None,
+                   help="table case: all (default) or a comma list of its rows' names or letters a-i")
     p.add_argument("--out", default=str(REPO / "out" / "bench"), help="output folder (default out/bench)")
     return p.parse_args(argv)
 
@@ -73,6 +79,12 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
             raise SystemExit(f"unknown picker prompt(s) {unknown_prompts}; expected {tuple(PICKER_PROMPTS)}")
     if args.picker_token_ms is not None:
         cfg.picker_token_ms = args.picker_token_ms
+    if args.table_arms:
+        try:
+            arms_by_name(args.table_arms)
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
+        cfg.table_arms = args.table_arms
     return cfg
 
 
@@ -99,6 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     kv_result: dict[str, Any] | None = None
     parse_result: dict[str, Any] | None = None
     extproc_result: dict[str, Any] | None = None
+    table_rows: list[dict[str, Any]] | None = None
     try:
         if "transport" in cfg.cases:
             run_transport(cfg, results)
@@ -112,6 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             extproc_result = extproc_bench.run(args.quick)
         if "picker" in cfg.cases:  # end to end: streamed responses through BUFFERED and full-duplex ext_proc
             run_picker(cfg, results)
+        if "table" in cfg.cases:  # every router side by side: Envoy alone, the sidecar's setups, the peers
+            table_rows = row_figures(run_table(cfg, results, arms_by_name(cfg.table_arms)))
     except Exception as exc:  # still print and save what was measured
         error = f"{type(exc).__name__}: {exc}"
         logging.exception("benchmark aborted")
@@ -120,7 +135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc = {"machine": mach, "config": as_dict(cfg), "targets": TARGETS, "runtime_s": runtime,
            "summary": summ, "error": error, **results.to_dict(), "kv_events": kv_result,
            "scrape_parse": parse_result, "extproc_inprocess": extproc_result,
-           "picker": {case: picker_figures(results, case) for case, _, _ in PICKER_PROMPTS.values()}}
+           "picker": {case: picker_figures(results, case) for case, _, _ in PICKER_PROMPTS.values()},
+           "table": None if table_rows is None else {
+               "config": table_config(cfg, arms_by_name(cfg.table_arms)), "rows": table_rows}}
     out_json = cfg.out_dir / "results.json"
     out_json.write_text(json.dumps(doc, indent=2, default=str))
 
@@ -145,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "leastload)"))
     parts.append(picker_table(results, "picker_decision", f"7b. Picker mode ({streamed}): 1,578-token prompt, 64 "
                               "shared prefixes (loadaware + LMCache)"))
+    if table_rows is not None:
+        parts.append(table_markdown(table_rows, cfg.rate, cfg.duration))
     parts.append(summary_table(summ, cfg.rate))
     if error:
         parts.append(f"**Run aborted early:** {error}\n")

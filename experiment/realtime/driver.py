@@ -40,7 +40,6 @@ from experiment.realtime import outputs
 from experiment.realtime.arms import DEFAULT_ARMS, RealArm, parse_arms
 from experiment.realtime.envoycfg import engines_config
 from experiment.realtime.fleetctl import reset_caches, service_flags, wait_idle, wait_lmcache_empty
-from experiment.realtime.peers import PEER_VERSIONS, PeerProc
 from experiment.realtime.points import OperatingPoint, point_by_name
 from experiment.realtime.scrape import sum_by_label
 from experiment.realtime.sender import SenderSpec, result_from_json
@@ -52,6 +51,7 @@ from testkit.fleet import FleetProc
 from testkit.lmcache import LMCacheControllerProc
 from testkit.loopback_lock import loopback_lock
 from testkit.paths import REPO, TINY_TOKENIZER, python, repo_env
+from testkit.peers import PEER_VERSIONS, PeerProc
 from testkit.ports import ENVOY_ADMIN_PORT, ENVOY_LISTEN_PORT, SIDECAR_PORT, free_port, wait_addresses_free
 from testkit.procs import ManagedProc, ProcError
 from testkit.sidecar import SidecarProc

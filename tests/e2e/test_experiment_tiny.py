@@ -12,9 +12,9 @@ import pytest
 from experiment.realtime import outputs
 from experiment.realtime.arms import parse_arms
 from experiment.realtime.driver import DriverConfig, run_experiment
-from experiment.realtime.peers import peers_available
 from experiment.realtime.points import point_by_name
 from testkit.lmcache import LMCacheControllerProc
+from testkit.peers import peers_available
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not LMCacheControllerProc.available(),
                                                   reason="LMCache venv missing: run `make lmcache`")]

@@ -1,5 +1,6 @@
 """The peer routers (sglang-router, vllm-router: the cache-aware routers the sidecar is compared with) as
-managed processes, from their own virtual environment.
+managed processes, from their own virtual environment. Used by the experiment (experiment/realtime) and by
+the benchmark's table (bench/table.py), which is why it lives here and not in either.
 
     make peers   # .peers-venv: sglang-router==0.3.2, vllm-router==0.1.17 (Rust routers, PyPI wheels)
 
