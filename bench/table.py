@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from testkit.envoy import EnvoyProc
@@ -144,12 +146,24 @@ def _run_arm(cfg: BenchConfig, arm: TableArm, bodies_file: str, fleet: FleetProc
     sidecar = sidecars.get(arm.sidecar) if arm.sidecar is not None else None
     if sidecar is None:
         sidecars.stop()
-    envoy = EnvoyProc(arm.envoy_config, cfg.log_dir)
+    envoy = EnvoyProc(arm.envoy_config if arm.response_headers else without_response_headers(cfg, arm.envoy_config),
+                      cfg.log_dir)
     with started(envoy, cfg, envoy.name):
         procs: dict[str, ManagedProc] = {"envoy": envoy}
         if sidecar is not None:
             procs["sidecar"] = sidecar
         return one(envoy.url, procs, sidecar)
+
+
+def without_response_headers(cfg: BenchConfig, config: Path) -> Path:
+    """The shipped BUFFERED config as it was before failure-aware routing: no response headers to ext_proc."""
+    text, n = re.subn(r"response_header_mode: SEND", "response_header_mode: SKIP", config.read_text())
+    if n != 1:
+        raise ValueError(f"{config}: expected one response_header_mode: SEND, found {n}")
+    path = cfg.work_dir / f"{config.stem}-no-response-headers.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
 
 
 @contextlib.contextmanager

@@ -50,6 +50,9 @@ class TableArm:
     envoy_config: Path | None = None
     sidecar: SidecarSetup | None = None
     peer: str = ""
+    # False: the BUFFERED config without the response headers (no request outcomes for failure-aware
+    # routing), to price that message (one more ext_proc round trip per request).
+    response_headers: bool = True
 
     @property
     def mode(self) -> str:
@@ -70,6 +73,8 @@ ARMS: tuple[TableArm, ...] = (
     TableArm("b", "buffered_approx", "Envoy + sidecar, approx prefix, no tokenizer", "sidecar", ENVOY_CONFIG, APPROX),
     TableArm("c", "buffered_approx_tok", "Envoy + sidecar, approx prefix, tokenizer", "sidecar", ENVOY_CONFIG,
              APPROX_TOK),
+    TableArm("c2", "buffered_approx_tok_no_outcomes", "as c, response headers SKIP (no failure-aware outcomes)",
+             "sidecar", ENVOY_CONFIG, APPROX_TOK, response_headers=False),
     TableArm("d", "buffered_lmcache_tok", "Envoy + sidecar, LMCache prefix, tokenizer", "sidecar", ENVOY_CONFIG,
              LMCACHE_TOK),
     TableArm("e", "buffered_kvevents_tok", "Envoy + sidecar, KV-events prefix, tokenizer", "sidecar", ENVOY_CONFIG,
