@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
+from bench.cases import BenchConfig
 from bench.measure import ArmResult
 from bench.run import CASES, build_config, parse_args
-from bench.table import TableRow, prefix_state, router_procs
-from bench.table_arms import APPROX, ARMS, LMCACHE_TOK, POOL_CONFIG, arms_by_name, run_order
+from bench.table import TableRow, prefix_state, router_procs, without_response_headers
+from bench.table_arms import APPROX, APPROX_TOK, ARMS, LMCACHE_TOK, POOL_CONFIG, arms_by_name, run_order
 from bench.table_report import fastest_peer_us, row_figures, table_markdown
 from testkit.paths import ENVOY_CONFIG, ENVOY_PASSTHROUGH_CONFIG
 
@@ -27,8 +29,12 @@ def _row(name: str, cpu: dict[str, float] | None, error: str = "") -> TableRow:
     return TableRow(arm, None if cpu is None else _arm(name, cpu), error)
 
 
+KEYS = ["a", "b", "c", "c2", "d", "e", "f", "g", "h", "i"]
+
+
 def test_rows_are_the_issues_nine_in_order_with_their_configs() -> None:
-    assert [a.key for a in ARMS] == list("abcdefghi")
+    # ... and c2: row c without the response headers, to price them
+    assert [a.key for a in ARMS] == KEYS
     by = {a.name: a for a in ARMS}
     assert by["envoy_alone"].envoy_config == ENVOY_PASSTHROUGH_CONFIG and by["envoy_alone"].sidecar is None
     assert by["buffered_approx"].envoy_config == ENVOY_CONFIG and by["buffered_approx"].mode == "BUFFERED"
@@ -47,8 +53,18 @@ def test_arms_by_name_takes_names_or_letters_and_refuses_the_unknown() -> None:
 
 def test_run_order_puts_arms_sharing_a_sidecar_back_to_back() -> None:
     order = [a.key for a in run_order(ARMS)]
-    assert sorted(order) == list("abcdefghi")
-    assert order.index("f") == order.index("b") + 1 and order.index("g") == order.index("c") + 1
+    assert sorted(order) == KEYS
+    assert order.index("f") == order.index("b") + 1
+    assert order.index("g") == order.index("c2") + 1 == order.index("c") + 2
+
+
+def test_row_c2_runs_the_shipped_config_without_response_headers(tmp_path: Path) -> None:
+    (c2,) = arms_by_name("c2")
+    assert not c2.response_headers and c2.envoy_config == ENVOY_CONFIG and c2.sidecar == APPROX_TOK
+    derived = without_response_headers(BenchConfig(out_dir=tmp_path), ENVOY_CONFIG).read_text()
+    shipped = ENVOY_CONFIG.read_text()
+    assert "response_header_mode: SEND" in shipped and "response_header_mode: SEND" not in derived
+    assert derived == shipped.replace("response_header_mode: SEND", "response_header_mode: SKIP")
 
 
 def test_sidecar_flags_without_the_tokenizer_and_with_lmcache() -> None:
