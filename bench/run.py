@@ -1,6 +1,6 @@
 """`make bench`: Envoy alone vs Envoy + sidecar — CPU per request, added latency, highest sustained rate.
 
-    python -m bench.run [--duration S] [--rate R] [--quick] [--cases transport,decision,steps,picker,table]
+    python -m bench.run [--duration S] [--rate R] [--quick] [--cases transport,decision,steps,picker,table,floor]
 
 Prints its figures (it does not pass or fail) and writes out/bench/results.json.
 """
@@ -28,9 +28,11 @@ from .report import TARGETS, case_table, picker_figures, picker_table, steps_tab
 from .table import run_table, table_config
 from .table_arms import arms_by_name
 from .table_report import row_figures, table_markdown
+from .transport_floor import floor_table, run_floor
 
 REPO = Path(__file__).resolve().parents[1]
-CASES = ("transport", "decision", "steps", "kv_events", "scrape_parse", "extproc_inprocess", "picker", "table")
+CASES = ("transport", "decision", "steps", "kv_events", "scrape_parse", "extproc_inprocess", "picker", "table",
+         "floor")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -112,6 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parse_result: dict[str, Any] | None = None
     extproc_result: dict[str, Any] | None = None
     table_rows: list[dict[str, Any]] | None = None
+    floor_rows: list[dict[str, Any]] | None = None
     try:
         if "transport" in cfg.cases:
             run_transport(cfg, results)
@@ -127,6 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_picker(cfg, results)
         if "table" in cfg.cases:  # every router side by side: Envoy alone, the sidecar's setups, the peers
             table_rows = row_figures(run_table(cfg, results, arms_by_name(cfg.table_arms)))
+        if "floor" in cfg.cases:  # the gRPC transport's own cost, and the server variants that could move it
+            floor_rows = run_floor(cfg, results)
     except Exception as exc:  # still print and save what was measured
         error = f"{type(exc).__name__}: {exc}"
         logging.exception("benchmark aborted")
@@ -137,7 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
            "scrape_parse": parse_result, "extproc_inprocess": extproc_result,
            "picker": {case: picker_figures(results, case) for case, _, _ in PICKER_PROMPTS.values()},
            "table": None if table_rows is None else {
-               "config": table_config(cfg, arms_by_name(cfg.table_arms)), "rows": table_rows}}
+               "config": table_config(cfg, arms_by_name(cfg.table_arms)), "rows": table_rows},
+           "floor": floor_rows}
     out_json = cfg.out_dir / "results.json"
     out_json.write_text(json.dumps(doc, indent=2, default=str))
 
@@ -164,6 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "shared prefixes (loadaware + LMCache)"))
     if table_rows is not None:
         parts.append(table_markdown(table_rows, cfg.rate, cfg.duration))
+    if floor_rows is not None:
+        parts.append(floor_table(floor_rows))
     parts.append(summary_table(summ, cfg.rate))
     if error:
         parts.append(f"**Run aborted early:** {error}\n")

@@ -209,6 +209,9 @@ SETTINGS: tuple[Setting, ...] = (
             "tokenizer.json, or a model folder holding it and tokenizer_config.json"),
     Setting("tokenizer_timeout_ms", "--tokenizer-timeout-ms", "LOADAWARE_TOKENIZER_TIMEOUT_MS", 200.0,
             parse_positive, "time box for one tokenization"),
+    Setting("tokenizer_inline_chars", "--tokenizer-inline-chars", "LOADAWARE_TOKENIZER_INLINE_CHARS", 2048,
+            parse_count, "a prompt whose uncached part is at most this many characters is tokenized on the event "
+                         "loop (cheaper than a thread hop); longer ones in a worker thread (0: always a thread)"),
     Setting("metrics_listen", "--metrics-listen", "LOADAWARE_METRICS_LISTEN", "127.0.0.1:9102",
             parse_optional_hostport, "Prometheus /metrics address, nothing else ('off' to disable)"),
     # The debug API can tell whether a prompt was recently served: keep it on loopback (kubectl port-forward).
@@ -304,6 +307,7 @@ class Settings:
     instance_refresh_s: float = 30.0
     tokenizer: str = ""
     tokenizer_timeout_ms: float = 200.0
+    tokenizer_inline_chars: int = 2048
     metrics_listen: str = "127.0.0.1:9102"
     admin_listen: str = "127.0.0.1:9004"
     admin_http_listen: str = "127.0.0.1:9005"

@@ -48,13 +48,39 @@ class ChunkedEncoder:
         self._cached_tokens = 0
         self._lock = threading.Lock()
         self.enabled = True
+        self._last_cuts: tuple[str, list[int]] = ("", [])
         self.hits = 0
         self.misses = 0
+
+    def uncached_chars(self, text: str) -> int:
+        """How much of `text` an encode would hand to the tokenizer (pieces not cached, and the tail): what
+        it costs, told before doing it. The cut points are kept for the encode that usually follows."""
+        if not self.enabled or len(text) < self.min_chars:
+            return len(text)
+        cuts = self._cuts(text)
+        if not cuts:
+            return len(text)
+        total = len(text) - cuts[-1]
+        start = 0
+        cache = self._cache
+        for end in cuts:
+            if text[start:end] not in cache:
+                total += end - start
+            start = end
+        return total
+
+    def _cuts(self, text: str) -> list[int]:
+        last = self._last_cuts
+        if last[0] is text:
+            return last[1]
+        cuts = split_points(text, self.piece_chars)
+        self._last_cuts = (text, cuts)  # one assignment: safe to read from another thread
+        return cuts
 
     def encode(self, text: str) -> list[int]:
         if not self.enabled or len(text) < self.min_chars:
             return self._encode(text)
-        cuts = split_points(text, self.piece_chars)
+        cuts = self._cuts(text)
         if not cuts:
             return self._encode(text)
         ids: list[int] = []

@@ -27,6 +27,40 @@ _PROBE = " ".join(
     f"done\n\n  - item {i}.\tEnd of line {i} — ok?" for i in range(120))
 
 
+# At most this many characters handed to the tokenizer run on the event loop (~0.5 ms of encoding); more go to
+# a worker thread. A chat whose messages hold more text than INLINE_RENDER_CHARS is rendered there too.
+INLINE_CHARS = 2048
+INLINE_RENDER_CHARS = 64 * 1024
+SELF_CHECK_EVERY = 64
+
+
+PLAIN_MESSAGE_KEYS = frozenset({"role", "content", "name"})
+TOO_MUCH = INLINE_RENDER_CHARS + 1
+
+
+def text_chars(messages: Sequence[Mapping[str, Any]], options: Mapping[str, Any] | None) -> int:
+    """The text a chat carries (string contents and text parts). Anything else (tools, tool calls, other
+    parts) counts as too much to render on the event loop: not worth guessing its cost."""
+    if options and any(options.get(k) for k in ("tools", "documents", "chat_template_kwargs")):
+        return TOO_MUCH
+    total = 0
+    for message in messages:
+        if not isinstance(message, Mapping) or not message.keys() <= PLAIN_MESSAGE_KEYS:
+            return TOO_MUCH
+        content = message.get("content")
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            for part in content:
+                text = part.get("text") if isinstance(part, Mapping) else None
+                if not isinstance(text, str):
+                    return TOO_MUCH
+                total += len(text)
+        else:
+            return TOO_MUCH
+    return total
+
+
 class TokenizerError(Exception):
     """The prompt could not be tokenized (bad template input, missing template, ...)."""
 
@@ -68,9 +102,21 @@ class PromptTokenizer:
         if self.chat_unavailable:
             log.warning("tokenizer %s: chat requests will route on load alone: %s", path, self.chat_unavailable)
 
+    def cheap(self, text: str, chat: bool = False, budget: int = INLINE_CHARS) -> bool:
+        """Whether encoding `text` costs little enough to run on the event loop (at most `budget` characters
+        handed to the tokenizer; 2,048 are ~0.5 ms): a thread hop costs more CPU than a cached prompt's encode
+        (`make bench`, case 9). The periodic exactness check encodes the whole text: never inline."""
+        if budget <= 0 or (self._encoded + 1) % SELF_CHECK_EVERY == 0:
+            return False
+        if len(text) <= budget:
+            return True
+        if not chat and not self._specials_noop:
+            return False  # a whole encode, no piece cache
+        return self.pieces.uncached_chars(text) <= budget
+
     def _encode_plain(self, text: str) -> list[int]:
         self._encoded += 1
-        if self._encoded % 64 == 0:  # keep checking exactness on live prompts, at ~1/64 of a full encode
+        if self._encoded % SELF_CHECK_EVERY == 0:  # keep checking exactness on live prompts, at ~1/64 of a full encode
             self.pieces.self_check(text)
         return self.pieces.encode(text)
 
@@ -106,28 +152,45 @@ class PromptTokenizer:
 
     def encode_chat(self, messages: Sequence[Mapping[str, Any]], options: Mapping[str, Any] | None = None
                     ) -> list[int]:
+        return self.encode_rendered(self.render_chat(messages, options))
+
+    def encode_rendered(self, text: str) -> list[int]:
         # vLLM tokenizes the rendered chat without adding special tokens: the template placed them.
-        return self._encode_plain(self.render_chat(messages, options))
+        return self._encode_plain(text)
 
 
 class AsyncTokenizer:
-    """Runs a PromptTokenizer in worker threads, time-boxed: the event loop never waits on the CPU work."""
+    """Runs a PromptTokenizer on the event loop when the work is small (a prompt whose prefix pieces are
+    cached: tens of µs, less than a thread hop costs), else in worker threads, time-boxed: the event loop
+    never waits on long CPU work."""
 
-    def __init__(self, tokenizer: PromptTokenizer, timeout_s: float, threads: int = 2) -> None:
+    def __init__(self, tokenizer: PromptTokenizer, timeout_s: float, threads: int = 2,
+                 inline_chars: int = INLINE_CHARS) -> None:
         self.tokenizer = tokenizer
         self.timeout_s = timeout_s
+        self.inline_chars = inline_chars  # 0: every encode in a worker thread
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tokenize")
+        self.inline = 0  # encodes done on the event loop (the rest went to the pool)
 
     async def encode_prompt(self, prompt: str | Sequence[int]) -> list[int]:
         if not isinstance(prompt, str):
             return list(prompt)
+        if self.tokenizer.cheap(prompt, budget=self.inline_chars):
+            self.inline += 1
+            return self.tokenizer.encode_prompt(prompt)
         return await self._run(self.tokenizer.encode_prompt, prompt)
 
     async def encode_chat(self, messages: Sequence[Mapping[str, Any]], options: Mapping[str, Any] | None = None
                           ) -> list[int]:
         if self.tokenizer.chat_template is None:  # told once at start; no thread hop to fail again
             raise ChatTemplateUnavailable("no_chat_template")
-        return await self._run(self.tokenizer.encode_chat, messages, options)
+        if not self.inline_chars or text_chars(messages, options) > INLINE_RENDER_CHARS:
+            return await self._run(self.tokenizer.encode_chat, messages, options)
+        text = self.tokenizer.render_chat(messages, options)  # a short chat renders in tens of µs
+        if self.tokenizer.cheap(text, chat=True, budget=self.inline_chars):
+            self.inline += 1
+            return self.tokenizer.encode_rendered(text)
+        return await self._run(self.tokenizer.encode_rendered, text)
 
     async def _run(self, fn: Any, *args: Any) -> list[int]:
         loop = asyncio.get_running_loop()

@@ -7,7 +7,14 @@ import random
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from loadaware.tokenize.pieces import ChunkedEncoder, split_points
-from loadaware.tokenize.tokenizer import PromptTokenizer
+from loadaware.tokenize.tokenizer import (
+    INLINE_CHARS,
+    INLINE_RENDER_CHARS,
+    SELF_CHECK_EVERY,
+    AsyncTokenizer,
+    PromptTokenizer,
+    text_chars,
+)
 
 TINY = "sim/assets/tiny-model"
 WORDS = ["the", "engine", "cache", "naïve", "café", "x1", "42", "it's", "end.", "(a)", "—", "\n", "\t", "  ", "ok?"]
@@ -69,3 +76,29 @@ def test_prompt_tokenizer_uses_pieces_for_long_shared_prompts() -> None:
     assert tok.pieces.hits > 0
     chat = [{"role": "system", "content": prefix}, {"role": "user", "content": "hi"}]
     assert tok.encode_chat(chat) == tok._tokenizer.encode(tok.render_chat(chat), add_special_tokens=False).ids
+
+
+async def test_cached_prompts_encode_on_the_event_loop_the_rest_in_a_thread() -> None:
+    tok = AsyncTokenizer(PromptTokenizer(TINY), timeout_s=5.0)
+    inner = tok.tokenizer
+    prefix = random_text(random.Random(11), 1500)  # ~8 KB: over INLINE_CHARS when nothing is cached
+    assert len(prefix) > 2 * INLINE_CHARS
+    first = f"{prefix} question 0?"
+    assert inner.pieces.uncached_chars(first) == len(first) and not inner.cheap(first)
+    assert await tok.encode_prompt(first) == inner._tokenizer.encode(first, add_special_tokens=True).ids
+    assert tok.inline == 0  # the cold prompt went to the pool
+    second = f"{prefix} question 1?"
+    assert inner.pieces.uncached_chars(second) < 600  # only the tail is new
+    assert await tok.encode_prompt(second) == inner._tokenizer.encode(second, add_special_tokens=True).ids
+    assert tok.inline == 1
+    chat = [{"role": "system", "content": prefix}, {"role": "user", "content": "hi"}]
+    await tok.encode_chat(chat)  # rendered on the loop; its pieces are cached now
+    assert await tok.encode_chat(chat) == inner._tokenizer.encode(inner.render_chat(chat),
+                                                                  add_special_tokens=False).ids
+    assert tok.inline >= 2
+    # A chat with tools is rendered in the pool whatever its size; so is the periodic exactness check.
+    assert text_chars(chat, {"tools": [{"type": "function"}]}) > INLINE_RENDER_CHARS
+    assert text_chars([{"role": "assistant", "content": None, "tool_calls": []}], None) > INLINE_RENDER_CHARS
+    inner._encoded = SELF_CHECK_EVERY - 1
+    assert not inner.cheap("short")
+    tok.close()
