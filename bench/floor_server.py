@@ -9,6 +9,8 @@ What it costs per request is what grpcio costs; the sidecar's own CPU is everyth
 
 - aio: grpc.aio on uvloop, one event loop (what the sidecar runs);
 - sync: grpc's thread-pool server (each stream holds a worker thread while it lives);
+- grpclib: gRPC in pure Python on the event loop (h2), no grpcio at all (a dev dependency, not the
+  product's);
 - --loop asyncio: aio on asyncio's own event loop instead of uvloop's;
 - --processes N: N aio processes on one port with SO_REUSEPORT (the kernel spreads connections; Envoy opens
   one HTTP/2 connection per worker thread, so N only helps when Envoy runs as many workers).
@@ -92,6 +94,33 @@ async def serve_aio(port: int, replies: Replies, reuse_port: bool) -> None:
     await server.stop(0)
 
 
+async def serve_grpclib(port: int, replies: Replies) -> None:
+    """The same on grpclib: gRPC in pure Python on the event loop (h2 framing), no C-core poller thread."""
+    from grpclib.const import Cardinality, Handler
+    from grpclib.encoding.proto import ProtoCodec
+    from grpclib.server import Server
+
+    class PassThroughCodec(ProtoCodec):
+        def encode(self, message: Any, message_type: Any) -> bytes:
+            return message if isinstance(message, bytes) else super().encode(message, message_type)
+
+    class ExtProc:
+        async def process(self, stream: Any) -> None:
+            async for msg in stream:
+                await stream.send_message(replies.reply(msg.WhichOneof("request")))
+
+        def __mapping__(self) -> dict[str, Any]:
+            return {f"/{SERVICE}/Process": Handler(self.process, Cardinality.STREAM_STREAM, pb.ProcessingRequest,
+                                                   pb.ProcessingResponse)}
+
+    server = Server([ExtProc()], codec=PassThroughCodec())
+    await server.start("127.0.0.1", port)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    server.close()
+
+
 def serve_sync(port: int, replies: Replies) -> None:
     def process(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[bytes]:
         for msg in requests:
@@ -110,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.floor_server", description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--engines", required=True)
-    p.add_argument("--server", choices=("aio", "sync"), default="aio")
+    p.add_argument("--server", choices=("aio", "sync", "grpclib"), default="aio")
     p.add_argument("--processes", type=int, default=1)
     p.add_argument("--loop", choices=("asyncio", "uvloop"), default="uvloop",
                    help="aio: the event loop (the sidecar runs uvloop)")
@@ -118,6 +147,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     replies = Replies(args.engines.split(","))
     if args.server == "sync":
         serve_sync(args.port, replies)
+        return
+    if args.server == "grpclib":
+        uvloop.run(serve_grpclib(args.port, replies))
         return
     workers: list[subprocess.Popen[bytes]] = []
     if args.processes > 1:  # the others, spawned before any grpc state exists in this process

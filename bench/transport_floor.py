@@ -73,6 +73,7 @@ ROWS = (
     FloorRow("floor_aio", "stand-in, grpc.aio on uvloop (as the sidecar), 1 process", "aio"),
     FloorRow("floor_sync", "stand-in, grpcio thread-pool server, 1 process", "sync"),
     FloorRow("floor_aio_x2", "stand-in, grpc.aio, 2 processes (SO_REUSEPORT)", "aio", 2),
+    FloorRow("floor_grpclib", "stand-in, grpclib (pure-Python gRPC on uvloop), 1 process", "grpclib"),
     FloorRow("floor_aio_asyncio", "stand-in, grpc.aio on asyncio's loop, 1 process", "aio", loop="asyncio"),
     FloorRow("sidecar_leastload", "sidecar, leastload, no tokenizer", sidecar_args=(
         "--policy", "leastload", "--prefix-source", "approx")),

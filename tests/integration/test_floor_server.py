@@ -17,7 +17,7 @@ ENGINES = ["127.0.0.2:8000", "127.0.0.3:8000", "127.0.0.4:8000"]
 HEADER = "x-gateway-destination-endpoint"
 
 
-@pytest.mark.parametrize(("server", "processes"), [("aio", 1), ("sync", 1), ("aio", 2)])
+@pytest.mark.parametrize(("server", "processes"), [("aio", 1), ("sync", 1), ("aio", 2), ("grpclib", 1)])
 async def test_floor_server_answers_every_buffered_message(tmp_path: Path, server: str, processes: int) -> None:
     port = free_port()
     with FloorProc(port, ENGINES, server, processes, tmp_path) as proc:
