@@ -211,7 +211,7 @@ class Sidecar:
         """Endpoints known, loads scraped once, the engines' models asked once (else an unknown model could reach
         an engine in the first seconds), and the LMCache instance map tried once (when configured)."""
         return (self.registry.ready and bool(self.registry.snapshot()) and self._scraped_since_fleet()
-                and (self.models_poller is None or self.models_poller.rounds > 0)
+                and (self.models_poller is None or self.models_poller.asked(self.registry.snapshot()))
                 and (self.resolver is None or self.resolver.attempts > 0))
 
     def _scraped_since_fleet(self) -> bool:

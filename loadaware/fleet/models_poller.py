@@ -33,11 +33,22 @@ class ModelsPoller:
         self.path = path
         self.rounds = 0  # completed full rounds
         self._tried: set[str] = set()  # endpoints fetched at least once since they (re)joined
+        self._asked: set[str] = set()  # ... and whose first fetch has finished (answered or failed)
         self._session: aiohttp.ClientSession | None = None
 
+    def asked(self, endpoints: tuple[str, ...]) -> bool:
+        """Every one of `endpoints` has been asked once (readiness: until then its model is not known)."""
+        return all(ep in self._asked for ep in endpoints)
+
     async def fetch_one(self, endpoint: str) -> bool:
-        assert self._session is not None
         self._tried.add(endpoint)
+        try:
+            return await self._fetch_one(endpoint)
+        finally:
+            self._asked.add(endpoint)
+
+    async def _fetch_one(self, endpoint: str) -> bool:
+        assert self._session is not None
         try:
             async with asyncio.timeout(self.timeout_s):
                 async with self._session.get(f"http://{endpoint}{self.path}") as resp:
@@ -74,6 +85,7 @@ class ModelsPoller:
             while True:
                 fleet = self.registry.snapshot()
                 self._tried &= set(fleet)  # an endpoint that left and returns is new again
+                self._asked &= self._tried
                 if time.monotonic() >= next_round:
                     next_round = time.monotonic() + self.interval_s
                     await self.fetch(fleet)

@@ -67,6 +67,8 @@ VIRTUAL_SERVICE = resource("networking.istio.io/v1", "VirtualService", obj({
             "destination": obj({"host": STR, "subset": STR, "port": obj({"number": INT})}, ("host",)),
             "weight": INT})},
         "timeout": DURATION,
+        "retries": obj({"attempts": INT, "perTryTimeout": DURATION, "retryOn": STR,
+                        "retryRemoteLocalities": {"type": "boolean"}}),
     })},
 }))
 
@@ -77,6 +79,15 @@ DESTINATION_RULE = resource("networking.istio.io/v1", "DestinationRule", obj({
         "loadBalancer": obj({
             "simple": {"enum": ["UNSPECIFIED", "LEAST_CONN", "RANDOM", "PASSTHROUGH", "ROUND_ROBIN", "LEAST_REQUEST"]},
             "localityLbSetting": obj({"enabled": {"type": "boolean"}}),
+        }),
+        "outlierDetection": obj({
+            "consecutive5xxErrors": {"type": "integer", "minimum": 0, "maximum": 4294967295},
+            "consecutiveGatewayErrors": {"type": "integer", "minimum": 0, "maximum": 4294967295},
+            "consecutiveLocalOriginFailures": {"type": "integer", "minimum": 0, "maximum": 4294967295},
+            "splitExternalLocalOriginErrors": {"type": "boolean"},
+            "interval": DURATION, "baseEjectionTime": DURATION,
+            "maxEjectionPercent": {"type": "integer", "minimum": 0, "maximum": 100},
+            "minHealthPercent": {"type": "integer", "minimum": 0, "maximum": 100},
         }),
     }),
 }, ("host",)))

@@ -4,7 +4,8 @@ Covers what k8s/istio/envoyfilter.yaml uses: CLUSTER ADD, CLUSTER MERGE (matched
 the `outbound|PORT||SERVICE` cluster Istio generates), and HTTP_FILTER INSERT_BEFORE / INSERT_AFTER /
 INSERT_FIRST relative to a sub-filter of a listener's HTTP connection manager. MERGE uses protobuf's own
 message merge on envoy.config.cluster.v3.Cluster (xds-protos), which is what istiod does (proto.Merge):
-scalars replaced, messages merged, repeated fields appended.
+scalars replaced, messages merged, repeated fields appended; a field whose contents xds-protos does not know
+yet is set when the cluster lacks it (what a merge does) and refused otherwise.
 """
 
 from __future__ import annotations
@@ -40,10 +41,33 @@ def _cluster_matches(cluster: dict[str, Any], match: dict[str, Any]) -> bool:
 
 
 def merge_cluster(cluster: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    known, newer = _split_by_xds_protos(patch)
     message = json_format.ParseDict(cluster, cluster_pb2.Cluster())
-    message.MergeFrom(json_format.ParseDict(patch, cluster_pb2.Cluster()))
+    message.MergeFrom(json_format.ParseDict(known, cluster_pb2.Cluster()))
     # through JSON: plain dicts (MessageToDict gives OrderedDicts for Any values)
-    return json.loads(json_format.MessageToJson(message, preserving_proto_field_name=True))
+    merged: dict[str, Any] = json.loads(json_format.MessageToJson(message, preserving_proto_field_name=True))
+    for key, value in newer.items():
+        # A field absent from the cluster is set by a merge, whatever it holds; merging into one that exists
+        # would need the field's proto, which xds-protos does not have yet.
+        if key in merged:
+            raise ValueError(f"cannot emulate merging {key!r}: xds-protos lacks some of its fields")
+        merged[key] = value
+    return merged
+
+
+def _split_by_xds_protos(patch: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The patch's top-level fields xds-protos can parse, and those it cannot: xds-protos lags Envoy's API (e.g.
+    override_host's selected_host_key, which the Envoy binary the tests run does know and validates)."""
+    known: dict[str, Any] = {}
+    newer: dict[str, Any] = {}
+    for key, value in patch.items():
+        try:
+            json_format.ParseDict({key: value}, cluster_pb2.Cluster())
+        except json_format.ParseError:
+            newer[key] = value
+        else:
+            known[key] = value
+    return known, newer
 
 
 def _http_filter_lists(config: dict[str, Any], match: dict[str, Any]) -> list[list[dict[str, Any]]]:

@@ -59,6 +59,9 @@ def test_readiness_needs_a_scrape_round_over_the_discovered_fleet(tmp_path: Path
     sidecar.scraper.rounds = 4
     assert not sidecar.ready()
     sidecar.scraper.rounds = 5
+    assert not sidecar.ready()  # its models not asked yet
+    assert sidecar.models_poller is not None
+    sidecar.models_poller._asked.add("10.0.0.1:8000")
     assert sidecar.ready()
     sidecar.registry.set([])
     assert not sidecar.ready()
@@ -68,4 +71,7 @@ def test_a_static_fleet_is_ready_after_the_first_round() -> None:
     sidecar = Sidecar(from_args(["--endpoints", "10.0.0.1:8000", "--metrics-listen", "off"], environ={}))
     assert not sidecar.ready()
     sidecar.scraper.rounds = 1
+    assert not sidecar.ready()  # the engines' models not asked yet: an unknown model could reach an engine
+    assert sidecar.models_poller is not None
+    sidecar.models_poller._asked.add("10.0.0.1:8000")
     assert sidecar.ready()
