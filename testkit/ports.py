@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 
 # Baked into the shipped Envoy configs (envoy/*.yaml).
@@ -14,16 +15,26 @@ SIDECAR_PORT = 9002
 Address = tuple[str, int]
 
 
+# Ports handed out lately by this process: a port is free until whoever asked binds it, so two calls in a row
+# (--listen, then --admin-listen) could otherwise get the same one.
+_RECENT: deque[int] = deque(maxlen=256)
+
+
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """`n` distinct TCP ports that were free a moment ago on `host` (racy by nature, fine on loopback).
-    The sockets stay bound until all are chosen, so the ports differ."""
+    """`n` distinct TCP ports that were free a moment ago on `host` (racy by nature, fine on loopback), none
+    of them handed out lately by this process. The sockets stay bound until all are chosen, so they differ."""
     socks: list[socket.socket] = []
+    ports: list[int] = []
     try:
-        for _ in range(n):
+        while len(ports) < n:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.bind((host, 0))
-            socks.append(s)
-        return [int(s.getsockname()[1]) for s in socks]
+            socks.append(s)  # kept bound: the kernel will not return it again meanwhile
+            port = int(s.getsockname()[1])
+            if port not in _RECENT:
+                ports.append(port)
+        _RECENT.extend(ports)
+        return ports
     finally:
         for s in socks:
             s.close()

@@ -92,6 +92,7 @@ async def test_requests_go_to_their_models_engines_and_an_unknown_model_gets_404
             by_model.setdefault(model, Counter())[served_by] += 1
         for model in ("model-b", "b-chat", "b-sql"):
             assert by_model[model] == Counter({stack.b_engine: sent.count(model)}), by_model
+        print(f"\n{mode}: served by model " + "; ".join(f"{m}: {dict(c)}" for m, c in by_model.items()))
         a = by_model["model-a"]
         assert set(a) == stack.a_engines and min(a.values()) >= 2, by_model  # both of model-a's, only them
 
@@ -100,5 +101,7 @@ async def test_requests_go_to_their_models_engines_and_an_unknown_model_gets_404
         status, _, body = await post(http, url, "gpt-nope")
         assert (status, body) == (404, NOT_FOUND)
         assert stack.upstream_requests(mode) == upstream  # no engine saw it
+        print(f"{mode}: gpt-nope -> {status} {body!r}; upstream requests before/after: {upstream}/"
+              f"{stack.upstream_requests(mode)}")
     decisions = stack.sidecar.debug_json("/debug/decisions?n=1")
     assert decisions[0]["outcome"] == "unknown_model" and decisions[0]["endpoint"] is None
