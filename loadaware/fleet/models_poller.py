@@ -13,6 +13,7 @@ import time
 
 import aiohttp
 
+from loadaware.fleet.engine_http import get_body
 from loadaware.fleet.models import EndpointModels, parse_models
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.telemetry.metrics import Metrics
@@ -50,11 +51,7 @@ class ModelsPoller:
     async def _fetch_one(self, endpoint: str) -> bool:
         assert self._session is not None
         try:
-            async with asyncio.timeout(self.timeout_s):
-                async with self._session.get(f"http://{endpoint}{self.path}") as resp:
-                    if resp.status != 200:
-                        raise RuntimeError(f"HTTP {resp.status}")
-                    models = parse_models(json.loads(await resp.read()))
+            models = parse_models(json.loads(await get_body(self._session, endpoint, self.path, self.timeout_s)))
         except TimeoutError:
             self.metrics.models_fetch_failure(endpoint, "timeout")
             return False

@@ -8,6 +8,7 @@ import time
 
 import aiohttp
 
+from loadaware.fleet.engine_http import get_body
 from loadaware.fleet.health import EndpointHealth
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.load.tracker import EngineStats, LoadTracker
@@ -34,11 +35,7 @@ class MetricsScraper:
     async def scrape_one(self, endpoint: str) -> bool:
         assert self._session is not None
         try:
-            async with asyncio.timeout(self.timeout_s):
-                async with self._session.get(f"http://{endpoint}{self.path}") as resp:
-                    if resp.status != 200:
-                        raise RuntimeError(f"HTTP {resp.status}")
-                    text = await resp.text()
+            text = (await get_body(self._session, endpoint, self.path, self.timeout_s)).decode("utf-8", "replace")
         except TimeoutError:
             self.metrics.scrape_failure(endpoint, "timeout")
             self._unreachable(endpoint)

@@ -7,6 +7,7 @@ import json
 import signal
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -72,6 +73,15 @@ def response_headers(status: str, served: str | None) -> pb.ProcessingRequest:
     return msg
 
 
+async def send_request(call: Any) -> list[str]:
+    """A BUFFERED inference request's headers and body on an open stream; the ranked list the sidecar named."""
+    await call.write(headers("POST", "/v1/completions"))
+    await call.read()
+    await call.write(body(b'{"prompt": "x"}'))
+    reply = await call.read()
+    return set_headers(reply.request_body.response.header_mutation)[HEADER].split(",")
+
+
 def set_headers(mutation: pb.HeaderMutation) -> dict[str, str]:
     return {h.header.key: h.header.raw_value.decode() for h in mutation.set_headers}
 
@@ -119,11 +129,7 @@ async def test_open_stream_holds_its_count_until_it_ends(sidecar: tuple[Sidecar,
     app, addr = sidecar
     async with grpc.aio.insecure_channel(addr) as channel:
         call = pb_grpc.ExternalProcessorStub(channel).Process()
-        await call.write(headers("POST", "/v1/completions"))
-        await call.read()
-        await call.write(body(b'{"prompt": "x"}'))
-        reply = await call.read()
-        endpoint = set_headers(reply.request_body.response.header_mutation)[HEADER].split(",")[0]
+        endpoint = (await send_request(call))[0]
         assert app.loads.count(endpoint) == 1  # the HTTP request is still running upstream
         call.cancel()  # Envoy resets the stream (client abort)
     await wait_until_async(lambda: app.loads.total() == 0, message="the reset stream's count released")
@@ -196,11 +202,7 @@ async def routed_with_response(addr: str, respond: Callable[[list[str]], pb.Proc
     list; `while_open` looks at the sidecar before the stream ends. Returns the ranked list."""
     async with grpc.aio.insecure_channel(addr) as channel:
         call = pb_grpc.ExternalProcessorStub(channel).Process()
-        await call.write(headers("POST", "/v1/completions"))
-        await call.read()
-        await call.write(body(b'{"prompt": "x"}'))
-        reply = await call.read()
-        ranked = set_headers(reply.request_body.response.header_mutation)[HEADER].split(",")
+        ranked = await send_request(call)
         response = respond(ranked)
         if response is not None:
             await call.write(response)
