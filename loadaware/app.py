@@ -226,6 +226,8 @@ class Sidecar:
     # ---- what /metrics and /debug/state show ----
     def _render_metrics(self) -> bytes:
         self.prefixes.refresh_gauges()
+        for endpoint in self.registry.snapshot():  # every endpoint has a state series, not only those that changed
+            self.metrics.routing_state_now(endpoint, self.endpoint_health.state(endpoint))
         if self.tokenizer is not None:
             pieces = self.tokenizer.tokenizer.pieces
             self.metrics.tokenizer_pieces_seen(pieces.hits, pieces.misses, pieces.enabled)

@@ -153,10 +153,13 @@ class Metrics:
 
     # ---- background ----
     def routing_state_changed(self, endpoint: str, state: str, reason: str) -> None:
-        for known in ROUTING_STATES:
-            self.routing_state.labels(endpoint, known).set(1 if known == state else 0)
+        self.routing_state_now(endpoint, state)
         if state == "ejected":
             self.ejections.labels(endpoint, reason).inc()
+
+    def routing_state_now(self, endpoint: str, state: str) -> None:
+        for known in ROUTING_STATES:
+            self.routing_state.labels(endpoint, known).set(1 if known == state else 0)
 
     def scraped(self, endpoint: str, running: float, waiting: float, kv_usage: float | None) -> None:
         self.scraped_running.labels(endpoint).set(running)

@@ -204,11 +204,13 @@ async def test_fast_failing_engine_is_ejected_and_clients_succeed(stack: Stack) 
     failures = f.state_while_failing["failures"]
     assert failures.get("http_5xx", 0) + failures.get("passed_over", 0) >= 3
     f.assert_avoided_then_back()
-    # The dashboard says what happened.
-    assert stack.sidecar is not None
+    # The dashboard says what happened, and every endpoint has a state series.
+    assert stack.sidecar is not None and stack.fleet is not None
     metrics = stack.sidecar.metrics_text()
     assert sum_by_label(metrics, "loadaware_endpoint_ejections_total", "endpoint").get(f.victim, 0) >= 1
     assert sum_by_label(metrics, "loadaware_responses_total", "code").get("2xx", 0) > 100
+    healthy = sum_by_label(metrics, "loadaware_endpoint_routing_state", "endpoint")  # one state at 1 each
+    assert healthy == {ep: 1.0 for ep in stack.fleet.endpoints}, healthy
 
 
 async def test_hung_engine_times_out_per_route_and_is_avoided(hang_stack: Stack) -> None:
