@@ -8,18 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import kubernetes_validate
 import pytest
-from prometheus_client import CollectorRegistry
 
 from loadaware.app import Sidecar
 from loadaware.config import ConfigError, from_args, resolve
-from loadaware.fleet.discovery.catalog import DiscoveryCatalog
 from loadaware.fleet.discovery.inference_pool import (
     API_CALLS,
     InferencePoolDiscovery,
@@ -29,12 +26,10 @@ from loadaware.fleet.discovery.inference_pool import (
     pod_health,
     pool_spec,
 )
-from loadaware.fleet.discovery.kubernetes import make_api_client
-from loadaware.fleet.discovery.metrics import DiscoveryMetrics
-from loadaware.fleet.registry import EndpointRegistry
 from testkit.k8s_apiserver import StandInApiServer, make_pod, make_pool
 from tests.conftest import wait_until_async
 from tests.k8s.crd_schemas import INFERENCE_POOL
+from tests.unit.discovery_harness import DiscoveryHarness
 
 VLLM = {"app": "vllm"}
 
@@ -108,35 +103,11 @@ def test_pod_set_folds_events_and_drops_pods_relabelled_out() -> None:
 
 # ---- the real source against the stand-in --------------------------------------------------------------
 
-class Harness:
+class Harness(DiscoveryHarness[InferencePoolDiscovery]):
     def __init__(self, server: StandInApiServer, tmp_path: Path) -> None:
-        self.server = server
-        self.registry = EndpointRegistry()
-        self.removed: list[str] = []
-        self.registry.on_removed(self.removed.append)
-        self.ids: dict[str, str] = {}
-        self.catalog = DiscoveryCatalog("inference-pool", self.registry, on_instance_ids=self._ids)
-        self.metrics = DiscoveryMetrics(CollectorRegistry())
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(json.dumps(server.kubeconfig()))
-        self.source = InferencePoolDiscovery("llm", "vllm", self.catalog, self.metrics,
-                                             lambda: make_api_client(str(kubeconfig)), pool_interval_s=0.05,
-                                             request_timeout_s=5.0, watch_timeout_s=30, backoff_s=(0.05, 0.2))
-        self.task: asyncio.Task[None] | None = None
-
-    def _ids(self, ids: Any) -> None:
-        self.ids = dict(ids)
-
-    def start(self) -> None:
-        self.task = asyncio.create_task(self.source.run())
-
-    async def stop(self) -> None:
-        assert self.task is not None
-        self.task.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
-
-    async def until(self, cond: Callable[[], bool], what: str) -> None:
-        await wait_until_async(cond, message=what, interval=0.01)
+        super().__init__(server, tmp_path, "inference-pool", lambda catalog, metrics, client: InferencePoolDiscovery(
+            "llm", "vllm", catalog, metrics, client, pool_interval_s=0.05, request_timeout_s=5.0,
+            watch_timeout_s=30, backoff_s=(0.05, 0.2)))
 
     def pod_requests(self, watch: bool) -> list[dict[str, str]]:
         return [r.params for r in self.server.requests if r.resource == "pods" and r.watch == watch]

@@ -4,28 +4,21 @@ dropped watch that resumes from its resourceVersion and a 410 that re-lists."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
-from prometheus_client import CollectorRegistry
 
-from loadaware.fleet.discovery.catalog import DiscoveryCatalog
 from loadaware.fleet.discovery.kubernetes import (
     KubernetesDiscovery,
     SliceSet,
     endpoint_health,
-    make_api_client,
     slice_endpoints,
 )
 from loadaware.fleet.discovery.metrics import DiscoveryMetrics
-from loadaware.fleet.registry import EndpointRegistry
 from testkit.k8s_apiserver import PodEndpoint, StandInApiServer, make_slice, recorded_events, recorded_list
-from tests.conftest import wait_until_async
+from tests.unit.discovery_harness import DiscoveryHarness
 
 # ---- recorded shapes ----------------------------------------------------------------------------------
 
@@ -81,35 +74,10 @@ def test_recorded_watch_events_fold_into_the_set() -> None:
 
 # ---- the real source against the stand-in --------------------------------------------------------------
 
-class Harness:
+class Harness(DiscoveryHarness[KubernetesDiscovery]):
     def __init__(self, server: StandInApiServer, tmp_path: Path) -> None:
-        self.server = server
-        self.registry = EndpointRegistry()
-        self.removed: list[str] = []
-        self.registry.on_removed(self.removed.append)
-        self.ids: dict[str, str] = {}
-        self.catalog = DiscoveryCatalog("kubernetes", self.registry, on_instance_ids=self._ids)
-        self.metrics = DiscoveryMetrics(CollectorRegistry())
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(json.dumps(server.kubeconfig()))
-        self.source = KubernetesDiscovery("llm", "vllm", "http", self.catalog, self.metrics,
-                                          lambda: make_api_client(str(kubeconfig)), watch_timeout_s=30,
-                                          backoff_s=(0.05, 0.2))
-        self.task: asyncio.Task[None] | None = None
-
-    def _ids(self, ids: Any) -> None:
-        self.ids = dict(ids)
-
-    def start(self) -> None:
-        self.task = asyncio.create_task(self.source.run())
-
-    async def stop(self) -> None:
-        assert self.task is not None
-        self.task.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
-
-    async def until(self, cond: Callable[[], bool], what: str) -> None:
-        await wait_until_async(cond, message=what, interval=0.01)
+        super().__init__(server, tmp_path, "kubernetes", lambda catalog, metrics, client: KubernetesDiscovery(
+            "llm", "vllm", "http", catalog, metrics, client, watch_timeout_s=30, backoff_s=(0.05, 0.2)))
 
     def watches(self) -> list[dict[str, str]]:
         return [r.params for r in self.server.requests if r.watch]
