@@ -36,8 +36,16 @@ class _Attempts:
         self.last_value: object = None
         self.last_error: BaseException | None = None
 
-    def expired(self) -> bool:
-        return time.monotonic() >= self.deadline
+    def settled(self, value: object, error: BaseException | None = None) -> bool:
+        """Record one check (its value, or the ignored error it raised): True when the value is truthy; the
+        timeout's AssertionError once the deadline has passed."""
+        self.count += 1
+        if error is None and value:
+            return True
+        self.last_value, self.last_error = value, error
+        if time.monotonic() >= self.deadline:
+            raise self.failure()
+        return False
 
     def failure(self) -> AssertionError:
         what = self.message() if callable(self.message) else self.message
@@ -58,17 +66,14 @@ def wait_until(predicate: Callable[[], T | None], *, message: Message, timeout: 
     then). Exceptions of the `ignoring` types count as "not yet" (e.g. a port that does not accept yet)."""
     attempts = _Attempts(message, timeout)
     while True:
-        attempts.count += 1
+        error: BaseException | None = None
+        value: Any  # T once truthy
         try:
             value = predicate()
         except ignoring as exc:
-            attempts.last_error = exc
-        else:
-            if value:
-                return value
-            attempts.last_value, attempts.last_error = value, None
-        if attempts.expired():
-            raise attempts.failure()
+            value, error = None, exc
+        if attempts.settled(value, error):
+            return value
         time.sleep(interval)
 
 
@@ -91,17 +96,13 @@ async def wait_until_async(predicate: Callable[[], Any], *, message: Message,
     a coroutine function (or return an awaitable, e.g. `asyncio.to_thread(...)`), which is awaited."""
     attempts = _Attempts(message, timeout)
     while True:
-        attempts.count += 1
+        error: BaseException | None = None
         try:
             value = predicate()
             if inspect.isawaitable(value):
                 value = await value
         except ignoring as exc:
-            attempts.last_error = exc
-        else:
-            if value:
-                return value
-            attempts.last_value, attempts.last_error = value, None
-        if attempts.expired():
-            raise attempts.failure()
+            value, error = None, exc
+        if attempts.settled(value, error):
+            return value
         await asyncio.sleep(interval)
