@@ -24,16 +24,20 @@ async def _serve_and_load(spec_for: Callable[[str], LoadSpec]) -> tuple[LoadResu
     app = web.Application()
     app.router.add_post("/ok", ok)
     app.router.add_get("/teapot", teapot)
+    return await _load_against(app, spec_for), seen
+
+
+async def _load_against(app: web.Application, spec_for: Callable[[str], LoadSpec]) -> LoadResult:
+    """Serve `app` on a free loopback port, run the load `spec_for(base_url)` against it, stop."""
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        result = await run_load(spec_for(f"http://127.0.0.1:{port}"))
+        return await run_load(spec_for(f"http://127.0.0.1:{port}"))
     finally:
         await runner.cleanup()
-    return result, seen
 
 
 def test_loadgen_counts_latencies_and_bodies() -> None:
@@ -101,15 +105,7 @@ async def _serve_sse_and_load(spec_for: Callable[[str], LoadSpec]) -> LoadResult
     app.router.add_post("/sse", sse)
     app.router.add_post("/cut", sse)
     app.router.add_post("/busy", busy)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        return await run_load(spec_for(f"http://127.0.0.1:{port}"))
-    finally:
-        await runner.cleanup()
+    return await _load_against(app, spec_for)
 
 
 def test_loadgen_streams_counts_events_and_times_the_first() -> None:
