@@ -12,16 +12,10 @@ from bench.extproc_inprocess import buffered_messages, duplex_messages
 from loadaware.app import Sidecar
 from loadaware.config import from_args
 from loadaware.fleet.models import EndpointModels, ServedModels, parse_models
-from loadaware.fleet.registry import EndpointRegistry
-from loadaware.lifecycle import RequestLifecycle
-from loadaware.load.tracker import LoadTracker
-from loadaware.policies import make_policy
-from loadaware.routing.pipeline import Decider
 from loadaware.routing.request import InferenceRequest
-from loadaware.telemetry.decisions import DecisionMetrics, RecentDecisions
-from loadaware.telemetry.metrics import Metrics
 from sim.models import parse_fleet_models
 from tests.unit.test_extproc_duplex import Recorder
+from tests.unit.test_pipeline import Rig as PipelineRig
 
 A1, A2, B = "127.0.0.2:8000", "127.0.0.3:8000", "127.0.0.4:8000"
 FLEET = (A1, A2, B)
@@ -89,17 +83,12 @@ def test_a_stale_list_counts_as_unknown_and_a_removed_endpoint_is_forgotten() ->
 
 # ---- the pipeline ----
 
-class Rig:
+class Rig(PipelineRig):
+    """The pipeline's rig with a model store: A1 and A2 serve model-a, B serves model-b and its adapters."""
+
     def __init__(self, policy: str = "loadaware") -> None:
-        self.loads = LoadTracker(stale_s=5)
-        self.metrics = Metrics(policy)
-        self.recent = RecentDecisions()
-        lifecycle = RequestLifecycle()
-        for listener in (self.loads, DecisionMetrics(self.metrics), self.recent):
-            lifecycle.subscribe(listener)
         self.store = EndpointModels(stale_s=30)
-        self.decider = Decider(make_policy(policy), EndpointRegistry(FLEET), self.loads, lifecycle,
-                               fallbacks=2, models=self.store)
+        super().__init__(policy, None, False, FLEET, fallbacks=2, models=self.store)
         self.store.record(A1, MODELS_A)
         self.store.record(A2, MODELS_A)
         self.store.record(B, parse_models(VLLM_B))

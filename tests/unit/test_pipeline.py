@@ -13,7 +13,7 @@ from loadaware.lifecycle import RequestLifecycle
 from loadaware.load.tracker import LoadTracker
 from loadaware.policies import make_policy
 from loadaware.prefix.source import PrefixUnavailable
-from loadaware.routing.pipeline import Decider
+from loadaware.routing.pipeline import Decider, ModelPools
 from loadaware.routing.request import InferenceRequest
 from loadaware.telemetry.decisions import DecisionMetrics, RecentDecisions
 from loadaware.telemetry.metrics import Metrics
@@ -49,7 +49,8 @@ class FixedSource:
 class Rig:
     """A decider wired as the app wires it: the load tracker, metrics and the recent ring listen."""
 
-    def __init__(self, policy: str, source: FixedSource | None, tokenizer: bool, fleet: Sequence[str]) -> None:
+    def __init__(self, policy: str, source: FixedSource | None, tokenizer: bool, fleet: Sequence[str],
+                 fallbacks: int = 0, models: ModelPools | None = None) -> None:
         self.loads = LoadTracker(stale_s=5)
         self.metrics = Metrics(policy)
         self.recent = RecentDecisions()
@@ -57,7 +58,8 @@ class Rig:
         for listener in (self.loads, DecisionMetrics(self.metrics), self.recent):
             lifecycle.subscribe(listener)
         tok = AsyncTokenizer(PromptTokenizer(TOKENIZER), timeout_s=2.0) if tokenizer else None
-        self.decider = Decider(make_policy(policy), EndpointRegistry(fleet), self.loads, lifecycle, tok, source)
+        self.decider = Decider(make_policy(policy), EndpointRegistry(fleet), self.loads, lifecycle, tok, source,
+                               fallbacks=fallbacks, models=models)
         self.decide = self.decider.decide
 
 
