@@ -8,8 +8,9 @@ import time
 from typing import Any
 
 from demo.prompts import MODEL
-from demo.session import DemoSession, Reply, heading
+from demo.session import DemoSession, heading
 from testkit import metrics_text
+from testkit.openloop import OpenLoopSender
 
 RATE = 40.0  # requests per second, open loop
 FAULT_S = 4.0
@@ -20,29 +21,15 @@ async def failing_engine(demo: DemoSession) -> None:
     victim = sorted(demo.urls)[0]
     endpoint = demo.endpoint_of(victim)
     heading(9, f"{victim} starts answering every request with HTTP 500 at once, under {RATE:g} req/s")
-    replies: list[tuple[float, Reply | None]] = []
     stop = asyncio.Event()
 
-    async def one(n: int) -> None:
-        sent = time.monotonic()
-        try:
-            reply = await demo.send("/v1/completions", {"model": MODEL, "max_tokens": 4,
-                                                        "prompt": f"failover request {n} about topic {n % 11}"})
-        except Exception:  # noqa: BLE001 - a transport failure is a failed request
-            reply = None
-        replies.append((sent, reply))
+    async def one(n: int) -> tuple[int, str]:
+        reply = await demo.send("/v1/completions", {"model": MODEL, "max_tokens": 4,
+                                                    "prompt": f"failover request {n} about topic {n % 11}"})
+        return reply.status, reply.served_by
 
-    async def load() -> None:
-        tasks: list[asyncio.Task[None]] = []
-        start = time.monotonic()
-        n = 0
-        while not stop.is_set():
-            n += 1
-            tasks.append(asyncio.create_task(one(n)))
-            await asyncio.sleep(max(0.0, start + n / RATE - time.monotonic()))
-        await asyncio.gather(*tasks)
-
-    sender = asyncio.create_task(load())
+    load = OpenLoopSender(RATE, one)
+    sender = asyncio.create_task(load.run(stop))
     await asyncio.sleep(1.0)
     before = await decision_counts(demo)
     await demo.post_json(f"{demo.urls[victim]}/sim/fault", {"mode": "error", "status": 500})
@@ -66,12 +53,12 @@ async def failing_engine(demo: DemoSession) -> None:
     await sender
     after = await decision_counts(demo)
 
-    onset_plus_2 = [r for t, r in replies if onset + 2.0 <= t < healed]
-    ok = sum(1 for r in onset_plus_2 if r is not None and r.status == 200)
+    onset_plus_2 = load.window(onset + 2.0, healed)
+    ok = sum(1 for s in onset_plus_2 if s.status == 200)
     out_victim, out_all = delta(at_ejection, while_out, endpoint)
     back_victim, back_all = delta(back_counts, after, endpoint)
-    all_ok = sum(1 for _, r in replies if r is not None and r.status == 200)
-    print(f"   clients: {all_ok} of {len(replies)} requests answered 200 (Envoy retried each 500 on the next engine "
+    all_ok = sum(1 for s in load.sent if s.status == 200)
+    print(f"   clients: {all_ok} of {len(load.sent)} requests answered 200 (Envoy retried each 500 on the next engine "
           f"of the sidecar's list); from 2 s after the onset: {ok} of {len(onset_plus_2)}", flush=True)
     print(f"   decisions for {victim}: {delta(before, at_ejection, endpoint)[0]:.0f} before the ejection, "
           f"{out_victim:.0f} of {out_all:.0f} while failing (its probes), {back_victim:.0f} of {back_all:.0f} "

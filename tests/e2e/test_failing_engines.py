@@ -27,6 +27,7 @@ from aiohttp import ClientSession, ClientTimeout
 
 from testkit.http import post_json
 from testkit.metrics_text import sum_by_label
+from testkit.openloop import OpenLoopSender, success_rate
 from testkit.paths import ENVOY_CONFIG
 from testkit.stack import Stack
 from tests.conftest import wait_until_async
@@ -39,53 +40,13 @@ SIDECAR = ["--log-level", "warning", "--scrape-interval-s", "0.5", "--scrape-tim
 ROUTE_TIMEOUT_S = 3.0  # the hang test's Envoy config: route timeout cut from 600 s
 
 
-@dataclass
-class Sent:
-    at: float
-    status: int = 0
-    latency: float = 0.0
-    served_by: str = ""
-
-
-@dataclass
-class Sender:
-    """Open loop: one request every 1/RATE seconds whatever the answers do, each with its own outcome."""
-    url: str
-    sent: list[Sent] = field(default_factory=list)
-    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
-
-    async def run(self, stop: asyncio.Event, session: ClientSession) -> None:
-        n = 0
-        start = time.monotonic()
-        while not stop.is_set():
-            n += 1
-            record = Sent(time.monotonic())
-            self.sent.append(record)
-            task = asyncio.create_task(self._one(session, record, n))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-            await asyncio.sleep(max(0.0, start + n / RATE - time.monotonic()))
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=ROUTE_TIMEOUT_S + 5)
-
-    async def _one(self, session: ClientSession, record: Sent, n: int) -> None:
-        body = {"model": "tiny-model", "prompt": f"request {n} about the weather in city {n % 17}",
-                "max_tokens": 4}
-        try:
-            async with session.post(f"{self.url}/v1/completions", json=body) as resp:
-                await resp.read()
-                record.status = resp.status
-                record.served_by = resp.headers.get("x-served-by", "")
-        except Exception:  # noqa: BLE001 - a transport failure is a failed request, status 0
-            record.status = 0
-        record.latency = time.monotonic() - record.at
-
-    def window(self, start: float, end: float) -> list[Sent]:
-        return [s for s in self.sent if start <= s.at < end]
-
-
-def success_rate(sent: list[Sent]) -> float:
-    return sum(1 for s in sent if s.status == 200) / max(1, len(sent))
+def completions_sender(session: ClientSession, url: str) -> OpenLoopSender:
+    async def one(n: int) -> tuple[int, str]:
+        body = {"model": "tiny-model", "prompt": f"request {n} about the weather in city {n % 17}", "max_tokens": 4}
+        async with session.post(f"{url}/v1/completions", json=body) as resp:
+            await resp.read()
+            return resp.status, resp.headers.get("x-served-by", "")
+    return OpenLoopSender(RATE, one)
 
 
 def decisions_by_endpoint(stack: Stack) -> dict[str, float]:
@@ -131,7 +92,7 @@ def hang_stack(tmp_path: Path) -> Iterator[Stack]:
 @dataclass
 class Figures:
     """What one scenario measured (times are monotonic)."""
-    sender: Sender
+    sender: OpenLoopSender
     victim: str
     onset: float = 0.0
     detected_after_s: float = 0.0
@@ -163,10 +124,10 @@ class Figures:
 async def run_scenario(stack: Stack, fault: str, fault_s: float, healed_s: float) -> Figures:
     """Steady load; the first engine breaks after a warm-up and heals `fault_s` later."""
     assert stack.fleet is not None
-    f = Figures(Sender(stack.url), stack.fleet.endpoints[0])
     stop = asyncio.Event()
     async with ClientSession(timeout=ClientTimeout(total=ROUTE_TIMEOUT_S + 30)) as session:
-        load = asyncio.create_task(f.sender.run(stop, session))
+        f = Figures(completions_sender(session, stack.url), stack.fleet.endpoints[0])
+        load = asyncio.create_task(f.sender.run(stop, drain_s=ROUTE_TIMEOUT_S + 5))
         await asyncio.sleep(3.0)
         await asyncio.to_thread(set_fault, stack, f.victim, fault)
         f.onset = time.monotonic()
