@@ -31,35 +31,24 @@ from typing import Any
 
 import grpc
 import uvloop
-from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from google.protobuf import struct_pb2
 
-SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+from loadaware.extproc.replies import Replies as ProductReplies
+from loadaware.extproc.stream import METHOD, SERVICE_NAME
+
 HEADER = "x-gateway-destination-endpoint"
 
 
 class Replies:
-    """Every reply serialized once; the body reply per engine (round robin)."""
+    """The sidecar's own reply bytes (loadaware/extproc/replies.py), the engines named round robin."""
 
     def __init__(self, engines: Sequence[str]) -> None:
-        self.headers = pb.ProcessingResponse(request_headers=pb.HeadersResponse()).SerializeToString()
-        self.response_headers = pb.ProcessingResponse(response_headers=pb.HeadersResponse()).SerializeToString()
-        ring = list(engines)
-        self.bodies = [self._route(ring[i:] + ring[:i]) for i in range(len(ring))]
+        product = ProductReplies(HEADER)
+        self.headers = product.headers_continue
+        self.response_headers = product.response_headers_continue
+        ring = tuple(engines)
+        self.bodies = [product.body_route(ring[i:] + ring[:i]) for i in range(len(ring))]
         self._turn = itertools.cycle(range(len(ring)))
-
-    @staticmethod
-    def _route(ranked: Sequence[str]) -> bytes:
-        value = ",".join(ranked)
-        lb = struct_pb2.Struct()
-        lb.fields[HEADER].string_value = value
-        metadata = struct_pb2.Struct()
-        metadata.fields["envoy.lb"].struct_value.CopyFrom(lb)
-        mutation = pb.HeaderMutation(set_headers=[base_pb2.HeaderValueOption(
-            header=base_pb2.HeaderValue(key=HEADER, raw_value=value.encode()))])
-        return pb.ProcessingResponse(request_body=pb.BodyResponse(response=pb.CommonResponse(
-            header_mutation=mutation, clear_route_cache=False)), dynamic_metadata=metadata).SerializeToString()
 
     def reply(self, which: str | None) -> bytes:
         if which == "request_body":
@@ -70,7 +59,7 @@ class Replies:
 
 
 def _handler(method: Any) -> grpc.GenericRpcHandler:
-    return grpc.method_handlers_generic_handler(SERVICE, {"Process": grpc.stream_stream_rpc_method_handler(
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, {METHOD: grpc.stream_stream_rpc_method_handler(
         method, request_deserializer=pb.ProcessingRequest.FromString, response_serializer=None)})
 
 
@@ -110,7 +99,7 @@ async def serve_grpclib(port: int, replies: Replies) -> None:
                 await stream.send_message(replies.reply(msg.WhichOneof("request")))
 
         def __mapping__(self) -> dict[str, Any]:
-            return {f"/{SERVICE}/Process": Handler(self.process, Cardinality.STREAM_STREAM, pb.ProcessingRequest,
+            return {f"/{SERVICE_NAME}/{METHOD}": Handler(self.process, Cardinality.STREAM_STREAM, pb.ProcessingRequest,
                                                    pb.ProcessingResponse)}
 
     server = Server([ExtProc()], codec=PassThroughCodec())
