@@ -48,49 +48,38 @@ class ChunkedEncoder:
         self._cached_tokens = 0
         self._lock = threading.Lock()
         self.enabled = True
-        self._last_cuts: tuple[str, list[int]] = ("", [])
+        self._last_split: tuple[str, list[str], str] = ("", [], "")
         self.hits = 0
         self.misses = 0
 
     def uncached_chars(self, text: str) -> int:
         """How much of `text` an encode would hand to the tokenizer (pieces not cached, and the tail): what
-        it costs, told before doing it. The cut points are kept for the encode that usually follows."""
+        it costs, told before doing it. The pieces are kept for the encode that usually follows (the same
+        string objects: their hashes are computed once)."""
         if not self.enabled or len(text) < self.min_chars:
             return len(text)
-        cuts = self._cuts(text)
-        if not cuts:
-            return len(text)
-        total = len(text) - cuts[-1]
-        start = 0
+        pieces, tail = self._split(text)
         cache = self._cache
-        for end in cuts:
-            if text[start:end] not in cache:
-                total += end - start
-            start = end
-        return total
+        return len(tail) + sum(len(piece) for piece in pieces if piece not in cache)
 
-    def _cuts(self, text: str) -> list[int]:
-        last = self._last_cuts
+    def _split(self, text: str) -> tuple[list[str], str]:
+        """The cacheable pieces of `text` and its tail (the whole text when there is no cut point)."""
+        last = self._last_split
         if last[0] is text:
-            return last[1]
+            return last[1], last[2]
         cuts = split_points(text, self.piece_chars)
-        self._last_cuts = (text, cuts)  # one assignment: safe to read from another thread
-        return cuts
+        bounds = [0, *cuts]
+        pieces = [text[a:b] for a, b in zip(bounds, cuts)]
+        tail = text[bounds[-1]:]
+        self._last_split = (text, pieces, tail)  # one assignment: safe to read from another thread
+        return pieces, tail
 
     def encode(self, text: str) -> list[int]:
         if not self.enabled or len(text) < self.min_chars:
             return self._encode(text)
-        cuts = self._cuts(text)
-        if not cuts:
-            return self._encode(text)
+        pieces, tail = self._split(text)
         ids: list[int] = []
-        start = 0
-        last = len(cuts)
-        for i, end in enumerate([*cuts, len(text)]):
-            piece = text[start:end]
-            if i == last:  # the tail is where prompts differ: never worth caching
-                ids.extend(self._encode(piece))
-                break
+        for piece in pieces:
             with self._lock:
                 cached = self._cache.get(piece)
                 if cached is not None:
@@ -100,7 +89,7 @@ class ChunkedEncoder:
                 cached = self._encode(piece)
                 self._remember(piece, cached)
             ids.extend(cached)
-            start = end
+        ids.extend(self._encode(tail))  # the tail is where prompts differ: never worth caching
         return ids
 
     def _remember(self, piece: str, ids: list[int]) -> None:
