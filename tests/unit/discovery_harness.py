@@ -4,8 +4,9 @@ EndpointSlice and InferencePool discovery tests share."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -54,3 +55,20 @@ class DiscoveryHarness(Generic[S]):
 
     async def until(self, cond: Callable[[], bool], what: str) -> None:
         await wait_until_async(cond, message=what, interval=0.01)
+
+
+H = TypeVar("H", bound=DiscoveryHarness[Any])
+
+
+@contextlib.asynccontextmanager
+async def on_stand_in_server(make: Callable[[StandInApiServer], H]) -> AsyncIterator[H]:
+    """A harness on a fresh stand-in API server (namespace llm); its source and the server stopped after."""
+    server = StandInApiServer(namespace="llm")
+    await server.start()
+    harness = make(server)
+    try:
+        yield harness
+    finally:
+        if harness.task is not None:
+            await harness.stop()
+        await server.stop()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from loadaware.fleet.discovery.inference_pool import (
 from testkit.k8s_apiserver import StandInApiServer, make_pod, make_pool
 from tests.conftest import wait_until_async
 from tests.k8s.crd_schemas import INFERENCE_POOL
-from tests.unit.discovery_harness import DiscoveryHarness
+from tests.unit.discovery_harness import DiscoveryHarness, on_stand_in_server
 
 VLLM = {"app": "vllm"}
 
@@ -121,14 +122,9 @@ class Harness(DiscoveryHarness[InferencePoolDiscovery]):
 
 
 @pytest.fixture
-async def harness(tmp_path: Path) -> Any:
-    server = StandInApiServer(namespace="llm")
-    await server.start()
-    h = Harness(server, tmp_path)
-    yield h
-    if h.task is not None:
-        await h.stop()
-    await server.stop()
+async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    async with on_stand_in_server(lambda server: Harness(server, tmp_path)) as h:
+        yield h
 
 
 async def test_the_pools_pods_become_endpoints_on_its_target_port(harness: Harness) -> None:

@@ -4,6 +4,7 @@ dropped watch that resumes from its resourceVersion and a 410 that re-lists."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from loadaware.fleet.discovery.kubernetes import (
 )
 from loadaware.fleet.discovery.metrics import DiscoveryMetrics
 from testkit.k8s_apiserver import PodEndpoint, StandInApiServer, make_slice, recorded_events, recorded_list
-from tests.unit.discovery_harness import DiscoveryHarness
+from tests.unit.discovery_harness import DiscoveryHarness, on_stand_in_server
 
 # ---- recorded shapes ----------------------------------------------------------------------------------
 
@@ -97,13 +98,9 @@ def slice_of(*pods: tuple[str, str], name: str = "vllm-aaaaa", ready: bool = Tru
 
 
 @pytest.fixture
-async def harness(tmp_path: Path) -> Any:
-    server = StandInApiServer(namespace="llm")
-    await server.start()
-    h = Harness(server, tmp_path)
-    yield h
-    await h.stop()
-    await server.stop()
+async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    async with on_stand_in_server(lambda server: Harness(server, tmp_path)) as h:
+        yield h
 
 
 async def test_list_then_watch_follows_changes_and_maps_pod_names(harness: Harness) -> None:
