@@ -17,6 +17,7 @@ from typing import Any
 
 from loadaware.fleet.addresses import (
     FeedAddress,
+    format_hostport,
     parse_endpoint_list,
     parse_feed_map,
     parse_hostport,
@@ -107,7 +108,7 @@ def parse_optional_hostport(text: str) -> str:
     if text.strip().lower() in ("", "off", "none"):
         return ""
     host, port = parse_hostport(text)
-    return f"{host}:{port}"
+    return format_hostport(host, port)
 
 
 PREFIX_SOURCES = ("lmcache", "kv-events", "approx")
@@ -434,8 +435,7 @@ def _check_addresses(settings: Settings) -> None:
         address = getattr(settings, name)
         if not address:
             continue
-        host, _, port_text = address.rpartition(":")
-        host, port = host.strip("[]"), int(port_text)
+        host, port = parse_hostport(address)
         for other, other_host, other_port in seen:
             if port and port == other_port and (host == other_host or host in ANY_HOST or other_host in ANY_HOST):
                 flag, other_flag = SETTINGS_BY_NAME[name].flag, SETTINGS_BY_NAME[other].flag

@@ -24,6 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
+from loadaware.fleet.addresses import format_hostport
 from sim.engine_core import EngineCore, filler_texts
 from sim.lmcache_reporter import ControllerAddress, LMCacheReporter
 from sim.models import EngineModels
@@ -104,7 +105,7 @@ class Engine:
 
     @property
     def url(self) -> str:
-        return f"http://{self.config.ip}:{self.port}"
+        return f"http://{format_hostport(self.config.ip, self.port)}"
 
     def describe(self) -> dict[str, Any]:
         d: dict[str, Any] = {"name": self.name, "url": self.url, "ip": self.ip, "port": self.port}

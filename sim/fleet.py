@@ -6,7 +6,8 @@
         [--models 'model-a;model-a;model-b,b-alias+b-adapter=/loras/b']  (per engine; see sim/models.py)
 
 Engine i is named `engine-<i>` (or the i-th of --names; the name is also its LMCache instance id) and
-listens on base-ip + i (every 127/8 address is bindable on Linux), all on the same port. Once every engine
+listens on base-ip + i (every 127/8 address is bindable on Linux), all on the same port; with an IPv6
+base-ip (`::1`, the only IPv6 loopback address) all on base-ip, on port + i (port 0: free ports). Once every engine
 listens and has tried to register with LMCache, exactly one line goes to stdout:
 
     READY [{"name": "engine-0", "url": "http://127.0.0.2:8000", "ip": "127.0.0.2", "port": 8000, ...}, ...]
@@ -88,6 +89,14 @@ def engine_ips(base_ip: str, n: int) -> list[str]:
     return [str(base + i) for i in range(n)]
 
 
+def engine_addresses(base_ip: str, port: int, n: int) -> list[tuple[str, int]]:
+    """(ip, port) of each engine: base-ip + i on one port; on IPv6, whose loopback is the one address ::1,
+    every engine on base-ip, on port + i (port 0: each its own free port)."""
+    if ipaddress.ip_address(base_ip).version == 6:
+        return [(base_ip, port + i if port else 0) for i in range(n)]
+    return [(ip, port) for ip in engine_ips(base_ip, n)]
+
+
 async def start_fleet(
     engines: int,
     base_ip: str = "127.0.0.2",
@@ -109,10 +118,10 @@ async def start_fleet(
     tok = tokenizer if isinstance(tokenizer, SimTokenizer) else SimTokenizer(tokenizer)
     service = service or ServiceModel()
     fleet = Fleet([
-        Engine(EngineConfig(name=names[i] if names is not None else f"engine-{i}", ip=ip, port=port,
+        Engine(EngineConfig(name=names[i] if names is not None else f"engine-{i}", ip=ip, port=engine_port,
                             model_id=models[i].base if models else model_id,
                             models=models[i] if models else None, service=service, lmcache=lmcache), tok)
-        for i, ip in enumerate(engine_ips(base_ip, engines))
+        for i, (ip, engine_port) in enumerate(engine_addresses(base_ip, port, engines))
     ])
     # Concurrently: with the controller absent each registration attempt waits out its timeout.
     results = await asyncio.gather(*(e.start() for e in fleet.engines), return_exceptions=True)

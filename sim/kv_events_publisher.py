@@ -43,6 +43,7 @@ import msgpack
 import zmq
 import zmq.asyncio
 
+from loadaware.fleet.addresses import tcp_url, url_host
 from sim.prefix_cache import AllBlocksCleared, BlocksRemoved, BlocksStored, CacheEvent
 
 log = logging.getLogger(__name__)
@@ -81,23 +82,30 @@ class KvEventsPublisher:
         self.published = 0
         self.replays_served = 0
 
+    @property
+    def _host_url(self) -> str:
+        """tcp://HOST without a port (IPv6 bracketed), as bind_to_random_port takes it."""
+        return f"tcp://{url_host(self.ip)}"
+
     # ---- lifecycle ----
     def start(self) -> None:
         pub = self._ctx.socket(zmq.PUB)
         pub.setsockopt(zmq.LINGER, 0)
         pub.setsockopt(zmq.SNDHWM, 100_000)
+        pub.setsockopt(zmq.IPV6, 1)  # binds tcp://[::1]:port too
         if self.port == 0:
-            self.port = pub.bind_to_random_port(f"tcp://{self.ip}")
+            self.port = pub.bind_to_random_port(self._host_url)
         else:
-            pub.bind(f"tcp://{self.ip}:{self.port}")
+            pub.bind(tcp_url(self.ip, self.port))
         self._pub = pub
         if self.replay_port is not None:
             router = self._ctx.socket(zmq.ROUTER)
             router.setsockopt(zmq.LINGER, 0)
+            router.setsockopt(zmq.IPV6, 1)
             if self.replay_port == 0:
-                self.replay_port = router.bind_to_random_port(f"tcp://{self.ip}")
+                self.replay_port = router.bind_to_random_port(self._host_url)
             else:
-                router.bind(f"tcp://{self.ip}:{self.replay_port}")
+                router.bind(tcp_url(self.ip, self.replay_port))
             self._replay = router
             self._replay_task = asyncio.create_task(self._serve_replays(), name=f"kv-replay-{self.ip}")
 

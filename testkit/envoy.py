@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from loadaware.fleet.addresses import format_hostport
 from testkit import http
 from testkit.paths import DEFAULT_LOG_DIR, ENVOY_CONFIG, venv_tool
 from testkit.ports import ENVOY_ADMIN_PORT, ENVOY_LISTEN_PORT, SIDECAR_PORT
@@ -94,7 +95,7 @@ class EnvoyProc(ManagedProc):
                 sa = hs.get("address", {}).get("socket_address", {})
                 health = hs.get("health_status", {})
                 hosts.append({
-                    "address": f"{sa.get('address')}:{sa.get('port_value')}",
+                    "address": format_hostport(str(sa.get("address")), int(sa.get("port_value", 0))),
                     # Envoy reports only the failing flags; absent flags mean healthy.
                     "healthy": not any(v is True for k, v in health.items() if k != "eds_health_status")
                     and health.get("eds_health_status", "HEALTHY") in ("HEALTHY", "UNKNOWN"),

@@ -15,13 +15,14 @@ from typing import Any
 
 import yaml
 
+from loadaware.fleet.addresses import parse_hostport
 from testkit.paths import ENVOY_CONFIG
 
 ASSIGNMENT_FILE = "eds.yaml"
 
 
 def eds_config(directory: Path, listen_port: int, admin_port: int, sidecar_port: int,
-               base: Path = ENVOY_CONFIG) -> Path:
+               base: Path = ENVOY_CONFIG, sidecar_host: str | None = None) -> Path:
     """Write envoy.yaml with the engines cluster on file-based EDS into `directory`; returns its path."""
     config: dict[str, Any] = yaml.safe_load(base.read_text())
     config["node"] = {"id": "loadaware-gateway", "cluster": "loadaware"}  # xDS needs a node identity
@@ -38,6 +39,8 @@ def eds_config(directory: Path, listen_port: int, admin_port: int, sidecar_port:
         elif cluster["name"] == "loadaware_sidecar":
             endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
             endpoint["address"]["socket_address"]["port_value"] = sidecar_port
+            if sidecar_host is not None:
+                endpoint["address"]["socket_address"]["address"] = sidecar_host
     path = directory / "envoy-eds.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
@@ -47,8 +50,8 @@ def write_assignment(directory: Path, hosts: Sequence[tuple[str, str]], version:
     """hosts: (HOST:PORT, EDS health status such as HEALTHY, UNHEALTHY, DRAINING, DEGRADED)."""
     lb_endpoints = []
     for endpoint, health in hosts:
-        host, _, port = endpoint.rpartition(":")
-        lb_endpoints.append({"endpoint": {"address": {"socket_address": {"address": host, "port_value": int(port)}}},
+        host, port = parse_hostport(endpoint)  # Envoy takes IPv6 hosts bare here
+        lb_endpoints.append({"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}},
                              "health_status": health})
     doc = {"version_info": str(version), "resources": [{
         "@type": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",

@@ -7,6 +7,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from loadaware.fleet.addresses import format_hostport
 from testkit.lmcache import LMCacheControllerProc
 from testkit.paths import REPO, TINY_TOKENIZER, python, repo_env
 from testkit.procs import ManagedProc
@@ -35,7 +36,7 @@ class FleetProc(ManagedProc):
 
     @property
     def endpoints(self) -> list[str]:
-        return [f"{e['ip']}:{e['port']}" for e in self.engines]
+        return [format_hostport(e["ip"], e["port"]) for e in self.engines]  # IPv6 bracketed
 
     def _is_ready(self) -> bool:
         # stdout shares the log file; the READY line carries the engine list as JSON.

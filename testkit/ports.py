@@ -7,6 +7,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from loadaware.fleet.addresses import format_hostport, parse_hostport
+
 # Baked into the shipped Envoy configs (envoy/*.yaml).
 ENVOY_LISTEN_PORT = 10000
 ENVOY_ADMIN_PORT = 9901
@@ -27,7 +29,7 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     ports: list[int] = []
     try:
         while len(ports) < n:
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
             s.bind((host, 0))
             socks.append(s)  # kept bound: the kernel will not return it again meanwhile
             port = int(s.getsockname()[1])
@@ -45,8 +47,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def split_hostport(addr: str) -> Address:
-    host, _, port = addr.rpartition(":")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    """HOST:PORT or [IPV6]:PORT (the sidecar's own grammar) -> (bare host, port)."""
+    return parse_hostport(addr)
 
 
 def accepts(host: str, port: int, timeout: float = 0.2) -> bool:
@@ -59,7 +61,7 @@ def accepts(host: str, port: int, timeout: float = 0.2) -> bool:
 
 
 def busy_addresses(addresses: Sequence[Address]) -> list[str]:
-    return [f"{host}:{port}" for host, port in addresses if accepts(host, port)]
+    return [format_hostport(host, port) for host, port in addresses if accepts(host, port)]
 
 
 def wait_addresses_free(addresses: Sequence[Address], timeout: float, poll_s: float = 1.0,

@@ -8,6 +8,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from loadaware.fleet.addresses import format_hostport, http_url
 from testkit import http
 from testkit.paths import DEFAULT_LOG_DIR, VENV_BIN, python
 from testkit.ports import SIDECAR_PORT, accepts, free_port, split_hostport
@@ -67,8 +68,7 @@ class SidecarProc(ManagedProc):
         """http://HOST:PORT of /debug/decisions and /debug/state (the admin HTTP listener)."""
         if not self.admin_http_listen:
             raise ProcError("sidecar --admin-http-listen is off")
-        host, port = split_hostport(self.admin_http_listen)
-        return f"http://{host}:{port}"
+        return http_url(format_hostport(*split_hostport(self.admin_http_listen)))
 
     def debug_json(self, path: str, timeout: float = 5.0) -> Any:
         """GET a /debug page (`path` like "/debug/state") and parse it."""
@@ -100,7 +100,7 @@ class SidecarProc(ManagedProc):
             from grpc_health.v1 import health_pb2, health_pb2_grpc
         except ImportError:
             return True  # no health client available: an accepting port is the best signal we have
-        with grpc.insecure_channel(f"{host}:{port}") as channel:
+        with grpc.insecure_channel(format_hostport(host, port)) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             try:
                 resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=0.5)
@@ -112,8 +112,8 @@ class SidecarProc(ManagedProc):
     def metrics_text(self, timeout: float = 2.0) -> str:
         if not self.metrics_listen:
             raise ProcError("sidecar metrics endpoint disabled")
-        host, port = split_hostport(self.metrics_listen)
-        status, body = http.request("GET", f"http://{host}:{port}/metrics", timeout=timeout)
+        url = http_url(format_hostport(*split_hostport(self.metrics_listen)), "/metrics")
+        status, body = http.request("GET", url, timeout=timeout)
         if status != 200:
             raise ProcError(f"sidecar /metrics -> HTTP {status}")
         return body.decode()

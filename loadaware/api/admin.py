@@ -18,6 +18,7 @@ from grpc_reflection.v1alpha import reflection
 
 from loadaware.api.servicer import SERVICE_NAME as ROUTER_SERVICE_NAME
 from loadaware.api.servicer import RouterServicer
+from loadaware.fleet.addresses import parse_hostport
 
 # What reflection lists on the admin port: exactly the services it serves (ext_proc is not one of them).
 REFLECTED_SERVICES = (ROUTER_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
@@ -36,10 +37,8 @@ def admin_server(router: RouterServicer, add_health: Callable[[grpc.aio.Server],
 def is_loopback(listen: str) -> bool:
     """HOST:PORT names a loopback address (127.0.0.0/8, ::1, localhost): only this host's processes, and
     `kubectl port-forward` into the pod's network namespace, reach it."""
-    host = listen.rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        host = parse_hostport(listen)[0]
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False

@@ -17,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from loadaware.fleet.addresses import parse_hostport
 from loadaware.lifecycle import Decision
 
 DEFAULT_DECISIONS = 50
@@ -38,8 +39,8 @@ class HttpSite:
             app.router.add_get(path, handler)
         self.runner = web.AppRunner(app, access_log=None)
         await self.runner.setup()
-        host, _, port = listen.rpartition(":")
-        await web.TCPSite(self.runner, host.strip("[]"), int(port)).start()
+        host, port = parse_hostport(listen)
+        await web.TCPSite(self.runner, host, port).start()
         self.port = int(self.runner.addresses[0][1])
         return self.port
 

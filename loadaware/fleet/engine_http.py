@@ -6,6 +6,8 @@ import asyncio
 
 import aiohttp
 
+from loadaware.fleet.addresses import http_url
+
 
 class EngineHttpError(RuntimeError):
     """The engine answered, with a status other than 200."""
@@ -15,7 +17,7 @@ async def get_body(session: aiohttp.ClientSession, endpoint: str, path: str, tim
     """Raises TimeoutError past `timeout_s`, aiohttp.ClientConnectionError when the engine cannot be reached
     (refused, reset, closed mid-answer), EngineHttpError for a non-200 answer."""
     async with asyncio.timeout(timeout_s):
-        async with session.get(f"http://{endpoint}{path}") as resp:
+        async with session.get(http_url(endpoint, path)) as resp:
             if resp.status != 200:
                 raise EngineHttpError(f"HTTP {resp.status}")
             return await resp.read()

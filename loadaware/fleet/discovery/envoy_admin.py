@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 
+from loadaware.fleet.addresses import endpoint_of
 from loadaware.fleet.discovery.catalog import (
     DEGRADED,
     DRAINING,
@@ -70,13 +71,13 @@ def parse_cluster_hosts(clusters: Mapping[str, Any], cluster: str) -> list[Disco
             socket_address = host.get("address", {}).get("socket_address")
             if not socket_address or "port_value" not in socket_address:
                 continue  # a pipe or internal address is nothing an HTTP header can name
-            address = str(socket_address.get("address", ""))
-            if ":" in address:
-                address = f"[{address}]"  # IPv6, as Envoy's override_host expects it
+            try:  # IPv6 bracketed, as Envoy's override_host names its hosts
+                endpoint = endpoint_of(str(socket_address.get("address", "")), int(socket_address["port_value"]))
+            except (TypeError, ValueError):
+                continue  # nothing a destination header could name
             health, detail = host_health(host.get("health_status", {}))
             zone = str(host.get("locality", {}).get("zone", ""))
-            out.append(DiscoveredEndpoint(f"{address}:{socket_address['port_value']}", health, detail,
-                                          zone=zone))
+            out.append(DiscoveredEndpoint(endpoint, health, detail, zone=zone))
         return out
     names = [s.get("name", "?") for s in clusters.get("cluster_statuses", [])]
     raise ClusterNotFound(f"cluster {cluster!r} not in Envoy's clusters ({', '.join(names[:20]) or 'none'})")

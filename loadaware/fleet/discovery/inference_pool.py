@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from loadaware.fleet.addresses import endpoint_of
 from loadaware.fleet.discovery.catalog import DRAINING, HEALTHY, UNHEALTHY, DiscoveredEndpoint, DiscoveryCatalog
 from loadaware.fleet.discovery.kubernetes import ApiClientFactory, Gone, list_then_watch, watch_events
 from loadaware.fleet.discovery.metrics import DiscoveryMetrics
@@ -116,9 +117,11 @@ def pod_endpoints(pod: Mapping[str, Any], ports: Iterable[int]) -> list[Discover
     health, detail = pod_health(pod)
     name = _name(pod)
     instance_id = name if len(ports) == 1 else ""
-    host = f"[{address}]" if ":" in address else address
-    return [DiscoveredEndpoint(f"{host}:{port}", health, detail, instance_id=instance_id, pod=name)
-            for port in ports]
+    try:  # an IPv6 podIP is bracketed in the endpoint
+        return [DiscoveredEndpoint(endpoint_of(address, port), health, detail,
+                                   instance_id=instance_id, pod=name) for port in ports]
+    except ValueError:
+        return []  # no address a destination header could name
 
 
 class PodSet:

@@ -20,6 +20,7 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
+from loadaware.fleet.addresses import endpoint_of
 from loadaware.fleet.discovery.catalog import DRAINING, HEALTHY, UNHEALTHY, DiscoveredEndpoint, DiscoveryCatalog
 from loadaware.fleet.discovery.metrics import DiscoveryMetrics
 
@@ -62,8 +63,11 @@ def slice_endpoints(slice_: Mapping[str, Any], port_name: str) -> list[Discovere
         ref = ep.get("targetRef") or {}
         pod = str(ref.get("name", "")) if ref.get("kind", "Pod") == "Pod" else ""
         for address in ep.get("addresses") or []:
-            host = f"[{address}]" if ":" in address else address
-            out.append(DiscoveredEndpoint(f"{host}:{port}", health, detail, instance_id=pod, pod=pod,
+            try:  # IPv6 slices name bare addresses; the endpoint brackets them
+                endpoint = endpoint_of(str(address), port)
+            except ValueError:
+                continue
+            out.append(DiscoveredEndpoint(endpoint, health, detail, instance_id=pod, pod=pod,
                                           zone=str(ep.get("zone") or "")))
     return out
 

@@ -24,7 +24,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from loadaware.fleet.addresses import FeedAddress, tcp_url
+from loadaware.fleet.addresses import FeedAddress, host_of, tcp_url
 from loadaware.prefix.blocks import BlockIndex, block_keys
 from loadaware.prefix.kvevents.codec import (
     AllBlocksCleared,
@@ -50,7 +50,7 @@ def feed_address(endpoint: str, explicit: Mapping[str, FeedAddress], pub_port: i
         return explicit[endpoint]
     if pub_port <= 0:
         return None
-    host = endpoint.rpartition(":")[0].strip("[]")
+    host = host_of(endpoint)
     return FeedAddress(tcp_url(host, pub_port), tcp_url(host, replay_port) if replay_port > 0 else None)
 
 
@@ -118,6 +118,7 @@ class EngineFeed:
     async def run(self) -> None:
         sub = self.ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.IPV6, 1)  # ZMQ connects to tcp://[v6]:port only with this set (IPv4 still works)
         sub.setsockopt(zmq.RCVHWM, 100_000)
         sub.setsockopt(zmq.RECONNECT_IVL, 200)
         sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
@@ -199,6 +200,7 @@ class EngineFeed:
         start = self.sync.replay_from
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.IPV6, 1)
         dealer.connect(self.address.replay)
         applied = 0
         try:

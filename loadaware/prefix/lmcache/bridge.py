@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from loadaware.fleet.addresses import canonical_host, host_of
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerRecord:
@@ -33,7 +35,10 @@ class Credit:
 
 
 def _host(endpoint: str) -> str:
-    return endpoint.rpartition(":")[0].strip("[]")
+    try:
+        return host_of(endpoint)
+    except ValueError:
+        return ""  # not an address (nothing any worker's ip could match)
 
 
 class InstanceBridge:
@@ -77,7 +82,8 @@ class InstanceBridge:
         for worker in self._workers.values():
             if worker.instance_id in self.explicit:
                 continue
-            candidates = by_host.get(worker.ip, [])
+            # the worker's ip as LMCache reports it, in the endpoints' canonical form (IPv6 compressed)
+            candidates = by_host.get(canonical_host(worker.ip.strip().strip("[]")), [])
             if len(candidates) != 1:
                 continue  # no endpoint on that ip, or several (needs the explicit map)
             endpoint = candidates[0]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
+from loadaware.fleet.addresses import format_hostport
+
 
 class HttpError(Exception):
     pass
@@ -99,7 +101,7 @@ class KeepAliveClient:
         self.port = port
         self.max_idle = max_idle
         self._idle: list[_Connection] = []
-        self._host_header = f"{host}:{port}".encode()
+        self._host_header = format_hostport(host, port).encode()  # IPv6 bracketed, as HTTP wants
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
