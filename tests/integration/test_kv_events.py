@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from prometheus_client import Counter
 
-from loadaware.fleet.addresses import FeedAddress
+from loadaware.fleet.addresses import FeedAddress, parse_feed_map
 from loadaware.prefix.blocks import BlockIndex, block_keys
 from loadaware.prefix.kvevents.feeds import KvEventsFeeds, KvEventsPrefixSource
 from loadaware.telemetry.metrics import Metrics
@@ -367,6 +367,44 @@ async def test_data_parallel_engine_is_credited_with_the_minimum_over_its_ranks(
         caches[0].clear()  # rank 0's AllBlocksCleared: nothing is sure to hit any more
         await wait_until_async(lambda: source.lookup(PROMPT, (ep,)) == {}, message="rank 0 cleared")
         assert all(f.rank_mismatches == 0 for f in feeds.feeds[ep])
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await feeds.close()
+        for pub in pubs:
+            await pub.stop()
+
+
+async def test_feeds_subscribe_and_replay_over_ipv6() -> None:
+    """Engines on [::1]: the feed map's bracketed addresses reach ZMQ as tcp://[::1]:port, and both the SUB
+    and the replay DEALER connect (ZMQ needs its IPV6 option for that)."""
+    pubs = [KvEventsPublisher("::1", 0, 0, BS) for _ in range(2)]
+    caches = []
+    for pub in pubs:
+        pub.start()
+        caches.append(PrefixCache(capacity_blocks=200, block_size=BS))
+        caches[-1].add_observer(pub)
+    endpoints = ("[::1]:8000", "[::1]:8001")
+    explicit = parse_feed_map(",".join(f"{ep}=[::1]:{p.port}/{p.replay_port}" for ep, p in zip(endpoints, pubs)))
+    assert explicit[endpoints[0]].pub == f"tcp://[::1]:{pubs[0].port}"
+    index, metrics = BlockIndex(), Metrics("loadaware")
+    feeds = KvEventsFeeds(index, metrics, lambda: endpoints, explicit, 0, 0, replay_timeout_s=1.0, poll_s=0.05)
+    source = KvEventsPrefixSource(index, feeds)
+    task = asyncio.create_task(feeds.run())
+    try:
+        await wait_until_async(lambda: feeds.covered(endpoints) == set(endpoints), message="IPv6 feeds connected")
+        caches[0].insert(PROMPT)
+        caches[1].insert(PROMPT[:4 * BS])
+        await wait_until_async(lambda: source.lookup(PROMPT, endpoints) == {endpoints[0]: 320, endpoints[1]: 64},
+                               message=lambda: f"both credited over IPv6 ({source.lookup(PROMPT, endpoints)})")
+        pubs[1].drop_next(1)  # one batch lost on the wire: the gap is replayed over the IPv6 DEALER
+        caches[1].insert(PROMPT[:8 * BS])
+        pubs[1].flush()  # the end of an engine step: one batch, the lost one
+        caches[1].insert(PROMPT[:9 * BS])
+        pubs[1].flush()  # the next batch shows the gap
+        await wait_until_async(lambda: source.lookup(PROMPT, endpoints).get(endpoints[1]) == 9 * BS,
+                               message=lambda: f"the replayed blocks ({source.lookup(PROMPT, endpoints)})")
+        assert pubs[1].replays_served >= 1
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

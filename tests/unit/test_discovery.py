@@ -56,9 +56,11 @@ def test_health_flags() -> None:
 def test_ipv6_and_pipe_hosts() -> None:
     answer = {"cluster_statuses": [{"name": "engines", "host_statuses": [
         {"address": {"socket_address": {"address": "fd00::7", "port_value": 8000}}},
+        {"address": {"socket_address": {"address": "FD00:0:0:0:0:0:0:8", "port_value": 8000}}},
+        {"address": {"socket_address": {"address": "", "port_value": 8000}}},  # names nothing: dropped
         {"address": {"pipe": {"path": "/tmp/sock"}}},
     ]}]}
-    assert [h.endpoint for h in parse_cluster_hosts(answer, "engines")] == ["[fd00::7]:8000"]
+    assert [h.endpoint for h in parse_cluster_hosts(answer, "engines")] == ["[fd00::7]:8000", "[fd00::8]:8000"]
 
 
 def test_merge_prefers_the_routable_report() -> None:

@@ -59,6 +59,8 @@ def test_ipv6_and_fqdn_slices() -> None:
     v6 = {"addressType": "IPv6", "endpoints": [{"addresses": ["fd00::5"], "conditions": {"ready": True}}],
           "ports": [{"name": "http", "port": 8000}]}
     assert slice_endpoints(v6, "http")[0].endpoint == "[fd00::5]:8000"
+    expanded = {**v6, "endpoints": [{"addresses": ["FD00:0:0:0:0:0:0:6", "not an address"]}]}
+    assert [e.endpoint for e in slice_endpoints(expanded, "http")] == ["[fd00::6]:8000"]
     assert slice_endpoints({**v6, "addressType": "FQDN"}, "http") == []
 
 

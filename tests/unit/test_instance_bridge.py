@@ -63,3 +63,13 @@ def test_explicit_map_is_authoritative_and_needed_for_shared_ips() -> None:
     b.apply_workers([WorkerRecord("pod-a", "10.0.0.1", 1.0), WorkerRecord("pod-b", "10.0.0.1", 1.0)], complete=True)
     credit = b.credit({"pod-a": 256, "pod-b": 512}, fleet)
     assert credit.matches == {"10.0.0.1:8001": 512}  # pod-a is ambiguous by ip: no credit, not a guess
+
+
+def test_maps_ipv6_workers_whatever_spelling_lmcache_reports() -> None:
+    fleet = ("[fd00::2]:8000", "[fd00::3]:8000")
+    b = InstanceBridge()
+    b.set_endpoints(fleet)
+    b.apply_workers([WorkerRecord("engine-a", "fd00:0:0:0:0:0:0:2", 1.0), WorkerRecord("engine-b", "[FD00::3]", 1.0)],
+                    complete=True)
+    assert b.credit({"engine-a": 512, "engine-b": 256}, fleet).matches == {"[fd00::2]:8000": 512,
+                                                                           "[fd00::3]:8000": 256}

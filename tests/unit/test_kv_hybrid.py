@@ -216,6 +216,9 @@ def test_rank_ports_and_settings() -> None:
     assert from_args([], environ={}).kv_events_dp_ranks == 1
     derived = feed_address("10.0.0.1:8000", {}, 5557, 5558)
     assert derived is not None and derived.ranks is None and derived.for_rank(2).pub == "tcp://10.0.0.1:5559"
+    derived = feed_address("[fd00::1]:8000", {}, 5557, 5558)  # an IPv6 engine's feed, bracketed for ZMQ
+    assert derived == FeedAddress("tcp://[fd00::1]:5557", "tcp://[fd00::1]:5558")
+    assert derived.for_rank(1) == FeedAddress("tcp://[fd00::1]:5558", "tcp://[fd00::1]:5559")
 
 
 async def test_sync_endpoints_starts_one_feed_per_rank() -> None:
