@@ -10,7 +10,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = REPO / ".venv" / "bin"
 # LMCache pins clash with ours (grpcio, protobuf, prometheus_client, numpy): it has its own environment.
-LMCACHE_VENV_BIN = REPO / ".lmcache-venv" / "bin"
+# TESTKIT_LMCACHE_VENV points elsewhere (tests/unit/test_require.py points it at nothing).
+LMCACHE_VENV_BIN = Path(os.environ.get("TESTKIT_LMCACHE_VENV") or REPO / ".lmcache-venv") / "bin"
 ENVOY_CONFIG = REPO / "envoy" / "envoy.yaml"
 ENVOY_PASSTHROUGH_CONFIG = REPO / "envoy" / "envoy-passthrough.yaml"
 TINY_TOKENIZER = REPO / "sim" / "assets" / "tiny-model"

@@ -17,6 +17,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, overload
 
+# A test whose real component is missing skips locally and fails under CI=true (testkit/require.py), and a
+# CI=true run with any skip for a missing component fails.
+pytest_plugins = ("testkit.require",)
+
 T = TypeVar("T")
 
 DEFAULT_TIMEOUT_S = 10.0

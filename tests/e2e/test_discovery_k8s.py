@@ -18,6 +18,7 @@ from testkit.fleet import FleetProc
 from testkit.k8s_apiserver import PodEndpoint, StandInApiServer, ThreadedStandIn, make_slice
 from testkit.lmcache import LMCacheControllerProc
 from testkit.ports import free_port
+from testkit.require import requires_lmcache
 from testkit.sidecar import SidecarProc
 from tests.conftest import wait_until
 
@@ -28,8 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = REPO / "sim" / "assets" / "tiny-model"
 PODS = ("vllm-0", "vllm-1", "vllm-2")
 
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not LMCacheControllerProc.available(),
-                                                  reason="LMCache venv missing: run `make lmcache`")]
+pytestmark = [pytest.mark.e2e, requires_lmcache()]
 
 
 class World:

@@ -32,6 +32,7 @@ from testkit.paths import ENVOY_CONFIG, ENVOY_PASSTHROUGH_CONFIG, REPO
 from testkit.paths import venv_tool as _venv_tool
 from testkit.ports import SIDECAR_PORT
 from testkit.procs import ManagedProc, ProcError
+from testkit.require import requires, requires_lmcache
 from testkit.sidecar import SidecarProc
 from testkit.stack import Stack
 from tests.conftest import wait_until, wait_until_async
@@ -277,7 +278,7 @@ async def test_ranked_list_from_metadata_is_walked_in_order(
             assert status == 200 and payload["upstream"] == "127.0.0.2:8000"
 
 
-@pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
+@requires("curl", shutil.which("curl") is not None, "install curl (apt-get install curl)")
 async def test_h2c_prior_knowledge_is_served(upstreams: Upstreams, envoy: EnvoyProc) -> None:
     proc = await asyncio.create_subprocess_exec(
         "curl", "-sS", "--http2-prior-knowledge", "-o", "/dev/null", "-w", "%{http_code} %{http_version}",
@@ -375,7 +376,7 @@ async def test_fleet_behind_passthrough(log_dir: Path) -> None:
     assert not fleet.running
 
 
-@pytest.mark.skipif(not LMCacheControllerProc.available(), reason="LMCache venv missing (make lmcache)")
+@requires_lmcache()
 def test_lmcache_controller_proc(log_dir: Path) -> None:
     with LMCacheControllerProc(log_dir) as ctl:
         assert ctl.url.startswith("http://127.0.0.1:")

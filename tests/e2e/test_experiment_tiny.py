@@ -13,11 +13,10 @@ from experiment.realtime import outputs
 from experiment.realtime.arms import parse_arms
 from experiment.realtime.driver import DriverConfig, run_experiment
 from experiment.realtime.points import point_by_name
-from testkit.lmcache import LMCacheControllerProc
 from testkit.peers import peers_available
+from testkit.require import requires_lmcache
 
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not LMCacheControllerProc.available(),
-                                                  reason="LMCache venv missing: run `make lmcache`")]
+pytestmark = [pytest.mark.e2e, requires_lmcache()]
 
 SIDECAR_ARMS = "kvaware,loadaware-b0.5-kvev,roundrobin"
 

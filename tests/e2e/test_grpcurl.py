@@ -21,8 +21,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sim.tokenization import SimTokenizer
-from testkit.lmcache import LMCacheControllerProc
 from testkit.ports import free_port
+from testkit.require import requires_lmcache
 from testkit.sidecar import SidecarProc
 from tests.conftest import wait_until
 from tests.prompt_leaks import assert_no_prompt
@@ -37,8 +37,7 @@ WORDS = [
     "policy", "score", "load", "fleet", "window", "answer", "context", "question", "document",
 ]
 
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not LMCacheControllerProc.available(),
-                                                  reason="LMCache venv missing: run `make lmcache`")]
+pytestmark = [pytest.mark.e2e, requires_lmcache()]
 
 
 def text(seed: int, words: int = 700) -> str:

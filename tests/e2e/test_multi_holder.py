@@ -31,6 +31,7 @@ from testkit.fleet import FleetProc
 from testkit.lmcache import LMCacheControllerProc
 from testkit.metrics_text import metric_sum
 from testkit.ports import free_port
+from testkit.require import requires_lmcache
 from testkit.sidecar import SidecarProc
 from testkit.stack import Stack
 from tests.conftest import wait_until
@@ -44,8 +45,7 @@ WORDS = [
 ]
 BETA = "0.5"
 
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not LMCacheControllerProc.available(),
-                                                  reason="LMCache venv missing: run `make lmcache`")]
+pytestmark = [pytest.mark.e2e, requires_lmcache()]
 
 
 def hot_prefix(seed: int, words: int = 2000) -> str:

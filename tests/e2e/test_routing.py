@@ -21,10 +21,10 @@ from tokenizers import Tokenizer
 
 from loadaware.policies import Candidate
 from loadaware.policies.loadaware import loadaware_scores
-from testkit.lmcache import LMCacheControllerProc
 from testkit.loopback_lock import loopback_lock
 from testkit.metrics_text import metric_sum
 from testkit.ports import free_port
+from testkit.require import requires_lmcache
 from testkit.sidecar import SidecarProc
 from testkit.stack import Stack
 from tests.conftest import wait_until
@@ -37,8 +37,7 @@ WORDS = [
     "matched", "prompt", "decode", "prefill", "batch",
 ]
 
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not LMCacheControllerProc.available(),
-                                                  reason="LMCache venv missing: run `make lmcache`")]
+pytestmark = [pytest.mark.e2e, requires_lmcache()]
 
 
 def long_text(seed: int, words: int = 700) -> str:

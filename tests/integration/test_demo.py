@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from testkit.paths import LMCACHE_VENV_BIN, REPO
+from testkit.require import requires_lmcache
 
 CONTROLLER = LMCACHE_VENV_BIN / "lmcache_controller"
 # The demo takes ~25 s (step 7, the picker mode, ~3 s of it; step 8, two models, ~1 s; step 9, a failing engine,
@@ -21,8 +22,7 @@ TIMEOUT_S = 900.0
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(not CONTROLLER.exists(),
-                       reason=f"real LMCache controller not installed at {CONTROLLER} (make lmcache)"),
+    requires_lmcache(),
 ]
 
 

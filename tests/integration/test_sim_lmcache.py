@@ -16,13 +16,12 @@ from sim.fleet import DEFAULT_TOKENIZER, Fleet, start_fleet
 from sim.lmcache_chunks import chunk_keys
 from sim.service_model import ServiceModel
 from sim.tokenization import SimTokenizer
-from testkit.lmcache import CONTROLLER_BINARY as DEFAULT_BINARY
 from testkit.lmcache import LMCacheControllerProc as ControllerProcess
 from testkit.lmcache import start_controller
+from testkit.require import requires_lmcache
 from tests.conftest import wait_until, wait_until_async
 
-pytestmark = pytest.mark.skipif(not DEFAULT_BINARY.exists(),
-                                reason=f"real LMCache controller not installed at {DEFAULT_BINARY} (make lmcache)")
+pytestmark = requires_lmcache()
 
 T = TypeVar("T")
 

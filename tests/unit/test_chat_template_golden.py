@@ -23,10 +23,11 @@ import pytest
 from tokenizers import AddedToken, Tokenizer
 
 from loadaware.tokenize.tokenizer import PromptTokenizer, TokenizerError
+from testkit.require import require_module
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may reach the hub
-transformers = pytest.importorskip("transformers")
-hf_chat_utils = pytest.importorskip("transformers.utils.chat_template_utils")
+transformers = require_module("transformers", "pip install -e '.[dev]'")
+hf_chat_utils = require_module("transformers.utils.chat_template_utils", "pip install -e '.[dev]'")
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates"
 TINY = Path(__file__).resolve().parents[2] / "sim" / "assets" / "tiny-model"

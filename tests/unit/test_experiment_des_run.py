@@ -5,11 +5,10 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-import pytest
-
-pytest.importorskip("matplotlib")
-
 from experiment.des_run import main
+from testkit.require import require_module
+
+require_module("matplotlib", "pip install -e '.[experiment]' (make .venv/.experiment-installed)")
 
 
 def test_des_run_writes_report_csv_and_plots(tmp_path: Path) -> None:

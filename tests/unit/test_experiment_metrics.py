@@ -18,6 +18,7 @@ from experiment.metrics import (
     slo_miss_share,
 )
 from experiment.records import EngineSample, RequestRecord, RunRecords
+from testkit.require import requires
 
 
 def sample(t: float, engine: str, running: float, kv: float = 0.5, q: float = 0.0, h: float = 0.0,
@@ -76,7 +77,7 @@ def test_seed_metrics_percentiles_throughput_and_validity() -> None:
     assert not seed_metrics(bad).valid and not arm_valid([m, seed_metrics(bad)])
 
 
-@pytest.mark.skipif(not reference.available(), reason="reference data not present")
+@requires("reference data", reference.available(), "experiment/reference_data is checked in: restore it")
 def test_reference_rows_reproduce_the_published_table_and_gates() -> None:
     summary = reference.load_summary()
     per_seed = reference.load_per_seed()

@@ -20,8 +20,9 @@ from experiment.realtime.sender import SenderResult
 from experiment.records import EngineSample, RunRecords
 from experiment.results_doc import build_doc, load_des, paired_on_common_seeds, running_rounds
 from experiment.workload import build
+from testkit.require import require_module
 
-pytest.importorskip("matplotlib")
+require_module("matplotlib", "pip install -e '.[experiment]' (make .venv/.experiment-installed)")
 
 
 def _m(arm: str, seed: int, **kw: float) -> SeedMetrics:

@@ -7,8 +7,9 @@ import pytest
 
 from experiment import reference
 from experiment.stats import average_ranks, median_relative_change, paired_comparison, signed_rank_null, wilcoxon_exact
+from testkit.require import require, require_module
 
-scipy_stats = pytest.importorskip("scipy.stats")
+scipy_stats = require_module("scipy.stats", "pip install -e '.[experiment]' (make .venv/.experiment-installed)")
 
 
 def test_average_ranks_share_ties() -> None:
@@ -53,8 +54,7 @@ def test_reference_paired_p_values_reproduce() -> None:
     """The reference experiment's published paired tests (20 seeds, its per-seed data in
     experiment/reference.py): SLO misses beta=0.5 vs kvaware p = 0.0021; TTFT p95 beta=1.0 p = 0.0053;
     imbalance beta=0.5 p < 0.0001; TTFT p95 beta=0.5 not significant."""
-    if not reference.available():
-        pytest.skip("reference data not present")
+    require("reference data", reference.available(), "experiment/reference_data is checked in: restore it")
     data = reference.load_per_seed()
 
     def col(cell: str, metric: str) -> list[float]:
