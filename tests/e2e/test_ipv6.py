@@ -26,6 +26,7 @@ from loadaware.fleet.addresses import format_hostport, http_url
 from testkit.envoy import EnvoyProc
 from testkit.envoy_eds import eds_config, write_assignment
 from testkit.fleet import FleetProc
+from testkit.paths import TINY_TOKENIZER
 from testkit.ports import free_port
 from testkit.require import require
 from testkit.sidecar import SidecarProc
@@ -113,7 +114,7 @@ def world(request: pytest.FixtureRequest, engines: tuple[FleetProc, EnvoyProc, i
     admin = f"[::1]:{free_port('::1')}"
     args = ["--listen", f"[::1]:{sidecar_port}", "--metrics-listen", f"[::1]:{free_port('::1')}",
             "--admin-listen", admin, "--admin-http-listen", f"[::1]:{free_port('::1')}",
-            *discovery, "--policy", "loadaware", "--prefix-source", "kv-events", "--kv-events-endpoints", feeds,
+            *discovery, "--tokenizer", str(TINY_TOKENIZER), "--policy", "loadaware", "--prefix-source", "kv-events", "--kv-events-endpoints", feeds,
             "--scrape-interval-s", "0.2", "--scrape-stale-s", "2", "--models-refresh-s", "1"]
     with SidecarProc(args, log_dir=log_dir) as sidecar:
         router = RouterClient(admin)
@@ -145,7 +146,7 @@ def test_scrapes_and_model_lists_reach_the_sidecar_over_ipv6(world: World) -> No
 
     wait_until(seen, message=lambda: f"a scrape and a model list over IPv6: {world.state()['endpoints']}")
     row = {e["endpoint"]: e for e in world.state()["endpoints"]}[world.by_name["engine-1"]]
-    assert "tiny-model" in row["models"]
+    assert row["models"]["models"] == ["tiny-model"]
     world.phantom("engine-1", 0)
 
 
