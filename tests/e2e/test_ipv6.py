@@ -1,8 +1,9 @@
 """IPv6 end to end: three simulated engines on [::1] (each its own port) behind the real Envoy, whose engines
 cluster lists them and whose ext_proc cluster dials the sidecar on [::1]; the sidecar listens, serves its
 admin pages and gRPC API on [::1], scrapes http://[::1]:port/metrics, polls /v1/models and subscribes to the
-engines' KV events on tcp://[::1]:port. Run once with the fleet given as `--endpoints [::1]:a,...` and once
-found through Envoy's admin API (--discovery envoy-admin).
+engines' KV events on tcp://[::1]:port. Run with the fleet given as `--endpoints [::1]:a,...`, found through
+Envoy's admin API (--discovery envoy-admin), through IPv6 EndpointSlices (--discovery kubernetes) and through
+an InferencePool's pod (--discovery inference-pool), the last two from a stand-in Kubernetes API server.
 
 What must hold: the endpoints keep their brackets everywhere; Envoy's override_host honours the sidecar's
 `[::1]:port` destination (every request lands on the engine the sidecar chose, and Envoy reports that engine
@@ -26,6 +27,7 @@ from loadaware.fleet.addresses import format_hostport, http_url
 from testkit.envoy import EnvoyProc
 from testkit.envoy_eds import eds_config, write_assignment
 from testkit.fleet import FleetProc
+from testkit.k8s_apiserver import PodEndpoint, ThreadedStandIn, make_pod, make_pool, make_slice
 from testkit.paths import TINY_TOKENIZER
 from testkit.ports import free_port
 from testkit.require import require
@@ -104,29 +106,55 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FleetPro
         yield fleet, envoy, sidecar_port, log_dir
 
 
-@pytest.fixture(scope="module", params=["static", "envoy-admin"])
+def discovery_args(mode: str, fleet: FleetProc, envoy: EnvoyProc, stack: contextlib.ExitStack,
+                   log_dir: Path) -> list[str]:
+    """The sidecar's flags to find the [::1] engines by `mode`; the Kubernetes modes get a stand-in API
+    server whose EndpointSlices (addressType IPv6) or pod and InferencePool name ::1."""
+    if mode == "static":
+        return ["--endpoints", ",".join(fleet.endpoints)]
+    if mode == "envoy-admin":
+        return ["--discovery", "envoy-admin", "--envoy-admin-url", envoy.admin_url, "--discovery-interval-s", "0.2"]
+    standin = ThreadedStandIn(namespace="llm")
+    api = stack.enter_context(standin)
+    kubeconfig = log_dir / f"kubeconfig-{mode}"
+    kubeconfig.write_text(json.dumps(api.kubeconfig()))
+    if mode == "kubernetes":
+        for e in fleet.engines:  # one slice per engine: each its own port on the one IPv6 loopback address
+            slice_ = make_slice(f"vllm-{e['name']}", "vllm", "llm", [PodEndpoint(e["ip"], e["name"])], e["port"])
+            slice_["addressType"] = "IPv6"
+            standin.call(api.upsert(slice_))
+        return ["--discovery", "kubernetes", "--k8s-namespace", "llm", "--k8s-service", "vllm",
+                "--k8s-port-name", "http", "--kubeconfig", str(kubeconfig)]
+    assert mode == "inference-pool"
+    standin.call(api.upsert_pod(make_pod("vllm-0", "::1", {"app": "vllm"})))  # one pod, a target port per engine
+    api.set_pool(make_pool("vllm", {"app": "vllm"}, [e["port"] for e in fleet.engines]))
+    return ["--discovery", "inference-pool", "--inference-pool", "vllm", "--k8s-namespace", "llm",
+            "--kubeconfig", str(kubeconfig)]
+
+
+@pytest.fixture(scope="module", params=["static", "envoy-admin", "kubernetes", "inference-pool"])
 def world(request: pytest.FixtureRequest, engines: tuple[FleetProc, EnvoyProc, int, Path]) -> Iterator[World]:
     fleet, envoy, sidecar_port, log_dir = engines
     feeds = ",".join(f"{format_hostport(e['ip'], e['port'])}=[::1]:{e['kv_events_port']}/{e['kv_events_replay_port']}"
                      for e in fleet.engines)
-    discovery = (["--endpoints", ",".join(fleet.endpoints)] if request.param == "static" else
-                 ["--discovery", "envoy-admin", "--envoy-admin-url", envoy.admin_url, "--discovery-interval-s", "0.2"])
     admin = f"[::1]:{free_port('::1')}"
-    args = ["--listen", f"[::1]:{sidecar_port}", "--metrics-listen", f"[::1]:{free_port('::1')}",
-            "--admin-listen", admin, "--admin-http-listen", f"[::1]:{free_port('::1')}",
-            *discovery, "--tokenizer", str(TINY_TOKENIZER), "--policy", "loadaware", "--prefix-source", "kv-events", "--kv-events-endpoints", feeds,
-            "--scrape-interval-s", "0.2", "--scrape-stale-s", "2", "--models-refresh-s", "1"]
-    with SidecarProc(args, log_dir=log_dir) as sidecar:
+    with contextlib.ExitStack() as stack:
+        args = ["--listen", f"[::1]:{sidecar_port}", "--metrics-listen", f"[::1]:{free_port('::1')}",
+                "--admin-listen", admin, "--admin-http-listen", f"[::1]:{free_port('::1')}",
+                *discovery_args(request.param, fleet, envoy, stack, log_dir), "--tokenizer", str(TINY_TOKENIZER),
+                "--policy", "loadaware", "--prefix-source", "kv-events", "--kv-events-endpoints", feeds,
+                "--scrape-interval-s", "0.2", "--scrape-stale-s", "2", "--models-refresh-s", "1"]
+        sidecar = stack.enter_context(SidecarProc(args, log_dir=log_dir))
         router = RouterClient(admin)
+        stack.callback(router.close)
+        world = World(fleet, envoy, sidecar, router, {e["name"]: format_hostport(e["ip"], e["port"])
+                                                      for e in fleet.engines})
+        router.wait_routable(fleet.endpoints)
         try:
-            world = World(fleet, envoy, sidecar, router, {e["name"]: format_hostport(e["ip"], e["port"])
-                                                          for e in fleet.engines})
-            router.wait_routable(fleet.endpoints)
             yield world
         finally:
             for name in world.by_name:
                 world.phantom(name, 0)
-            router.close()
 
 
 def test_every_component_names_the_engines_in_brackets(world: World) -> None:
