@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from loadaware.fleet.addresses import format_hostport, http_url
 from testkit.envoy import EnvoyProc
@@ -214,3 +215,36 @@ def test_kv_events_over_ipv6_credit_the_engine_that_served(world: World) -> None
 
     decision = wait_until(credited_again, message="the served engine's KV events to credit it with the prompt")
     assert decision["endpoint"] == holder
+
+
+def test_envoy_override_host_matches_only_the_bracketed_spelling(
+        engines: tuple[FleetProc, EnvoyProc, int, Path], tmp_path: Path) -> None:
+    """What the real Envoy expects in the destination header for an IPv6 host: `[::1]:port` (as Envoy itself
+    writes the address) picks that host; `::1:port` matches no host and falls back to least_request. Checked on
+    a copy of the shipped config without ext_proc and without the filter that drops a client's header, so the
+    header reaches override_host as sent."""
+    fleet = engines[0]
+    write_assignment(tmp_path, [(ep, "HEALTHY") for ep in fleet.endpoints], 1)
+    path = eds_config(tmp_path, listen_port=free_port(), admin_port=free_port(), sidecar_port=free_port())
+    config = yaml.safe_load(path.read_text())
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] not in (
+        "envoy.filters.http.ext_proc", "envoy.filters.http.header_mutation")]
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    names = {format_hostport(e["ip"], e["port"]): e["name"] for e in fleet.engines}
+    with EnvoyProc(path, tmp_path) as envoy:
+        def served_by(header: str) -> str:
+            req = urllib.request.Request(envoy.url + "/v1/completions", method="POST",
+                                         data=json.dumps({"model": "tiny-model", "prompt": "hi",
+                                                          "max_tokens": 1}).encode(),
+                                         headers={"content-type": "application/json",
+                                                  "x-gateway-destination-endpoint": header})
+            with urllib.request.urlopen(req, timeout=20) as resp:
+                return str(resp.headers["x-served-by"])
+
+        for endpoint, name in names.items():
+            assert {served_by(endpoint) for _ in range(4)} == {name}, endpoint
+        target = fleet.endpoints[0]
+        unbracketed = target.replace("[", "").replace("]", "")  # ::1:port, the spelling the old parser produced
+        # 12 picks by the fallback, each engine ~1/3: all on the named one by chance is about 3^-11
+        assert len({served_by(unbracketed) for _ in range(12)}) > 1
