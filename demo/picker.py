@@ -30,6 +30,7 @@ import aiohttp
 from demo.explain import EngineName, explain
 from demo.prompts import MODEL, prefix_text, summarize
 from demo.session import DemoFailure, DemoSession, Reply, debug_url_of, heading
+from loadaware.fleet.addresses import parse_hostport
 from testkit.envoy import EnvoyProc
 from testkit.paths import REPO, TINY_TOKENIZER
 from testkit.ports import SIDECAR_PORT, accepts, free_port, free_ports
@@ -268,7 +269,8 @@ def retry_config(dest: Path, dead: str, listen: int, admin: int, picker: int) ->
     """PICKER_CONFIG with a fourth pool host `dead` and its own listener, admin and picker ports."""
     text = PICKER_CONFIG.read_text()
     last = "        - endpoint: {address: {socket_address: {address: 127.0.0.4, port_value: 8000}}}\n"
-    host, port = dead.rsplit(":", 1)
+    host, port_number = parse_hostport(dead)
+    port = str(port_number)
     edits = [(f"port_value: {PICKER_LISTEN_PORT}}}", f"port_value: {listen}}}"),
              (f"port_value: {PICKER_ADMIN_PORT}}}", f"port_value: {admin}}}"),
              (f"port_value: {SIDECAR_PORT}}}", f"port_value: {picker}}}"),

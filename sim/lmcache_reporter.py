@@ -30,6 +30,8 @@ import msgpack
 import zmq
 import zmq.asyncio
 
+from loadaware.fleet.addresses import tcp_url, url_host
+
 log = logging.getLogger(__name__)
 
 LOCATION = "LocalCPUBackend"
@@ -78,7 +80,8 @@ class LMCacheReporter:
         self._push = self._sync_ctx.socket(zmq.PUSH)
         self._push.setsockopt(zmq.LINGER, 1000)  # long enough to flush DeRegisterMsg on close
         self._push.setsockopt(zmq.SNDHWM, 100_000)
-        self._push.connect(f"tcp://{c.host}:{c.pull_port}")
+        self._push.setsockopt(zmq.IPV6, 1)  # a controller or worker on an IPv6 address
+        self._push.connect(tcp_url(c.host, c.pull_port))
         self._bind_listener()
         if wait and await self._register_once():
             return True
@@ -89,10 +92,11 @@ class LMCacheReporter:
         try:
             sock = self._ctx.socket(zmq.ROUTER)
             sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.IPV6, 1)
             if self.worker_port == 0:
-                self.worker_port = sock.bind_to_random_port(f"tcp://{self.worker_ip}")
+                self.worker_port = sock.bind_to_random_port(f"tcp://{url_host(self.worker_ip)}")
             else:
-                sock.bind(f"tcp://{self.worker_ip}:{self.worker_port}")
+                sock.bind(tcp_url(self.worker_ip, self.worker_port))
             self._listener = sock
         except zmq.ZMQError as e:
             log.warning("%s: cannot bind LMCache worker port %s:%s (%s); continuing",
@@ -101,7 +105,8 @@ class LMCacheReporter:
     async def _register_once(self) -> bool:
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
-        dealer.connect(f"tcp://{self.controller.host}:{self.controller.reply_port}")
+        dealer.setsockopt(zmq.IPV6, 1)
+        dealer.connect(tcp_url(self.controller.host, self.controller.reply_port))
         try:
             msg = {"type": "RegisterMsg", "instance_id": self.instance_id, "worker_id": 0,
                    "ip": self.worker_ip, "port": self.worker_port, "peer_init_url": None}

@@ -27,6 +27,8 @@ from typing import Any
 
 from aiohttp import web
 
+from loadaware.fleet.addresses import format_hostport, http_url
+
 ASSETS = Path(__file__).parent / "assets" / "k8s"
 API_PATH = "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
 PODS_PATH = "/api/v1/namespaces/{namespace}/pods"
@@ -164,7 +166,7 @@ class StandInApiServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return http_url(format_hostport(self.host, self.port))
 
     def kubeconfig(self) -> dict[str, Any]:
         return {"apiVersion": "v1", "kind": "Config", "current-context": "standin",

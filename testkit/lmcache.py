@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from loadaware.fleet.addresses import format_hostport, http_url
 from sim.lmcache_reporter import ControllerAddress
 from testkit import http
 from testkit.paths import LMCACHE_VENV_BIN
@@ -34,7 +35,7 @@ class LMCacheControllerProc(ManagedProc):
         self.pull_port = pull or next(spare)
         self.reply_port = reply or next(spare)
         self.heartbeat_port = heartbeat or next(spare)
-        self.url = f"http://{host}:{self.port}"
+        self.url = http_url(format_hostport(host, self.port))
         monitor = json.dumps({"pull": self.pull_port, "reply": self.reply_port,
                               "heartbeat": self.heartbeat_port})
         # --host must always be passed: it defaults to 0.0.0.0 for HTTP and every ZMQ socket.

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from loadaware.fleet.addresses import parse_hostport
 from testkit.paths import ENVOY_CONFIG
 
 
@@ -24,9 +25,9 @@ def engines_config(endpoints: Sequence[str], directory: Path, base: Path = ENVOY
     config: dict[str, Any] = yaml.safe_load(base.read_text())
     lb_endpoints = []
     for ep in endpoints:
-        host, _, port = ep.rpartition(":")
+        host, port = parse_hostport(ep)  # Envoy takes an IPv6 host bare here
         lb_endpoints.append({"endpoint": {"address": {"socket_address": {"address": host,
-                                                                         "port_value": int(port)}}}})
+                                                                         "port_value": port}}}})
     found = False
     for cluster in config["static_resources"]["clusters"]:
         if cluster["name"] == "engines":
