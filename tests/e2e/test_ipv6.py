@@ -23,15 +23,18 @@ from typing import Any
 
 import pytest
 import yaml
+from google.protobuf import struct_pb2
 
+from loadaware.api.v1 import loadaware_pb2 as pb
 from loadaware.fleet.addresses import format_hostport, http_url
 from testkit.envoy import EnvoyProc
 from testkit.envoy_eds import eds_config, write_assignment
 from testkit.fleet import FleetProc
 from testkit.k8s_apiserver import PodEndpoint, ThreadedStandIn, make_pod, make_pool, make_slice
+from testkit.lmcache import LMCacheControllerProc
 from testkit.paths import TINY_TOKENIZER
 from testkit.ports import free_port
-from testkit.require import require
+from testkit.require import require, requires_lmcache
 from testkit.sidecar import SidecarProc
 from tests.conftest import wait_until
 
@@ -248,3 +251,37 @@ def test_envoy_override_host_matches_only_the_bracketed_spelling(
         unbracketed = target.replace("[", "").replace("]", "")  # ::1:port, the spelling the old parser produced
         # 12 picks by the fallback, each engine ~1/3: all on the named one by chance is about 3^-11
         assert len({served_by(unbracketed) for _ in range(12)}) > 1
+
+
+@requires_lmcache()
+def test_lmcache_credit_reaches_an_ipv6_engine_mapped_by_its_ip(tmp_path: Path) -> None:
+    """The real LMCache controller lists a worker at ip `::1`; the sidecar maps it to the endpoint
+    `[::1]:port` by that ip (no instance map given) and credits the engine with the prompts it cached."""
+    admin = f"[::1]:{free_port('::1')}"
+    with LMCacheControllerProc(tmp_path) as lmcache, \
+            FleetProc(tmp_path, engines=1, base_ip="::1", port=0, lmcache=lmcache) as fleet:
+        (endpoint,) = fleet.endpoints
+        args = ["--listen", f"[::1]:{free_port('::1')}", "--metrics-listen", "off", "--admin-listen", admin,
+                "--admin-http-listen", "off", "--endpoints", endpoint, "--lmcache-url", lmcache.url,
+                "--tokenizer", str(TINY_TOKENIZER), "--models-refresh-s", "0"]
+        with SidecarProc(args, log_dir=tmp_path):
+            router = RouterClient(admin)
+            try:
+                wait_until(lambda: {e.endpoint: e.lmcache_instance_id for e in router.endpoints().endpoints}
+                           == {endpoint: "engine-0"}, message="the IPv6 worker mapped to its endpoint by ip")
+                prompt = " ".join(WORDS[(i * 3) % len(WORDS)] for i in range(400))
+                req = urllib.request.Request(http_url(endpoint, "/v1/completions"), method="POST",
+                                             data=json.dumps({"model": "tiny-model", "prompt": prompt,
+                                                              "max_tokens": 1}).encode(),
+                                             headers={"content-type": "application/json"})
+                urllib.request.urlopen(req, timeout=20).read()
+                body = struct_pb2.Struct()
+                body.update({"model": "tiny-model", "prompt": prompt})
+
+                def matched() -> int:
+                    reply = router.stub.Explain(pb.ExplainRequest(body=body), timeout=5)
+                    return {e.endpoint: e.matched_tokens for e in reply.endpoints}.get(endpoint, 0)
+
+                assert wait_until(matched, message="LMCache's credit for the IPv6 engine") > 0
+            finally:
+                router.close()
