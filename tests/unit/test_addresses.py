@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from loadaware.config import ConfigError, from_args
@@ -21,6 +23,8 @@ from loadaware.fleet.addresses import (
     split_tcp_url,
     tcp_url,
 )
+from loadaware.fleet.discovery.file import EndpointsFileWatcher
+from loadaware.fleet.registry import EndpointRegistry
 
 
 @pytest.mark.parametrize(("text", "host", "port"), [
@@ -125,3 +129,15 @@ def test_listen_clash_is_found_across_ipv6_spellings() -> None:
         from_args(["--listen", "[::1]:9002", "--metrics-listen", "[0::1]:9002"], environ={})
     with pytest.raises(ConfigError, match="--listen"):
         from_args(["--listen", "::1:9002"], environ={})
+
+
+def test_endpoints_file_keeps_ipv6_brackets_and_refuses_unbracketed(tmp_path: Path) -> None:
+    path = tmp_path / "endpoints.txt"
+    path.write_text("[::1]:8000  # engine a\n[FD00::5]:8000\n10.0.0.1:8000\n")
+    registry = EndpointRegistry()
+    watcher = EndpointsFileWatcher(str(path), registry)
+    assert watcher.poll()
+    assert set(registry.snapshot()) == {"[::1]:8000", "[fd00::5]:8000", "10.0.0.1:8000"}
+    path.write_text("::1:8000\n")  # ambiguous: refused, the last good set stays
+    assert not watcher.poll()
+    assert set(registry.snapshot()) == {"[::1]:8000", "[fd00::5]:8000", "10.0.0.1:8000"}
