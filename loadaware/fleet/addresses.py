@@ -32,11 +32,16 @@ _NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?")
 
 
 def canonical_host(host: str) -> str:
-    """An IP address in its canonical text (IPv6 compressed, lower case); a name as given. No brackets."""
+    """An IP address in its canonical text (IPv6 compressed, lower case); a name as given. No brackets.
+    An IPv4-mapped IPv6 address keeps its dotted tail (`::ffff:10.0.0.1`), as inet_ntop, and so Envoy, writes
+    it (Python's own spelling of it changed in 3.13)."""
     try:
-        return str(ipaddress.ip_address(host))
+        address = ipaddress.ip_address(host)
     except ValueError:
         return host
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None and not address.scope_id:
+        return f"::ffff:{address.ipv4_mapped}"
+    return str(address)
 
 
 def is_ipv6(host: str) -> bool:

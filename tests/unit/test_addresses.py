@@ -35,7 +35,8 @@ from loadaware.fleet.registry import EndpointRegistry
     ("[::1]:8000", "::1", 8000),
     ("[::]:9002", "::", 9002),
     ("[FD00:0:0:0:0:0:0:5]:8000", "fd00::5", 8000),  # canonical: compressed, lower case
-    ("[::ffff:10.0.0.1]:8000", "::ffff:a00:1", 8000),
+    ("[::ffff:10.0.0.1]:8000", "::ffff:10.0.0.1", 8000),  # as inet_ntop (Envoy) writes it
+    ("[::FFFF:a00:1]:8000", "::ffff:10.0.0.1", 8000),
     ("0.0.0.0:0", "0.0.0.0", 0),
 ])
 def test_hostports_parse_to_the_canonical_host(text: str, host: str, port: int) -> None:

@@ -50,7 +50,10 @@ def feed_address(endpoint: str, explicit: Mapping[str, FeedAddress], pub_port: i
         return explicit[endpoint]
     if pub_port <= 0:
         return None
-    host = host_of(endpoint)
+    try:
+        host = host_of(endpoint)
+    except ValueError:
+        return None  # not an address (discovery only registers parsed ones): no feed rather than a crash
     return FeedAddress(tcp_url(host, pub_port), tcp_url(host, replay_port) if replay_port > 0 else None)
 
 
