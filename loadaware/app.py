@@ -95,7 +95,8 @@ class Sidecar:
             encoder = TextUnits()  # the approximate source alone may guess from text bytes
         # Failure-aware routing: request outcomes and scrapes take failing engines out of rotation.
         self.endpoint_health = EndpointHealth(
-            HealthOptions(s.eject_after_failures, s.ejection_base_s, s.ejection_max_s, s.unreachable_after_scrapes),
+            HealthOptions(s.eject_after_failures, s.ejection_base_s, s.ejection_max_s, s.unreachable_after_scrapes,
+                          s.max_ejection_percent),
             on_change=self._health_changed)
         self.decider = Decider(make_policy(s.policy, s.loadaware_beta), self.registry, self.loads, self.lifecycle,
                                encoder, self.prefixes.source, fallbacks=s.fallback_endpoints,

@@ -1,7 +1,8 @@
 """The one settings object: command-line flag > environment variable > default, validated at start.
 
-A bad flag value is refused with a message naming the flag. A bad environment value falls back to the
-default with a warning (an unparsable LOADAWARE_BETA in a pod spec must not take the gateway down).
+A bad flag value is refused with a message naming the flag. A bad environment value of a tuning knob falls
+back to the default with a warning (an unparsable LOADAWARE_BETA in a pod spec must not take the gateway
+down); one of a listener, TLS or ejection setting is refused like a flag (STRICT_ENV says why).
 Every value remembers where it came from, so the effective configuration can be explained.
 """
 
@@ -103,6 +104,15 @@ def parse_path(text: str) -> str:
     return text.strip()
 
 
+def parse_readable_file(text: str) -> str:
+    """A file that exists and can be read now (a TLS file missing at start would surface as a traceback
+    deep in the server's bind)."""
+    path = parse_path(text)
+    if not os.path.isfile(path) or not os.access(path, os.R_OK):
+        raise ValueError(f"{path!r} is not a readable file")
+    return path
+
+
 def parse_optional_hostport(text: str) -> str:
     if text.strip().lower() in ("", "off", "none"):
         return ""
@@ -145,6 +155,13 @@ def parse_no_endpoint_reply(text: str) -> str:
     value = text.strip().lower()
     if value not in NO_ENDPOINT_REPLIES:
         raise ValueError(f"{text!r}: expected one of {', '.join(NO_ENDPOINT_REPLIES)}")
+    return value
+
+
+def parse_percent(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or not 0 <= value <= 100:
+        raise ValueError(f"{text!r} must be a percentage from 0 to 100")
     return value
 
 
@@ -244,6 +261,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("unreachable_after_scrapes", "--unreachable-after-scrapes", "LOADAWARE_UNREACHABLE_AFTER_SCRAPES", 2,
             parse_count, "consecutive scrapes that time out or cannot connect that take an engine out until a "
                          "scrape succeeds (0 = never)"),
+    Setting("max_ejection_percent", "--max-ejection-percent", "LOADAWARE_MAX_EJECTION_PERCENT", 50.0, parse_percent,
+            "at most this share of a decision's candidates is out of rotation (as Envoy's outlier detection); "
+            "past it, the engines due back soonest take traffic again (at least one engine can be out)"),
     Setting("models_refresh_s", "--models-refresh-s", "LOADAWARE_MODELS_REFRESH_S", 10.0, parse_non_negative,
             "period of the engines' /v1/models fetch (the request's model selects its engines; 0 = off, "
             "every engine serves every model)"),
@@ -251,10 +271,10 @@ SETTINGS: tuple[Setting, ...] = (
             "how long SIGTERM waits for open streams"),
     Setting("health_listen", "--health-listen", "LOADAWARE_HEALTH_LISTEN", "", parse_optional_hostport,
             "extra plain-text gRPC port serving only grpc.health.v1 (kubelet's gRPC probes speak no TLS)"),
-    Setting("tls_cert", "--tls-cert", "LOADAWARE_TLS_CERT", "", parse_path,
+    Setting("tls_cert", "--tls-cert", "LOADAWARE_TLS_CERT", "", parse_readable_file,
             "PEM certificate chain: serve the gRPC port over TLS (gateways that dial their picker with TLS)"),
-    Setting("tls_key", "--tls-key", "LOADAWARE_TLS_KEY", "", parse_path, "PEM private key for --tls-cert"),
-    Setting("tls_client_ca", "--tls-client-ca", "LOADAWARE_TLS_CLIENT_CA", "", parse_path,
+    Setting("tls_key", "--tls-key", "LOADAWARE_TLS_KEY", "", parse_readable_file, "PEM private key for --tls-cert"),
+    Setting("tls_client_ca", "--tls-client-ca", "LOADAWARE_TLS_CLIENT_CA", "", parse_readable_file,
             "PEM CA bundle: require and verify client certificates (mutual TLS)"),
     Setting("prefix_source", "--prefix-source", "LOADAWARE_PREFIX_SOURCE", (), parse_prefix_sources,
             "lmcache | kv-events | approx, or a comma combination (default: lmcache with --lmcache-url, "
@@ -283,6 +303,16 @@ SETTINGS: tuple[Setting, ...] = (
 )
 
 SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
+
+# Environment values refused at start, like flags: a listener on a default address the operator did not mean,
+# a TLS file silently dropped (plain text instead of TLS) or an ejection rule quietly reset would each change
+# the pod's exposure or failure behaviour without a sign. Tuning knobs (beta, intervals) still fall back.
+STRICT_ENV = frozenset({
+    "listen", "health_listen", "metrics_listen", "admin_listen", "admin_http_listen",
+    "tls_cert", "tls_key", "tls_client_ca",
+    "eject_after_failures", "ejection_base_s", "ejection_max_s", "unreachable_after_scrapes",
+    "max_ejection_percent",
+})
 
 
 @dataclass(frozen=True)
@@ -322,6 +352,7 @@ class Settings:
     ejection_base_s: float = 1.0
     ejection_max_s: float = 5.0
     unreachable_after_scrapes: int = 2
+    max_ejection_percent: float = 50.0
     models_refresh_s: float = 10.0
     shutdown_grace_s: float = 10.0
     health_listen: str = ""
@@ -396,6 +427,8 @@ def resolve(flags: Mapping[str, str | None], environ: Mapping[str, str] | None =
                 origins[s.name] = "env"
                 continue
             except ValueError as exc:
+                if s.name in STRICT_ENV:
+                    raise ConfigError(f"{s.env}: {exc}") from None
                 log.warning("ignoring %s=%r (%s); using the default %r", s.env, raw_env, exc, s.default)
         values[s.name] = s.default
         origins[s.name] = "default"

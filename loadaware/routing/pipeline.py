@@ -13,7 +13,7 @@ import time
 from typing import Protocol
 
 from loadaware.fleet.registry import EndpointRegistry
-from loadaware.lifecycle import Decision, RequestLifecycle
+from loadaware.lifecycle import Decision, RequestLifecycle, preview
 from loadaware.policies import Candidate, Policy, ranked
 from loadaware.prefix.source import PrefixSource, PrefixUnavailable, SaltedTokens
 from loadaware.routing.request import InferenceRequest
@@ -107,7 +107,15 @@ class Decider:
 
     async def decide(self, request: InferenceRequest | None, request_id: str = "", count: bool = True,
                      parse_s: float | None = None, subset: frozenset[str] | None = None) -> Decision:
-        """`subset`: the proxy's hint; only endpoints in it are candidates (None: the whole fleet)."""
+        """`subset`: the proxy's hint; only endpoints in it are candidates (None: the whole fleet). Without
+        `count` (Explain) the decision is a preview: nothing hears of it and no helper changes any state."""
+        if count:
+            return await self._decide(request, request_id, True, parse_s, subset)
+        with preview():
+            return await self._decide(request, request_id, False, parse_s, subset)
+
+    async def _decide(self, request: InferenceRequest | None, request_id: str, count: bool,
+                      parse_s: float | None, subset: frozenset[str] | None) -> Decision:
         started = time.perf_counter()
         stages: dict[str, float] = {} if parse_s is None else {"parse": parse_s}
         reasons: list[str] = []
