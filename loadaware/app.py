@@ -41,6 +41,7 @@ from loadaware.prefix.lmcache.resolver import InstanceResolver
 from loadaware.prefix.lmcache.source import LMCachePrefixSource
 from loadaware.prefix.wiring import PrefixOptions, PrefixWiring
 from loadaware.routing.pipeline import Decider, PromptEncoder
+from loadaware.runtime.supervisor import Supervisor, TaskSpec
 from loadaware.telemetry.decisions import DecisionLog, DecisionMetrics, RecentDecisions
 from loadaware.telemetry.metrics import Metrics
 from loadaware.tokenize.text_units import TextUnits
@@ -51,6 +52,12 @@ log = logging.getLogger(__name__)
 ENVOY_ADMIN_TIMEOUT_S = 2.0
 GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # request bodies arrive whole in BUFFERED mode
 FLEET_POLL_S = 0.2
+# Without these the sidecar cannot decide well (or at all): readiness drops while one keeps failing.
+REQUIRED_TASKS = ("scraper", "endpoints-file", "readiness")
+
+
+def is_required(task: str) -> bool:
+    return task in REQUIRED_TASKS or task.startswith("discovery-")
 MODELS_STALE_ROUNDS = 3  # a failing engine keeps its last model list for this many refresh periods
 
 Task = Callable[[], Coroutine[Any, Any, None]]
@@ -128,7 +135,8 @@ class Sidecar:
         self._fleet_round: int | None = 1 if self.registry.snapshot() else None
         self.extproc = ExtProcServicer(self.decider, self.lifecycle, self.metrics, s.destination_header,
                                        StreamOptions(s.no_endpoint_reply, s.max_request_body_bytes))
-        self.health = HealthReporter(self.ready)
+        self.supervisor = Supervisor(self.metrics.registry)
+        self.health = HealthReporter(self.ready, self.not_ready_reason)
         # The ext_proc port serves ext_proc and health only; the debug API and /debug are on the admin
         # listeners (loopback by default), /metrics alone on the metrics port (api/admin.py says why).
         self.metrics_http = MetricsHttp(self._render_metrics)
@@ -138,7 +146,6 @@ class Sidecar:
         self.admin_server: grpc.aio.Server | None = None
         self.bound_port: int | None = None
         self.admin_port: int | None = None
-        self._tasks: list[asyncio.Task[Any]] = []
 
     # ---- wiring helpers ----
     @staticmethod
@@ -210,10 +217,20 @@ class Sidecar:
     # ---- readiness ----
     def ready(self) -> bool:
         """Endpoints known, loads scraped once, the engines' models asked once (else an unknown model could reach
-        an engine in the first seconds), and the LMCache instance map tried once (when configured)."""
-        return (self.registry.ready and bool(self.registry.snapshot()) and self._scraped_since_fleet()
+        an engine in the first seconds), the LMCache instance map tried once (when configured), and no required
+        background task failing over and over."""
+        return (not self.supervisor.failing() and self.registry.ready and bool(self.registry.snapshot())
+                and self._scraped_since_fleet()
                 and (self.models_poller is None or self.models_poller.asked(self.registry.snapshot()))
                 and (self.resolver is None or self.resolver.attempts > 0))
+
+    def not_ready_reason(self) -> str:
+        failing = self.supervisor.failing()
+        if failing:
+            return "; ".join(f"task {name} keeps failing: {reason}" for name, reason in failing.items())
+        if not self.registry.snapshot():
+            return "no endpoints"
+        return "waiting for the first scrape round, models fetch or LMCache instance map"
 
     def _scraped_since_fleet(self) -> bool:
         """A scrape round over the fleet has finished. A fleet that discovery finds after start may arrive
@@ -246,7 +263,8 @@ class Sidecar:
                          "instance_id": self.bridge.instance_for(ep), "models": models.get(ep),
                          "scraped": None if st is None else {"running": st.running, "waiting": st.waiting,
                                                              "kv_usage": st.kv_usage}})
-        return {"ready": self.ready(), "open_streams": self.extproc.open_streams,
+        return {"ready": self.ready(), "not_ready_reason": "" if self.ready() else self.not_ready_reason(),
+                "tasks": self.supervisor.state(), "open_streams": self.extproc.open_streams,
                 "streams_by_mode": dict(self.extproc.modes),
                 "inflight": self.loads.snapshot(), "inflight_total": self.loads.total(), "endpoints": rows,
                 "instance_map": self.bridge.mapping(), "config": self.settings.describe(),
@@ -280,7 +298,7 @@ class Sidecar:
             tasks.append(("lmcache-instances", self.resolver.run))
         tasks += self.prefixes.tasks()
         tasks += [("endpoint-additions", self._track_additions), ("readiness", self.health.run)]
-        self._tasks = [asyncio.create_task(run(), name=name) for name, run in tasks]
+        self.supervisor.start([TaskSpec(name, run, required=is_required(name)) for name, run in tasks])
         log.info("serving ext_proc on %s (port %s), debug API on %s, policy=%s beta=%s endpoints=%s lmcache=%s "
                  "tokenizer=%s", s.listen, self.bound_port, s.admin_listen or "off", s.policy, s.loadaware_beta,
                  ",".join(self.registry.snapshot()) or "none", s.lmcache_url or "off", s.tokenizer or "off")
@@ -329,9 +347,7 @@ class Sidecar:
             await self.health_server.stop(0)
         if self.admin_server is not None:
             await self.admin_server.stop(0)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.supervisor.stop()
         await self.metrics_http.stop()
         await self.debug_http.stop()
         if self.lmcache is not None:
