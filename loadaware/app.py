@@ -75,6 +75,15 @@ def bind(flag: str, address: str, add_port: Callable[[], int], hint: str = "") -
     return port
 
 
+def read_pem(flag: str, path: str) -> bytes:
+    """A TLS file, or an OSError naming the flag: refused at start, not a traceback from inside the bind."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise OSError(f"{flag}: cannot read {path}: {exc.strerror or exc}") from exc
+
+
 class Sidecar:
     def __init__(self, settings: Settings) -> None:
         self.settings = s = settings
@@ -326,12 +335,8 @@ class Sidecar:
         """Plain text by default (loopback, or a mesh that brings its own mTLS); TLS or mutual TLS when asked."""
         if not s.tls_cert:
             return int(server.add_insecure_port(s.listen))
-        with open(s.tls_key, "rb") as key, open(s.tls_cert, "rb") as cert:
-            pair = (key.read(), cert.read())
-        client_ca = None
-        if s.tls_client_ca:
-            with open(s.tls_client_ca, "rb") as ca:
-                client_ca = ca.read()
+        pair = (read_pem("--tls-key", s.tls_key), read_pem("--tls-cert", s.tls_cert))
+        client_ca = read_pem("--tls-client-ca", s.tls_client_ca) if s.tls_client_ca else None
         credentials = grpc.ssl_server_credentials([pair], root_certificates=client_ca,
                                                   require_client_auth=client_ca is not None)
         return int(server.add_secure_port(s.listen, credentials))

@@ -73,7 +73,7 @@ def test_defaults_match_the_contract() -> None:
 
 @pytest.mark.parametrize(("env", "value"), [
     ("LOADAWARE_LISTEN", "nowhere"), ("LOADAWARE_METRICS_LISTEN", "127.0.0.1:99999"),
-    ("LOADAWARE_ADMIN_LISTEN", "localhost"), ("LOADAWARE_TLS_CERT", "/nonexistent/cert.pem"),
+    ("LOADAWARE_ADMIN_LISTEN", "localhost"),
     ("LOADAWARE_EJECT_AFTER_FAILURES", "-1"), ("LOADAWARE_EJECTION_BASE_S", "soon"),
     ("LOADAWARE_MAX_EJECTION_PERCENT", "150"),
 ])
