@@ -42,6 +42,7 @@ class Decision:
     ranked: tuple[str, ...] = ()  # the choice, then the fallbacks a proxy's retries walk, best first
     served: str | None = None  # the engine that served, once known; starts as the choice
     status: int | None = None  # the response's HTTP status, once its headers came back
+    model: str | None = None  # the request body's `model`, when it names one
     lease: Any = None  # the load module's receipt for this request's in-flight count
     ended: bool = False
 
