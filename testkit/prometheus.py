@@ -26,7 +26,7 @@ from testkit.procs import ManagedProc, ProcError
 PROMETHEUS = "prometheus"
 PROMTOOL = "promtool"
 RULES_SOURCE = REPO / "k8s" / "base" / "prometheusrule.yaml"
-ALERT_TESTS = REPO / "k8s" / "monitoring" / "alerts-test.yaml"
+ALERT_TESTS = REPO / "k8s" / "monitoring" / "alerts-test.yml"  # .yml: not a manifest (k8s/**/*.yaml are)
 RULES_FILE_NAME = "loadaware-rules.yaml"  # the name alerts-test.yaml loads, beside it
 
 

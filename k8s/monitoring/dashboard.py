@@ -5,9 +5,10 @@
 
 Each panel carries, as its description, the question it answers when someone is paged at 3 a.m.; the README
 ("Monitoring") repeats them. Variables: the data source, then namespace, pool and endpoint. `namespace` and
-`pool` are target labels the scrape configuration adds (k8s/monitoring/podmonitor-*.yaml: `pool` from the
-pods' `loadaware.io/pool` label); `endpoint` is the sidecar's own label (an engine's ip:port), which is also
-the `instance` Prometheus gives the engine's own scrape, so the vLLM panels filter on it too.
+`pool` are target labels the scrape configuration adds (k8s/base/podmonitor.yaml and
+k8s/monitoring/engines-podmonitor.yaml: `pool` from the pods' `loadaware.io/pool` label); `endpoint` is the
+sidecar's own label (an engine's ip:port), which is also the `instance` Prometheus gives the engine's own
+scrape, so the vLLM panels filter on it too.
 """
 
 from __future__ import annotations
