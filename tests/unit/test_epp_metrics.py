@@ -90,3 +90,11 @@ def test_no_scrape_means_no_average_rather_than_zero() -> None:
     text = render(metrics)
     assert metric_sum(text, "inference_pool_ready_pods") == 1
     assert not [s for s in samples(text) if s.name.startswith("inference_pool_average")]
+
+
+def test_the_hot_path_bench_runs() -> None:
+    from bench.epp_listener import run, table
+
+    result = run(quick=True)
+    assert result["lifecycle_with_epp_us"] > 0 and result["lookup_counted_us"] > 0
+    assert "lifecycle events" in table(result)
