@@ -28,6 +28,11 @@ REQUEST_DURATION_BUCKETS = (0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.
 ERROR_CODES = {"unknown_model": "BadRequest", "no_endpoints": "ServiceUnavailable",
                "no_eligible_endpoints": "ServiceUnavailable"}
 SCHEDULER_E2E = "inference_extension_scheduler_e2e_duration_seconds"
+# The model label comes from request bodies: bounded, so clients cannot grow the series without end. A model
+# no engine serves is never a label of its own; past the budget, new names share one.
+MAX_MODEL_LABELS = 64
+UNKNOWN_MODEL_LABEL = "(unknown model)"
+OTHER_MODELS_LABEL = "(other models)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,18 +67,26 @@ class EppMetrics:
         self._request_children: dict[str, tuple[Counter, Histogram]] = {}
         registry.register(_PoolCollector(self))
 
+    def model_label(self, decision: Decision) -> str:
+        if decision.outcome == "unknown_model":
+            return UNKNOWN_MODEL_LABEL
+        model = decision.model or ""
+        if model in self._request_children or len(self._request_children) < MAX_MODEL_LABELS:
+            return model
+        return OTHER_MODELS_LABEL
+
     # ---- lifecycle listener (hot path: cached children only) ----
     def on_decided(self, decision: Decision) -> None:
         code = ERROR_CODES.get(decision.outcome)
         if code is not None:
-            model = decision.model or ""
+            model = self.model_label(decision)
             self.errors.labels(model, model, code).inc()
 
     def on_served(self, decision: Decision, previous: str | None) -> None:
         pass
 
     def on_ended(self, decision: Decision) -> None:
-        model = decision.model or ""
+        model = self.model_label(decision)
         children = self._request_children.get(model)
         if children is None:
             children = self._request_children[model] = (self.requests.labels(model, model),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from loadaware.lifecycle import Decision, RequestLifecycle
 from loadaware.telemetry.decisions import DecisionMetrics
-from loadaware.telemetry.epp import EppMetrics, PodLoad
+from loadaware.telemetry.epp import MAX_MODEL_LABELS, EppMetrics, PodLoad
 from loadaware.telemetry.metrics import Metrics
 from testkit.metrics_text import metric_sum, samples
 
@@ -48,7 +48,8 @@ def test_requests_errors_and_durations_by_model() -> None:
     assert metric_sum(text, "inference_objective_request_total", m1) == 2
     assert metric_sum(text, "inference_objective_request_total") == 4
     assert metric_sum(text, "inference_objective_request_error_total",
-                      {"model_name": "nope", "error_code": "BadRequest"}) == 1
+                      {"model_name": "(unknown model)", "error_code": "BadRequest"}) == 1
+    assert 'model_name="nope"' not in text  # a name no engine serves is never a label
     assert metric_sum(text, "inference_objective_request_error_total",
                       {"model_name": "", "error_code": "ServiceUnavailable"}) == 1
     assert metric_sum(text, "inference_objective_request_error_total", m1) == 0
@@ -56,6 +57,22 @@ def test_requests_errors_and_durations_by_model() -> None:
     assert abs(metric_sum(text, "inference_objective_request_duration_seconds_sum", m1) - (1.502 + 0.302)) < 1e-9
     assert metric_sum(text, "inference_objective_request_duration_seconds_bucket", {**m1, "le": "0.4"}) == 1
     assert metric_sum(text, "inference_objective_request_duration_seconds_bucket", {**m1, "le": "2.0"}) == 2
+
+
+def test_model_labels_are_bounded() -> None:
+    metrics, lifecycle, wall = rig([])
+    for i in range(MAX_MODEL_LABELS + 10):
+        d = decision("routed", f"model-{i}", at=wall.now)
+        lifecycle.decided(d)
+        lifecycle.ended(d)
+    d = decision("routed", "model-0", at=wall.now)  # an early model keeps its own series
+    lifecycle.decided(d)
+    lifecycle.ended(d)
+    text = render(metrics)
+    models = {s.labels["model_name"] for s in samples(text) if s.name == "inference_objective_request_total"}
+    assert len(models) == MAX_MODEL_LABELS + 1 and "(other models)" in models
+    assert metric_sum(text, "inference_objective_request_total", {"model_name": "(other models)"}) == 10
+    assert metric_sum(text, "inference_objective_request_total", {"model_name": "model-0"}) == 2
 
 
 def test_scheduler_latency_is_the_native_decision_histogram() -> None:
