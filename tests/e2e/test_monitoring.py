@@ -299,6 +299,13 @@ def test_exported_metrics_match_the_golden_list(monitored: Monitored) -> None:
     assert live == golden
 
 
+def test_a_feed_that_never_connects_shows_disconnected(monitored: Monitored) -> None:
+    connected = {s.labels["endpoint"]: s.value for s in samples(monitored.stack.sidecar.metrics_text())
+                 if s.name == "loadaware_kv_events_connected"} if monitored.stack.sidecar else {}
+    assert connected == {**dict.fromkeys(ENGINES, 1.0), DEAD: 0.0}
+    assert monitored.prometheus.query(f'loadaware_kv_events_connected{{endpoint="{DEAD}"}} == 0')
+
+
 def test_epp_families_agree_with_the_native_metrics(monitored: Monitored) -> None:
     stack = monitored.stack
     assert stack.sidecar is not None
