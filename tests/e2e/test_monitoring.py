@@ -3,8 +3,9 @@
 Prometheus (Debian's package, run on 127.0.0.1 by testkit/prometheus.py) scrapes the sidecar, Envoy's stats
 and the simulated engines with the `namespace` and `pool` target labels a PodMonitor would add. Traffic
 exercises what the panels show: routed requests with shared prefixes, a body without a prompt (a fallback),
-an unknown model (an EPP BadRequest), queued phantom load, lost KV-event batches (a gap and its replay), and
-an engine address where nothing listens (scrape failures, an `unreachable` ejection). Then every panel query
+an unknown model (an EPP BadRequest), queued phantom load, one request to an emptied fleet (no_endpoints),
+lost KV-event batches (a gap and its replay), and an engine address where nothing listens (scrape failures,
+an `unreachable` ejection, a KV-event feed that never connects). Then every panel query
 and every alert expression runs through the HTTP API with the dashboard's variables substituted as Grafana
 would, and each must return series.
 """
