@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import asdict
 from typing import Any
@@ -43,6 +44,7 @@ from loadaware.prefix.wiring import PrefixOptions, PrefixWiring
 from loadaware.routing.pipeline import Decider, PromptEncoder
 from loadaware.runtime.supervisor import Supervisor, TaskSpec
 from loadaware.telemetry.decisions import DecisionLog, DecisionMetrics, RecentDecisions
+from loadaware.telemetry.epp import EppMetrics, PodLoad
 from loadaware.telemetry.metrics import Metrics
 from loadaware.tokenize.text_units import TextUnits
 from loadaware.tokenize.tokenizer import AsyncTokenizer, PromptTokenizer
@@ -128,6 +130,9 @@ class Sidecar:
         self.lifecycle.subscribe_outcomes(self.endpoint_health)
         self.lifecycle.subscribe_outcomes(decision_metrics)
         self.lifecycle.subscribe(DecisionLog())
+        # The endpoint picker's metric names too (inference_pool_*, inference_objective_*): gateways' dashboards.
+        self.lifecycle.subscribe(EppMetrics(self.metrics.registry, s.inference_pool or s.k8s_service or "default",
+                                            self._pool_loads, self.metrics.decision_seconds, time.time))
         self.lifecycle.subscribe(self.recent)
         self.scraper = MetricsScraper(self.registry, self.loads, self.metrics, s.scrape_interval_s,
                                       s.scrape_timeout_ms / 1e3, health=self.endpoint_health)
@@ -259,6 +264,15 @@ class Sidecar:
             pieces = self.tokenizer.tokenizer.pieces
             self.metrics.tokenizer_pieces_seen(pieces.hits, pieces.misses, pieces.enabled)
         return self.metrics.render(self.loads.snapshot, self.registry.snapshot())
+
+    def _pool_loads(self) -> list[PodLoad]:
+        rows = []
+        for ep in self.registry.snapshot():
+            st = self.loads.fresh_stats(ep)
+            pod = self.catalog.entry(ep).pod or ep
+            rows.append(PodLoad(pod, None, None, None) if st is None else PodLoad(pod, st.running, st.waiting,
+                                                                                  st.kv_usage))
+        return rows
 
     def _state(self) -> dict[str, Any]:
         endpoints = self.registry.snapshot()

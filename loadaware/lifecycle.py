@@ -64,6 +64,7 @@ class Decision:
     served: str | None = None  # the engine that served, once known; starts as the choice
     served_reported: bool = False  # the proxy said who served (else a response is the proxy's own)
     status: int | None = None  # the response's HTTP status, once its headers came back
+    model: str | None = None  # the request body's `model`, when it names one
     lease: Any = None  # the load module's receipt for this request's in-flight count
     ended: bool = False
 

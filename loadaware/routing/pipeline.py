@@ -163,7 +163,7 @@ class Decider:
         outcome = "fallback_load_only" if reasons and reasons != [ALL_FAILING] else "routed"
         order = tuple(candidates[i].endpoint for i in ranked(choice, candidates, 1 + self.fallbacks))
         return self._finish(request_id, order, outcome, reasons, n_tokens, candidates, choice.scores, stages,
-                            started, count, tokens)
+                            started, count, tokens, model)
 
     def _empty(self, request_id: str, subset: frozenset[str] | None, n_tokens: int, stages: dict[str, float],
                started: float, count: bool, model: str | None = None) -> Decision:
@@ -174,13 +174,14 @@ class Decider:
             outcome = "unknown_model"
         else:
             outcome = "no_eligible_endpoints" if subset is not None and fleet else "no_endpoints"
-        return self._finish(request_id, (), outcome, [outcome], n_tokens, (), (), stages, started, count)
+        return self._finish(request_id, (), outcome, [outcome], n_tokens, (), (), stages, started, count, model=model)
 
     def _finish(self, request_id: str, order: tuple[str, ...], outcome: str, reasons: list[str], n_tokens: int,
                 candidates: tuple[Candidate, ...], scores: tuple[float, ...], stages: dict[str, float],
-                started: float, count: bool, tokens: list[int] | None = None) -> Decision:
+                started: float, count: bool, tokens: list[int] | None = None, model: str | None = None) -> Decision:
         decision = Decision(request_id, order[0] if order else None, outcome, tuple(reasons), n_tokens, candidates,
-                            scores, stages, time.perf_counter() - started, tokens=tokens or None, ranked=order)
+                            scores, stages, time.perf_counter() - started, tokens=tokens or None, ranked=order,
+                            model=model)
         if count:  # Explain decides without counting: nothing hears about it
             self.lifecycle.decided(decision)
         return decision
