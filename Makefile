@@ -18,6 +18,7 @@ help:
 	@echo "make experiment       - the reference experiment in real time, all arms + peers (SEEDS=1-20)"
 	@echo "make experiment-quick - the same, 3 seeds and the arms the targets are judged on (< 15 min)"
 	@echo "make results          - docs/results.md from the experiment's runs (+ the discrete-event mode)"
+	@echo "make monitor - the demo stack with a real Prometheus beside it on loopback (prints where to look)"
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,7 +41,7 @@ lmcache: $(LMCACHE_STAMP)
 demo: $(EXPERIMENT_STAMP) $(LMCACHE_STAMP)
 	$(PY) -m demo
 
-test: $(EXPERIMENT_STAMP) $(LMCACHE_STAMP) proto-check lint
+test: $(EXPERIMENT_STAMP) $(LMCACHE_STAMP) proto-check lint prometheus
 	$(PY) -m pytest -q -ra
 
 # Zero findings or the tests do not run: ruff (style, bugs), mypy (types), import-linter (layers).
@@ -126,6 +127,26 @@ results: $(EXPERIMENT_STAMP)
 	$(PY) -m experiment.results_doc --des $(EXPERIMENT_DIR)/des --des-kvev $(EXPERIMENT_DIR)/des-kvev \
 		--realtime $(EXPERIMENT_DIR)/realtime-reference --realtime-queueing $(EXPERIMENT_DIR)/realtime-queueing \
 		--notes docs/findings.md --out docs
+
+# Monitoring: Debian's Prometheus 2.42 with promtool (the monitoring tests and `make monitor` run the binary on
+# 127.0.0.1 themselves). A temporary policy-rc.d stops the package's service from starting at install.
+.PHONY: prometheus monitor dashboard
+prometheus:
+	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \
+		made=; if [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && \
+			chmod +x /usr/sbin/policy-rc.d && made=1; fi; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			-o DPkg::Lock::Timeout=300 prometheus; rc=$$?; \
+		if [ -n "$$made" ]; then rm -f /usr/sbin/policy-rc.d; fi; exit $$rc; \
+	fi
+
+MONITOR_ARGS ?=
+monitor: $(STAMP) prometheus
+	$(PY) -m demo.monitor $(MONITOR_ARGS)
+
+# The Grafana dashboard's JSON from its code (k8s/monitoring/dashboard.py); a test fails while it is stale.
+dashboard: $(STAMP)
+	$(PY) k8s/monitoring/dashboard.py
 
 clean:
 	rm -rf $(VENV) $(LMCACHE_VENV) $(PEERS_VENV) build *.egg-info

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import asdict
 from typing import Any
@@ -41,7 +42,9 @@ from loadaware.prefix.lmcache.resolver import InstanceResolver
 from loadaware.prefix.lmcache.source import LMCachePrefixSource
 from loadaware.prefix.wiring import PrefixOptions, PrefixWiring
 from loadaware.routing.pipeline import Decider, PromptEncoder
+from loadaware.runtime.supervisor import Supervisor, TaskSpec
 from loadaware.telemetry.decisions import DecisionLog, DecisionMetrics, RecentDecisions
+from loadaware.telemetry.epp import EppMetrics, PodLoad
 from loadaware.telemetry.metrics import Metrics
 from loadaware.tokenize.text_units import TextUnits
 from loadaware.tokenize.tokenizer import AsyncTokenizer, PromptTokenizer
@@ -51,6 +54,12 @@ log = logging.getLogger(__name__)
 ENVOY_ADMIN_TIMEOUT_S = 2.0
 GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # request bodies arrive whole in BUFFERED mode
 FLEET_POLL_S = 0.2
+# Without these the sidecar cannot decide well (or at all): readiness drops while one keeps failing.
+REQUIRED_TASKS = ("scraper", "endpoints-file", "readiness")
+
+
+def is_required(task: str) -> bool:
+    return task in REQUIRED_TASKS or task.startswith("discovery-")
 MODELS_STALE_ROUNDS = 3  # a failing engine keeps its last model list for this many refresh periods
 
 Task = Callable[[], Coroutine[Any, Any, None]]
@@ -66,6 +75,15 @@ def bind(flag: str, address: str, add_port: Callable[[], int], hint: str = "") -
     if not port:
         raise OSError(f"{flag}: cannot bind {address}{hint}")
     return port
+
+
+def read_pem(flag: str, path: str) -> bytes:
+    """A TLS file, or an OSError naming the flag: refused at start, not a traceback from inside the bind."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise OSError(f"{flag}: cannot read {path}: {exc.strerror or exc}") from exc
 
 
 class Sidecar:
@@ -95,7 +113,8 @@ class Sidecar:
             encoder = TextUnits()  # the approximate source alone may guess from text bytes
         # Failure-aware routing: request outcomes and scrapes take failing engines out of rotation.
         self.endpoint_health = EndpointHealth(
-            HealthOptions(s.eject_after_failures, s.ejection_base_s, s.ejection_max_s, s.unreachable_after_scrapes),
+            HealthOptions(s.eject_after_failures, s.ejection_base_s, s.ejection_max_s, s.unreachable_after_scrapes,
+                          s.max_ejection_percent),
             on_change=self._health_changed)
         self.decider = Decider(make_policy(s.policy, s.loadaware_beta), self.registry, self.loads, self.lifecycle,
                                encoder, self.prefixes.source, fallbacks=s.fallback_endpoints,
@@ -111,6 +130,9 @@ class Sidecar:
         self.lifecycle.subscribe_outcomes(self.endpoint_health)
         self.lifecycle.subscribe_outcomes(decision_metrics)
         self.lifecycle.subscribe(DecisionLog())
+        # The endpoint picker's metric names too (inference_pool_*, inference_objective_*): gateways' dashboards.
+        self.lifecycle.subscribe(EppMetrics(self.metrics.registry, s.inference_pool or s.k8s_service or "default",
+                                            self._pool_loads, self.metrics.decision_seconds, time.time))
         self.lifecycle.subscribe(self.recent)
         self.scraper = MetricsScraper(self.registry, self.loads, self.metrics, s.scrape_interval_s,
                                       s.scrape_timeout_ms / 1e3, health=self.endpoint_health)
@@ -127,7 +149,8 @@ class Sidecar:
         self._fleet_round: int | None = 1 if self.registry.snapshot() else None
         self.extproc = ExtProcServicer(self.decider, self.lifecycle, self.metrics, s.destination_header,
                                        StreamOptions(s.no_endpoint_reply, s.max_request_body_bytes))
-        self.health = HealthReporter(self.ready)
+        self.supervisor = Supervisor(self.metrics.registry)
+        self.health = HealthReporter(self.ready, self.not_ready_reason)
         # The ext_proc port serves ext_proc and health only; the debug API and /debug are on the admin
         # listeners (loopback by default), /metrics alone on the metrics port (api/admin.py says why).
         self.metrics_http = MetricsHttp(self._render_metrics)
@@ -137,7 +160,6 @@ class Sidecar:
         self.admin_server: grpc.aio.Server | None = None
         self.bound_port: int | None = None
         self.admin_port: int | None = None
-        self._tasks: list[asyncio.Task[Any]] = []
 
     # ---- wiring helpers ----
     @staticmethod
@@ -209,10 +231,20 @@ class Sidecar:
     # ---- readiness ----
     def ready(self) -> bool:
         """Endpoints known, loads scraped once, the engines' models asked once (else an unknown model could reach
-        an engine in the first seconds), and the LMCache instance map tried once (when configured)."""
-        return (self.registry.ready and bool(self.registry.snapshot()) and self._scraped_since_fleet()
+        an engine in the first seconds), the LMCache instance map tried once (when configured), and no required
+        background task failing over and over."""
+        return (not self.supervisor.failing() and self.registry.ready and bool(self.registry.snapshot())
+                and self._scraped_since_fleet()
                 and (self.models_poller is None or self.models_poller.asked(self.registry.snapshot()))
                 and (self.resolver is None or self.resolver.attempts > 0))
+
+    def not_ready_reason(self) -> str:
+        failing = self.supervisor.failing()
+        if failing:
+            return "; ".join(f"task {name} keeps failing: {reason}" for name, reason in failing.items())
+        if not self.registry.snapshot():
+            return "no endpoints"
+        return "waiting for the first scrape round, models fetch or LMCache instance map"
 
     def _scraped_since_fleet(self) -> bool:
         """A scrape round over the fleet has finished. A fleet that discovery finds after start may arrive
@@ -233,6 +265,15 @@ class Sidecar:
             self.metrics.tokenizer_pieces_seen(pieces.hits, pieces.misses, pieces.enabled)
         return self.metrics.render(self.loads.snapshot, self.registry.snapshot())
 
+    def _pool_loads(self) -> list[PodLoad]:
+        rows = []
+        for ep in self.registry.snapshot():
+            st = self.loads.fresh_stats(ep)
+            pod = self.catalog.entry(ep).pod or ep
+            rows.append(PodLoad(pod, None, None, None) if st is None else PodLoad(pod, st.running, st.waiting,
+                                                                                  st.kv_usage))
+        return rows
+
     def _state(self) -> dict[str, Any]:
         endpoints = self.registry.snapshot()
         loads = self.loads.loads(endpoints) if endpoints else []
@@ -245,7 +286,8 @@ class Sidecar:
                          "instance_id": self.bridge.instance_for(ep), "models": models.get(ep),
                          "scraped": None if st is None else {"running": st.running, "waiting": st.waiting,
                                                              "kv_usage": st.kv_usage}})
-        return {"ready": self.ready(), "open_streams": self.extproc.open_streams,
+        return {"ready": self.ready(), "not_ready_reason": "" if self.ready() else self.not_ready_reason(),
+                "tasks": self.supervisor.state(), "open_streams": self.extproc.open_streams,
                 "streams_by_mode": dict(self.extproc.modes),
                 "inflight": self.loads.snapshot(), "inflight_total": self.loads.total(), "endpoints": rows,
                 "instance_map": self.bridge.mapping(), "config": self.settings.describe(),
@@ -279,7 +321,7 @@ class Sidecar:
             tasks.append(("lmcache-instances", self.resolver.run))
         tasks += self.prefixes.tasks()
         tasks += [("endpoint-additions", self._track_additions), ("readiness", self.health.run)]
-        self._tasks = [asyncio.create_task(run(), name=name) for name, run in tasks]
+        self.supervisor.start([TaskSpec(name, run, required=is_required(name)) for name, run in tasks])
         log.info("serving ext_proc on %s (port %s), debug API on %s, policy=%s beta=%s endpoints=%s lmcache=%s "
                  "tokenizer=%s", s.listen, self.bound_port, s.admin_listen or "off", s.policy, s.loadaware_beta,
                  ",".join(self.registry.snapshot()) or "none", s.lmcache_url or "off", s.tokenizer or "off")
@@ -307,12 +349,8 @@ class Sidecar:
         """Plain text by default (loopback, or a mesh that brings its own mTLS); TLS or mutual TLS when asked."""
         if not s.tls_cert:
             return int(server.add_insecure_port(s.listen))
-        with open(s.tls_key, "rb") as key, open(s.tls_cert, "rb") as cert:
-            pair = (key.read(), cert.read())
-        client_ca = None
-        if s.tls_client_ca:
-            with open(s.tls_client_ca, "rb") as ca:
-                client_ca = ca.read()
+        pair = (read_pem("--tls-key", s.tls_key), read_pem("--tls-cert", s.tls_cert))
+        client_ca = read_pem("--tls-client-ca", s.tls_client_ca) if s.tls_client_ca else None
         credentials = grpc.ssl_server_credentials([pair], root_certificates=client_ca,
                                                   require_client_auth=client_ca is not None)
         return int(server.add_secure_port(s.listen, credentials))
@@ -328,9 +366,7 @@ class Sidecar:
             await self.health_server.stop(0)
         if self.admin_server is not None:
             await self.admin_server.stop(0)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.supervisor.stop()
         await self.metrics_http.stop()
         await self.debug_http.stop()
         if self.lmcache is not None:

@@ -1,7 +1,8 @@
 """The one settings object: command-line flag > environment variable > default, validated at start.
 
-A bad flag value is refused with a message naming the flag. A bad environment value falls back to the
-default with a warning (an unparsable LOADAWARE_BETA in a pod spec must not take the gateway down).
+A bad flag value is refused with a message naming the flag. A bad environment value of a tuning knob falls
+back to the default with a warning (an unparsable LOADAWARE_BETA in a pod spec must not take the gateway
+down); one of a listener, TLS or ejection setting is refused like a flag (`Setting.strict` says why).
 Every value remembers where it came from, so the effective configuration can be explained.
 """
 
@@ -12,7 +13,7 @@ import logging
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from loadaware.fleet.addresses import (
@@ -149,6 +150,13 @@ def parse_no_endpoint_reply(text: str) -> str:
     return value
 
 
+def parse_percent(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or not 0 <= value <= 100:
+        raise ValueError(f"{text!r} must be a percentage from 0 to 100")
+    return value
+
+
 def parse_positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -156,190 +164,161 @@ def parse_positive_int(text: str) -> int:
     return value
 
 
-
 @dataclass(frozen=True)
 class Setting:
-    name: str  # attribute on Settings
-    flag: str
-    env: str
     default: Any
     parse: Callable[[str], Any]
     help: str
+    # A bad environment value of a strict setting is refused at start like a flag: a listener on a default
+    # address the operator did not mean, a TLS file silently dropped (plain text instead of TLS) or an ejection
+    # rule quietly reset would each change the pod's exposure or failure behaviour without a sign. Tuning knobs
+    # (beta, intervals) fall back to their default with a warning.
+    strict: bool = False
+    flag: str = ""  # default: --NAME, dashes for underscores
+    env: str = ""  # default: LOADAWARE_NAME
+    name: str = ""  # the Settings field; set by named()
+
+    def named(self, name: str) -> Setting:
+        return replace(self, name=name, flag=self.flag or "--" + name.replace("_", "-"),
+                       env=self.env or "LOADAWARE_" + name.upper())
 
 
-SETTINGS: tuple[Setting, ...] = (
-    Setting("listen", "--listen", "LOADAWARE_LISTEN", "127.0.0.1:9002", parse_optional_hostport,
-            "gRPC address for ext_proc and health (the debug API is on --admin-listen)"),
-    Setting("endpoints", "--endpoints", "LOADAWARE_ENDPOINTS", (), parse_endpoint_list,
-            "engines as Envoy's cluster names them: HOST:PORT,..."),
-    Setting("endpoints_file", "--endpoints-file", "LOADAWARE_ENDPOINTS_FILE", "", parse_path,
-            "file of HOST:PORT lines or commas, re-read when it changes"),
-    # Endpoint discovery (loadaware/fleet/discovery/); the default follows --endpoints / --endpoints-file.
-    Setting("discovery", "--discovery", "LOADAWARE_DISCOVERY", "", parse_discovery,
-            "static | file | envoy-admin | kubernetes | inference-pool (default: file with --endpoints-file, "
-            "else static)"),
-    Setting("envoy_admin_url", "--envoy-admin-url", "LOADAWARE_ENVOY_ADMIN_URL", "", parse_url,
-            "envoy-admin discovery: Envoy's admin API, e.g. http://127.0.0.1:9901"),
-    Setting("envoy_cluster", "--envoy-cluster", "LOADAWARE_ENVOY_CLUSTER", "engines", parse_name,
-            "envoy-admin discovery: the cluster whose hosts are the engines"),
-    Setting("discovery_interval_s", "--discovery-interval-s", "LOADAWARE_DISCOVERY_INTERVAL_S", 1.0,
-            parse_positive, "envoy-admin discovery: polling period"),
-    Setting("k8s_namespace", "--k8s-namespace", "LOADAWARE_K8S_NAMESPACE", "", parse_name,
-            "kubernetes discovery: the Service's namespace (default: the pod's own)"),
-    Setting("k8s_service", "--k8s-service", "LOADAWARE_K8S_SERVICE", "", parse_name,
-            "kubernetes discovery: the engines' Service (its EndpointSlices are watched)"),
-    Setting("k8s_port_name", "--k8s-port-name", "LOADAWARE_K8S_PORT_NAME", "", parse_name,
-            "kubernetes discovery: the Service port Envoy sends to (default: the only one)"),
-    Setting("kubeconfig", "--kubeconfig", "LOADAWARE_KUBECONFIG", "", parse_path,
-            "kubernetes discovery outside a cluster: kubeconfig file (default: in-cluster service account)"),
-    Setting("inference_pool", "--inference-pool", "LOADAWARE_INFERENCE_POOL", "", parse_name,
-            "inference-pool discovery: the InferencePool whose pods are the engines (in --k8s-namespace)"),
-    Setting("policy", "--policy", "LOADAWARE_POLICY", "loadaware", parse_policy,
-            "loadaware | kvaware | roundrobin | leastload"),
-    Setting("loadaware_beta", "--loadaware-beta", "LOADAWARE_BETA", 1.0, parse_beta,
-            "exchange rate between prefix benefit and relative load (>= 0)"),
-    Setting("lmcache_url", "--lmcache-url", "LOADAWARE_LMCACHE_URL", "", parse_url,
-            "LMCache controller HTTP API, e.g. http://127.0.0.1:9000"),
-    Setting("lmcache_instance_map", "--lmcache-instance-map", "LOADAWARE_LMCACHE_INSTANCE_MAP", {},
-            parse_instance_map, "explicit LMCache instance ids: ID=HOST:PORT,..."),
-    Setting("lmcache_timeout_ms", "--lmcache-timeout-ms", "LOADAWARE_LMCACHE_TIMEOUT_MS", 100.0,
-            parse_positive, "time box for one LMCache lookup"),
-    Setting("instance_refresh_s", "--instance-refresh-s", "LOADAWARE_INSTANCE_REFRESH_S", 30.0,
-            parse_positive, "period of the LMCache worker-info refresh (sooner when stale)"),
-    Setting("tokenizer", "--tokenizer", "LOADAWARE_TOKENIZER", "", parse_path,
-            "tokenizer.json, or a model folder holding it and tokenizer_config.json"),
-    Setting("tokenizer_timeout_ms", "--tokenizer-timeout-ms", "LOADAWARE_TOKENIZER_TIMEOUT_MS", 200.0,
-            parse_positive, "time box for one tokenization"),
-    Setting("tokenizer_inline_chars", "--tokenizer-inline-chars", "LOADAWARE_TOKENIZER_INLINE_CHARS", 2048,
-            parse_count, "a prompt whose uncached part is at most this many characters is tokenized on the event "
-                         "loop (cheaper than a thread hop); longer ones in a worker thread (0: always a thread)"),
-    Setting("metrics_listen", "--metrics-listen", "LOADAWARE_METRICS_LISTEN", "127.0.0.1:9102",
-            parse_optional_hostport, "Prometheus /metrics address, nothing else ('off' to disable)"),
-    # The debug API can tell whether a prompt was recently served: keep it on loopback (kubectl port-forward).
-    Setting("admin_listen", "--admin-listen", "LOADAWARE_ADMIN_LISTEN", "127.0.0.1:9004", parse_optional_hostport,
-            "gRPC address of the debug API (loadaware.v1.Router), reflection and health; loopback ('off' to disable)"),
-    Setting("admin_http_listen", "--admin-http-listen", "LOADAWARE_ADMIN_HTTP_LISTEN", "127.0.0.1:9005",
-            parse_optional_hostport, "HTTP address of /debug/decisions and /debug/state; loopback ('off' to disable)"),
-    Setting("destination_header", "--destination-header", "LOADAWARE_DESTINATION_HEADER",
-            "x-gateway-destination-endpoint", parse_header_name, "header Envoy's override_host reads"),
-    Setting("fallback_endpoints", "--fallback-endpoints", "LOADAWARE_FALLBACK_ENDPOINTS", 2, parse_count,
-            "next-best endpoints named after the choice, for the proxy's retries to walk (0 = the choice only)"),
-    Setting("no_endpoint_reply", "--no-endpoint-reply", "LOADAWARE_NO_ENDPOINT_REPLY", "auto",
-            parse_no_endpoint_reply, "nobody to route to: unavailable (503), fallback (the proxy's own "
-            "fallback picks), auto (503 in full-duplex picker mode, fallback in BUFFERED mode)"),
-    Setting("max_request_body_bytes", "--max-request-body-bytes", "LOADAWARE_MAX_REQUEST_BODY_BYTES",
-            8 * 1024 * 1024, parse_positive_int, "largest request body held in full-duplex mode (413 beyond)"),
-    Setting("scrape_interval_s", "--scrape-interval-s", "LOADAWARE_SCRAPE_INTERVAL_S", 1.0, parse_positive,
-            "period of the engines' /metrics scrape"),
-    Setting("scrape_timeout_ms", "--scrape-timeout-ms", "LOADAWARE_SCRAPE_TIMEOUT_MS", 500.0,
-            parse_positive, "time box for one engine scrape"),
-    Setting("scrape_stale_s", "--scrape-stale-s", "LOADAWARE_SCRAPE_STALE_S", 5.0, parse_positive,
-            "a scrape older than this is ignored"),
-    Setting("eject_after_failures", "--eject-after-failures", "LOADAWARE_EJECT_AFTER_FAILURES", 3, parse_count,
-            "consecutive failed requests (5xx, timeout, passed over by the proxy's retries) that take an engine "
-            "out of rotation (0 = never)"),
-    Setting("ejection_base_s", "--ejection-base-s", "LOADAWARE_EJECTION_BASE_S", 1.0, parse_positive,
-            "first ejection's length; each further one in a row doubles it, up to --ejection-max-s"),
-    Setting("ejection_max_s", "--ejection-max-s", "LOADAWARE_EJECTION_MAX_S", 5.0, parse_positive,
-            "longest ejection: a healed engine is probed, and back, within about this long"),
-    Setting("unreachable_after_scrapes", "--unreachable-after-scrapes", "LOADAWARE_UNREACHABLE_AFTER_SCRAPES", 2,
-            parse_count, "consecutive scrapes that time out or cannot connect that take an engine out until a "
-                         "scrape succeeds (0 = never)"),
-    Setting("models_refresh_s", "--models-refresh-s", "LOADAWARE_MODELS_REFRESH_S", 10.0, parse_non_negative,
-            "period of the engines' /v1/models fetch (the request's model selects its engines; 0 = off, "
-            "every engine serves every model)"),
-    Setting("shutdown_grace_s", "--shutdown-grace-s", "LOADAWARE_SHUTDOWN_GRACE_S", 10.0, parse_positive,
-            "how long SIGTERM waits for open streams"),
-    Setting("health_listen", "--health-listen", "LOADAWARE_HEALTH_LISTEN", "", parse_optional_hostport,
-            "extra plain-text gRPC port serving only grpc.health.v1 (kubelet's gRPC probes speak no TLS)"),
-    Setting("tls_cert", "--tls-cert", "LOADAWARE_TLS_CERT", "", parse_path,
-            "PEM certificate chain: serve the gRPC port over TLS (gateways that dial their picker with TLS)"),
-    Setting("tls_key", "--tls-key", "LOADAWARE_TLS_KEY", "", parse_path, "PEM private key for --tls-cert"),
-    Setting("tls_client_ca", "--tls-client-ca", "LOADAWARE_TLS_CLIENT_CA", "", parse_path,
-            "PEM CA bundle: require and verify client certificates (mutual TLS)"),
-    Setting("prefix_source", "--prefix-source", "LOADAWARE_PREFIX_SOURCE", (), parse_prefix_sources,
-            "lmcache | kv-events | approx, or a comma combination (default: lmcache with --lmcache-url, "
-            "else approx)"),
-    Setting("kv_events_port", "--kv-events-port", "LOADAWARE_KV_EVENTS_PORT", 5557, parse_port,
-            "port of each engine's vLLM KV-event PUB socket, on the endpoint's host (0 = explicit map only)"),
-    Setting("kv_events_replay_port", "--kv-events-replay-port", "LOADAWARE_KV_EVENTS_REPLAY_PORT", 5558,
-            parse_port, "port of each engine's KV-event replay (ROUTER) socket (0 = none)"),
-    Setting("kv_events_endpoints", "--kv-events-endpoints", "LOADAWARE_KV_EVENTS_ENDPOINTS", {},
-            parse_feed_map, "explicit publishers: ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT][@FIRST[-LAST] ranks],..."),
-    Setting("kv_events_dp_ranks", "--kv-events-dp-ranks", "LOADAWARE_KV_EVENTS_DP_RANKS", 1, parse_positive_int,
-            "data-parallel ranks behind each endpoint: ranks 0..N-1 publish on the KV-event ports + rank; "
-            "an endpoint is credited with the minimum over its ranks"),
-    Setting("kv_events_topic", "--kv-events-topic", "LOADAWARE_KV_EVENTS_TOPIC", "", str,
-            "KV-event topic to subscribe to (vLLM's default is empty)"),
-    Setting("kv_events_max_blocks", "--kv-events-max-blocks", "LOADAWARE_KV_EVENTS_MAX_BLOCKS", 4_000_000,
-            parse_positive_int, "memory bound of the KV-events index, in blocks over all engines (~250-400 B each)"),
-    Setting("kv_events_replay_timeout_ms", "--kv-events-replay-timeout-ms",
-            "LOADAWARE_KV_EVENTS_REPLAY_TIMEOUT_MS", 2000.0, parse_positive, "time box for one replay"),
-    Setting("approx_capacity_tokens", "--approx-capacity-tokens", "LOADAWARE_APPROX_CAPACITY_TOKENS", 100_000,
-            parse_positive_int, "approximate source: each engine's prefix-cache capacity, in tokens"),
-    Setting("approx_ttl_s", "--approx-ttl-s", "LOADAWARE_APPROX_TTL_S", 300.0, parse_positive,
-            "approximate source: a guessed block not routed to for this long is forgotten"),
-    Setting("log_level", "--log-level", "LOADAWARE_LOG_LEVEL", "INFO", parse_log_level,
-            "debug logs every decision"),
-)
-
-SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
+def setting(default: Any, parse: Callable[[str], Any], help: str, *, strict: bool = False, flag: str = "",
+            env: str = "") -> Any:
+    """A Settings field: its default and, in the field's metadata, how it is given and parsed."""
+    spec = {"setting": Setting(default, parse, help, strict, flag, env)}
+    if isinstance(default, dict):
+        return field(default_factory=dict, metadata=spec)
+    return field(default=default, metadata=spec)
 
 
 @dataclass(frozen=True)
 class Settings:
-    listen: str = "127.0.0.1:9002"
-    endpoints: tuple[str, ...] = ()
-    endpoints_file: str = ""
-    discovery: str = ""
-    envoy_admin_url: str = ""
-    envoy_cluster: str = "engines"
-    discovery_interval_s: float = 1.0
-    k8s_namespace: str = ""
-    k8s_service: str = ""
-    k8s_port_name: str = ""
-    kubeconfig: str = ""
-    inference_pool: str = ""
-    policy: str = "loadaware"
-    loadaware_beta: float = 1.0
-    lmcache_url: str = ""
-    lmcache_instance_map: Mapping[str, str] = field(default_factory=dict)
-    lmcache_timeout_ms: float = 100.0
-    instance_refresh_s: float = 30.0
-    tokenizer: str = ""
-    tokenizer_timeout_ms: float = 200.0
-    tokenizer_inline_chars: int = 2048
-    metrics_listen: str = "127.0.0.1:9102"
-    admin_listen: str = "127.0.0.1:9004"
-    admin_http_listen: str = "127.0.0.1:9005"
-    destination_header: str = "x-gateway-destination-endpoint"
-    fallback_endpoints: int = 2
-    no_endpoint_reply: str = "auto"
-    max_request_body_bytes: int = 8 * 1024 * 1024
-    scrape_interval_s: float = 1.0
-    scrape_timeout_ms: float = 500.0
-    scrape_stale_s: float = 5.0
-    eject_after_failures: int = 3
-    ejection_base_s: float = 1.0
-    ejection_max_s: float = 5.0
-    unreachable_after_scrapes: int = 2
-    models_refresh_s: float = 10.0
-    shutdown_grace_s: float = 10.0
-    health_listen: str = ""
-    tls_cert: str = ""
-    tls_key: str = ""
-    tls_client_ca: str = ""
-    prefix_source: tuple[str, ...] = ()
-    kv_events_port: int = 5557
-    kv_events_replay_port: int = 5558
-    kv_events_endpoints: Mapping[str, FeedAddress] = field(default_factory=dict)
-    kv_events_dp_ranks: int = 1
-    kv_events_topic: str = ""
-    kv_events_max_blocks: int = 4_000_000
-    kv_events_replay_timeout_ms: float = 2000.0
-    approx_capacity_tokens: int = 100_000
-    approx_ttl_s: float = 300.0
-    log_level: str = "INFO"
+    """Every setting in one table: its type and default here, with its parser, help, flag (--NAME with dashes)
+    and environment variable (LOADAWARE_NAME) in `setting(...)`; SETTINGS is derived from these fields."""
+
+    listen: str = setting("127.0.0.1:9002", parse_optional_hostport,
+            "gRPC address for ext_proc and health (the debug API is on --admin-listen)", strict=True)
+    endpoints: tuple[str, ...] = setting((), parse_endpoint_list,
+            "engines as Envoy's cluster names them: HOST:PORT,...")
+    endpoints_file: str = setting("", parse_path,
+            "file of HOST:PORT lines or commas, re-read when it changes")
+    # Endpoint discovery (loadaware/fleet/discovery/); the default follows --endpoints / --endpoints-file.
+    discovery: str = setting("", parse_discovery,
+            "static | file | envoy-admin | kubernetes | inference-pool (default: file with --endpoints-file, "
+            "else static)")
+    envoy_admin_url: str = setting("", parse_url,
+            "envoy-admin discovery: Envoy's admin API, e.g. http://127.0.0.1:9901")
+    envoy_cluster: str = setting("engines", parse_name,
+            "envoy-admin discovery: the cluster whose hosts are the engines")
+    discovery_interval_s: float = setting(1.0, parse_positive,
+            "envoy-admin discovery: polling period")
+    k8s_namespace: str = setting("", parse_name,
+            "kubernetes discovery: the Service's namespace (default: the pod's own)")
+    k8s_service: str = setting("", parse_name,
+            "kubernetes discovery: the engines' Service (its EndpointSlices are watched)")
+    k8s_port_name: str = setting("", parse_name,
+            "kubernetes discovery: the Service port Envoy sends to (default: the only one)")
+    kubeconfig: str = setting("", parse_path,
+            "kubernetes discovery outside a cluster: kubeconfig file (default: in-cluster service account)")
+    inference_pool: str = setting("", parse_name,
+            "inference-pool discovery: the InferencePool whose pods are the engines (in --k8s-namespace)")
+    policy: str = setting("loadaware", parse_policy,
+            "loadaware | kvaware | roundrobin | leastload")
+    loadaware_beta: float = setting(1.0, parse_beta,
+            "exchange rate between prefix benefit and relative load (>= 0)", env='LOADAWARE_BETA')
+    lmcache_url: str = setting("", parse_url,
+            "LMCache controller HTTP API, e.g. http://127.0.0.1:9000")
+    lmcache_instance_map: Mapping[str, str] = setting({}, parse_instance_map,
+            "explicit LMCache instance ids: ID=HOST:PORT,...")
+    lmcache_timeout_ms: float = setting(100.0, parse_positive,
+            "time box for one LMCache lookup")
+    instance_refresh_s: float = setting(30.0, parse_positive,
+            "period of the LMCache worker-info refresh (sooner when stale)")
+    tokenizer: str = setting("", parse_path,
+            "tokenizer.json, or a model folder holding it and tokenizer_config.json")
+    tokenizer_timeout_ms: float = setting(200.0, parse_positive,
+            "time box for one tokenization")
+    tokenizer_inline_chars: int = setting(2048, parse_count,
+            "a prompt whose uncached part is at most this many characters is tokenized on the event "
+            "loop (cheaper than a thread hop); longer ones in a worker thread (0: always a thread)")
+    metrics_listen: str = setting("127.0.0.1:9102", parse_optional_hostport,
+            "Prometheus /metrics address, nothing else ('off' to disable)", strict=True)
+    # The debug API can tell whether a prompt was recently served: keep it on loopback (kubectl port-forward).
+    admin_listen: str = setting("127.0.0.1:9004", parse_optional_hostport,
+            "gRPC address of the debug API (loadaware.v1.Router), reflection and health; loopback ('off' to disable)",
+            strict=True)
+    admin_http_listen: str = setting("127.0.0.1:9005", parse_optional_hostport,
+            "HTTP address of /debug/decisions and /debug/state; loopback ('off' to disable)", strict=True)
+    destination_header: str = setting("x-gateway-destination-endpoint", parse_header_name,
+            "header Envoy's override_host reads")
+    fallback_endpoints: int = setting(2, parse_count,
+            "next-best endpoints named after the choice, for the proxy's retries to walk (0 = the choice only)")
+    no_endpoint_reply: str = setting("auto", parse_no_endpoint_reply,
+            "nobody to route to: unavailable (503), fallback (the proxy's own "
+            "fallback picks), auto (503 in full-duplex picker mode, fallback in BUFFERED mode)")
+    max_request_body_bytes: int = setting(8 * 1024 * 1024, parse_positive_int,
+            "largest request body held in full-duplex mode (413 beyond)")
+    scrape_interval_s: float = setting(1.0, parse_positive,
+            "period of the engines' /metrics scrape")
+    scrape_timeout_ms: float = setting(500.0, parse_positive,
+            "time box for one engine scrape")
+    scrape_stale_s: float = setting(5.0, parse_positive,
+            "a scrape older than this is ignored")
+    eject_after_failures: int = setting(3, parse_count,
+            "consecutive failed requests (5xx, timeout, passed over by the proxy's retries) that take an engine "
+            "out of rotation (0 = never)", strict=True)
+    ejection_base_s: float = setting(1.0, parse_positive,
+            "first ejection's length; each further one in a row doubles it, up to --ejection-max-s",
+            strict=True)
+    ejection_max_s: float = setting(5.0, parse_positive,
+            "longest ejection: a healed engine is probed, and back, within about this long", strict=True)
+    unreachable_after_scrapes: int = setting(2, parse_count,
+            "consecutive scrapes that time out or cannot connect that take an engine out until a "
+            "scrape succeeds (0 = never)", strict=True)
+    max_ejection_percent: float = setting(50.0, parse_percent,
+            "at most this share of a decision's candidates is out of rotation (as Envoy's outlier detection); "
+            "past it, the engines due back soonest take traffic again (at least one engine can be out)",
+            strict=True)
+    models_refresh_s: float = setting(10.0, parse_non_negative,
+            "period of the engines' /v1/models fetch (the request's model selects its engines; 0 = off, "
+            "every engine serves every model)")
+    shutdown_grace_s: float = setting(10.0, parse_positive,
+            "how long SIGTERM waits for open streams")
+    health_listen: str = setting("", parse_optional_hostport,
+            "extra plain-text gRPC port serving only grpc.health.v1 (kubelet's gRPC probes speak no TLS)",
+            strict=True)
+    tls_cert: str = setting("", parse_path,
+            "PEM certificate chain: serve the gRPC port over TLS (gateways that dial their picker with TLS)",
+            strict=True)
+    tls_key: str = setting("", parse_path,
+            "PEM private key for --tls-cert", strict=True)
+    tls_client_ca: str = setting("", parse_path,
+            "PEM CA bundle: require and verify client certificates (mutual TLS)", strict=True)
+    prefix_source: tuple[str, ...] = setting((), parse_prefix_sources,
+            "lmcache | kv-events | approx, or a comma combination (default: lmcache with --lmcache-url, "
+            "else approx)")
+    kv_events_port: int = setting(5557, parse_port,
+            "port of each engine's vLLM KV-event PUB socket, on the endpoint's host (0 = explicit map only)")
+    kv_events_replay_port: int = setting(5558, parse_port,
+            "port of each engine's KV-event replay (ROUTER) socket (0 = none)")
+    kv_events_endpoints: Mapping[str, FeedAddress] = setting({}, parse_feed_map,
+            "explicit publishers: ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT][@FIRST[-LAST] ranks],...")
+    kv_events_dp_ranks: int = setting(1, parse_positive_int,
+            "data-parallel ranks behind each endpoint: ranks 0..N-1 publish on the KV-event ports + rank; "
+            "an endpoint is credited with the minimum over its ranks")
+    kv_events_topic: str = setting("", str,
+            "KV-event topic to subscribe to (vLLM's default is empty)")
+    kv_events_max_blocks: int = setting(4_000_000, parse_positive_int,
+            "memory bound of the KV-events index, in blocks over all engines (~250-400 B each)")
+    kv_events_replay_timeout_ms: float = setting(2000.0, parse_positive,
+            "time box for one replay")
+    approx_capacity_tokens: int = setting(100_000, parse_positive_int,
+            "approximate source: each engine's prefix-cache capacity, in tokens")
+    approx_ttl_s: float = setting(300.0, parse_positive,
+            "approximate source: a guessed block not routed to for this long is forgotten")
+    log_level: str = setting("INFO", parse_log_level,
+            "debug logs every decision")
     # where each value came from: "flag", "env" or "default"
     origins: Mapping[str, str] = field(default_factory=dict)
 
@@ -367,6 +346,15 @@ class Settings:
             out.append({"name": s.name, "flag": s.flag, "env": s.env, "value": value,
                         "origin": self.origins.get(s.name, "default")})
         return out
+
+
+SETTINGS: tuple[Setting, ...] = tuple(f.metadata["setting"].named(f.name) for f in fields(Settings)
+                                      if "setting" in f.metadata)
+
+SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -397,6 +385,8 @@ def resolve(flags: Mapping[str, str | None], environ: Mapping[str, str] | None =
                 origins[s.name] = "env"
                 continue
             except ValueError as exc:
+                if s.strict:
+                    raise ConfigError(f"{s.env}: {exc}") from None
                 log.warning("ignoring %s=%r (%s); using the default %r", s.env, raw_env, exc, s.default)
         values[s.name] = s.default
         origins[s.name] = "default"

@@ -15,13 +15,34 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from loadaware.policies.base import Candidate
 
 log = logging.getLogger(__name__)
+
+# A decision made only to be shown (Explain) must leave no trace: no metric, health, cache or memo changes. The
+# flag rides the context (asyncio tasks and the tokenizer's worker threads inherit it), so every helper on the
+# decision's path can tell without a parameter threaded through each call.
+_PREVIEW: ContextVar[bool] = ContextVar("loadaware_preview", default=False)
+
+
+def previewing() -> bool:
+    """True inside a preview decision: read state, change nothing."""
+    return _PREVIEW.get()
+
+
+@contextmanager
+def preview() -> Iterator[None]:
+    token = _PREVIEW.set(True)
+    try:
+        yield
+    finally:
+        _PREVIEW.reset(token)
 
 
 @dataclass(slots=True, eq=False)
@@ -41,7 +62,9 @@ class Decision:
     tokens: Sequence[int] | None = None
     ranked: tuple[str, ...] = ()  # the choice, then the fallbacks a proxy's retries walk, best first
     served: str | None = None  # the engine that served, once known; starts as the choice
+    served_reported: bool = False  # the proxy said who served (else a response is the proxy's own)
     status: int | None = None  # the response's HTTP status, once its headers came back
+    model: str | None = None  # the request body's `model`, when it names one
     lease: Any = None  # the load module's receipt for this request's in-flight count
     ended: bool = False
 
@@ -115,6 +138,7 @@ class RequestLifecycle:
         if decision is None or decision.ended or decision.endpoint is None or decision.status is not None:
             return
         if served is not None:
+            decision.served_reported = True
             self.served(decision, served)
         if status is None:
             return

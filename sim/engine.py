@@ -8,7 +8,8 @@ Test hooks: header `x-sim-fail: <status>` answers that status with an OpenAI-sty
 `x-sim-abort-after: N` drops the connection after N streamed events; every completion's response carries
 `x-sim-body-sha256`, the SHA-256 (hex) of the request body exactly as the engine received it; POST
 /sim/phantom_load adds phantom running / waiting counts to the gauges; GET /sim/state; POST /sim/reset_cache;
-POST /sim/fault {"mode": "error" | "hang" | "none", "status": 500} breaks (and heals) the whole engine.
+POST /sim/fault {"mode": "error" | "hang" | "none", "status": 500} breaks (and heals) the whole engine;
+POST /sim/kv_drop {"batches": n} loses the next n KV-event batches on the wire (a gap; with --kv-events).
 """
 
 from __future__ import annotations
@@ -86,7 +87,9 @@ class Engine:
             ("POST", "/sim/phantom_load"): self._phantom_load,
             ("POST", "/sim/reset_cache"): self._reset_cache,
             ("POST", "/sim/fault"): self._set_fault,
+            ("POST", "/sim/kv_drop"): self._kv_drop,
         }
+        self.kv_drop: Callable[[int], None] | None = None  # the KV-event publisher's drop_next, when it has one
         # Engine-wide fault (POST /sim/fault): "error" answers every OpenAI request with `fault_status` at
         # once (server alive, as after an engine-core crash); "hang" accepts and never answers anything but
         # /sim/* until healed (a wedged server). /sim/* always answers, so a test can heal the engine.
@@ -164,6 +167,13 @@ class Engine:
         if not isinstance(body, dict):
             raise _BadRequest(400, "body must be a JSON object")
         return body
+
+    async def _kv_drop(self, request: web.BaseRequest) -> web.StreamResponse:
+        batches = (await self._body(request)).get("batches", 1)
+        if self.kv_drop is None or not isinstance(batches, int) or batches < 1:
+            raise _BadRequest(400, 'expected {"batches": n >= 1} on an engine publishing KV events')
+        self.kv_drop(batches)
+        return self._json({"dropping": batches})
 
     async def _set_fault(self, request: web.BaseRequest) -> web.StreamResponse:
         body = await self._body(request)

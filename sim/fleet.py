@@ -137,6 +137,7 @@ async def start_fleet(
                 publisher.start()
                 fleet.kv_events[engine.name] = publisher
                 engine.core.prefix_cache.add_observer(publisher)
+                engine.kv_drop = publisher.drop_next
         except BaseException:
             await fleet.stop()
             raise

@@ -22,11 +22,13 @@ LIVENESS_SERVICE = "liveness"
 READINESS_SERVICE = "readiness"
 READINESS_SERVICES = ("", READINESS_SERVICE, SERVICE_NAME)
 POLL_S = 0.2
+SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
 class HealthReporter:
-    def __init__(self, ready: Callable[[], bool]) -> None:
+    def __init__(self, ready: Callable[[], bool], why_not: Callable[[], str] | None = None) -> None:
         self.ready = ready
+        self.why_not = why_not  # what readiness waits for, logged when it turns NOT_SERVING
         self.servicer = health.aio.HealthServicer()
         self._stopping = asyncio.Event()
 
@@ -40,13 +42,18 @@ class HealthReporter:
     async def run(self) -> None:
         """Follow readiness until draining starts."""
         status = None
+        shown: tuple[object, str] | None = None  # what was last logged: a new reason is news too
         while True:
             want = health_pb2.HealthCheckResponse.SERVING if self.ready() and not self._stopping.is_set() \
                 else health_pb2.HealthCheckResponse.NOT_SERVING
+            reason = self.why_not() if self.why_not is not None and want != SERVING else ""
             if want != status:
                 status = want
                 await self._set(READINESS_SERVICES, want)
-                log.info("health %s", health_pb2.HealthCheckResponse.ServingStatus.Name(want))
+            if shown != (want, reason):
+                shown = (want, reason)
+                log.info("health %s%s", health_pb2.HealthCheckResponse.ServingStatus.Name(want),
+                         f" ({reason})" if reason else "")
             await asyncio.sleep(POLL_S)
 
     async def draining(self) -> None:

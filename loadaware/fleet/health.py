@@ -7,9 +7,16 @@ always looks idle and draws most of the traffic. Every request's outcome is ther
                                             ^                               |
                                             +---------(failure)-------------+
 
-- A failure is a 5xx answer (Envoy's own 504 after the route timeout included) from the engine that served,
-  or an engine the proxy walked past on the ranked list (its retries move on only after a connect failure,
-  a reset or a 5xx, or because Envoy's outlier detection ejected the engine itself).
+- Only upstream-caused outcomes count (`upstream_failure`): a 500, 502, 503 or 504 (Envoy's own 504 after the
+  route timeout included) from the engine the proxy reports as having served, or an engine the proxy walked
+  past on the ranked list (its retries move on only after a connect failure, a reset or a 5xx, or because
+  Envoy's outlier detection ejected the engine itself). A 4xx is the client's; 501, 505 and the other 5xx
+  answer what a client asked for (a method, a protocol version), not an engine's health; a response
+  without the proxy's served-endpoint report is the proxy's own reply (no engine was reached); a client
+  abort has no outcome at all.
+- At most `max_ejection_percent` of a decision's candidates are left out (50%, as Envoy's outlier
+  detection): past that, the ones due back soonest are admitted again, so a burst of failures cannot pile
+  the whole fleet's traffic onto the last engine standing.
 - Ejection lasts base * 2^(k-1) seconds for the k-th ejection in a row, capped: a long-dead engine costs
   one probe per cap, a healed one is back within a cap.
 - Probing admits ONE request at a time (the proxy's retries take it to the next engine if it fails); its
@@ -20,13 +27,15 @@ always looks idle and draws most of the traffic. Every request's outcome is ther
   /metrics fine).
 
 When every candidate is out, the decision uses them all (fail open: the proxy's retries and outlier
-detection still act) and says so. Pure logic: the clock is injected, nothing here does I/O.
+detection still act) and says so. `eligible` is a pure query (Explain asks it too): an ejection whose
+backoff has elapsed becomes a probe only when a request is actually routed there. Pure logic: the clock is
+injected, nothing here does I/O.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from loadaware.lifecycle import Decision
@@ -35,6 +44,9 @@ HEALTHY, EJECTED, PROBING = "healthy", "ejected", "probing"
 # Failure kinds, as metrics and the debug API name them.
 HTTP_5XX, TIMEOUT, PASSED_OVER, UNREACHABLE = "http_5xx", "timeout", "passed_over", "unreachable"
 GATEWAY_TIMEOUT = 504
+# The statuses that say an engine (or the path to it) failed: internal error, bad gateway (connect failure,
+# reset), unavailable (overflow, no healthy upstream, the engine's own 503), gateway timeout.
+UPSTREAM_FAILURE_STATUSES = frozenset({500, 502, 503, 504})
 
 StateListener = Callable[[str, str, str], None]  # (endpoint, new state, reason)
 
@@ -45,6 +57,14 @@ class HealthOptions:
     base_ejection_s: float = 1.0
     max_ejection_s: float = 5.0
     unreachable_after: int = 2  # consecutive scrape transport failures (0: never eject on them)
+    max_ejection_percent: float = 50.0  # of a decision's candidates, at most this share is left out
+
+
+def upstream_failure(status: int) -> str | None:
+    """The failure kind an engine's answer counts as, or None when it says nothing against the engine."""
+    if status not in UPSTREAM_FAILURE_STATUSES:
+        return None
+    return TIMEOUT if status == GATEWAY_TIMEOUT else HTTP_5XX
 
 
 @dataclass(slots=True)
@@ -84,21 +104,39 @@ class EndpointHealth:
 
     # ---- what the pipeline asks ----
     def eligible(self, endpoints: tuple[str, ...]) -> tuple[str, ...]:
-        """The endpoints a decision may choose: healthy ones, and probing ones with no probe in flight. Empty
-        when every one is out (the caller decides what failing open means)."""
+        """The endpoints a decision may choose: healthy ones, probing ones with no probe in flight, and ejected
+        ones whose backoff has elapsed (the first request routed there becomes the probe). At most
+        `max_ejection_percent` of `endpoints` are left out: past that the ones due back soonest return.
+        Empty when every one is out (the caller decides what failing open means). A pure query."""
         if not self._out:
             return endpoints
         now = self.clock()
-        return tuple(ep for ep in endpoints if self._admits(ep, now))
+        records = self._records
+        out = [i for i, ep in enumerate(endpoints) if not self._admits(records.get(ep), now)]
+        if not out:
+            return endpoints
+        limit = self._max_out(len(endpoints))
+        if len(out) > limit:
+            # Readmit the ones due back soonest (an unreachable one last: it is not due until a scrape answers).
+            def due(i: int) -> tuple[bool, float, str]:
+                record = records[endpoints[i]]
+                return record.unreachable, record.until, endpoints[i]
+            out = sorted(out, key=due)[len(out) - limit:] if limit else []
+            if not out:
+                return endpoints
+        left_out = set(out)
+        return tuple(ep for i, ep in enumerate(endpoints) if i not in left_out)
 
-    def _admits(self, endpoint: str, now: float) -> bool:
-        record = self._records.get(endpoint)
+    def _max_out(self, candidates: int) -> int:
+        """Envoy's rule: at most this share of hosts ejected, but at least one host can be."""
+        return max(1, int(candidates * self.options.max_ejection_percent / 100.0))
+
+    @staticmethod
+    def _admits(record: EndpointRecord | None, now: float) -> bool:
         if record is None or record.state == HEALTHY:
             return True
-        if record.state == EJECTED:
-            if record.unreachable or now < record.until:
-                return False
-            self._set(endpoint, record, PROBING, record.reason)
+        if record.state == EJECTED and (record.unreachable or now < record.until):
+            return False
         return record.probe is None
 
     # ---- the request lifecycle ----
@@ -107,7 +145,11 @@ class EndpointHealth:
         if endpoint is None or not self._out:
             return
         record = self._records.get(endpoint)
-        if record is not None and record.state == PROBING and record.probe is None:
+        if record is None or record.state == HEALTHY:
+            return
+        if record.state == EJECTED and not record.unreachable and self.clock() >= record.until:
+            self._set(endpoint, record, PROBING, record.reason)  # its backoff is over: this request probes
+        if record.state == PROBING and record.probe is None:
             record.probe = decision
 
     def on_served(self, decision: Decision, previous: str | None) -> None:
@@ -122,17 +164,19 @@ class EndpointHealth:
 
     def on_responded(self, decision: Decision, status: int) -> None:
         """The response headers arrived: `decision.served` answered `status`. Engines ranked before it were
-        tried and failed (the proxy moves down the list only on a failure)."""
+        tried and failed (the proxy moves down the list only on a failure). Without the proxy's report of
+        who served, the response is the proxy's own (no engine was reached): nothing is learned."""
         served = decision.served
-        if served is None:
+        if served is None or not decision.served_reported:
             return
         ranked = decision.ranked
         passed = ranked[:ranked.index(served)] if served in ranked else ranked[:1]
         for endpoint in passed:
             self.failed(endpoint, PASSED_OVER)
-        if status >= 500:
-            self.failed(served, TIMEOUT if status == GATEWAY_TIMEOUT else HTTP_5XX)
-        else:  # a 4xx is the client's problem; the engine answered
+        kind = upstream_failure(status)
+        if kind is not None:
+            self.failed(served, kind)
+        elif status < 500:  # a 4xx is the client's problem; the engine answered
             self.succeeded(served)
 
     # ---- outcomes ----
@@ -154,8 +198,10 @@ class EndpointHealth:
         record.failures[kind] = record.failures.get(kind, 0) + 1
         record.consecutive += 1
         threshold = self.options.failures_to_eject
-        if threshold and (record.state == PROBING or (record.state == HEALTHY and record.consecutive >= threshold)):
-            self._eject(endpoint, record, kind)
+        due = record.state == EJECTED and not record.unreachable and self.clock() >= record.until
+        if threshold and (record.state == PROBING or due
+                          or (record.state == HEALTHY and record.consecutive >= threshold)):
+            self._eject(endpoint, record, kind)  # a failure once due for a probe is a failed probe
 
     def scrape_ok(self, endpoint: str) -> None:
         record = self._records.get(endpoint)
@@ -217,7 +263,3 @@ class EndpointHealth:
         remaining = max(0.0, record.until - self.clock()) if record.state == EJECTED else 0.0
         return HealthView(self.state(endpoint), record.reason, record.consecutive, record.ejections,
                           round(remaining, 3), dict(record.failures), record.successes)
-
-    def out_of_rotation(self, endpoints: Iterable[str]) -> list[str]:
-        """Endpoints not taking normal traffic right now (ejected, or probing)."""
-        return [ep for ep in endpoints if self.state(ep) != HEALTHY]

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from loadaware.lifecycle import Decision
+from loadaware.lifecycle import Decision, previewing
 from loadaware.prefix.blocks import SlotTable, block_keys, unhold, walk
 from loadaware.prefix.source import salt_of
 from loadaware.telemetry.metrics import Metrics
@@ -149,6 +149,8 @@ class ApproxPrefixSource:
         return self._last_keys
 
     def lookup(self, tokens: Sequence[int], endpoints: Sequence[str], salt: str | None = None) -> dict[str, int]:
+        if previewing():  # Explain: the same answer, and the memo of the last lookup left as it was
+            return self.index.match(self.index.keys(tokens, salt_of(tokens, salt)), endpoints)
         answer = self.index.match(self._keys(tokens, salt), endpoints)
         self._last_answer = answer
         return answer

@@ -11,6 +11,7 @@ from loadaware.fleet.addresses import FeedAddress
 from loadaware.prefix.approx import TEXT_BLOCK_BYTES, ApproxIndex, ApproxPrefixSource
 from loadaware.prefix.blocks import BlockIndex
 from loadaware.prefix.combined import CombinedPrefixSource, Covered, Member
+from loadaware.prefix.counted import SourceLookups
 from loadaware.prefix.kvevents.feeds import KvEventsFeeds, KvEventsPrefixSource
 from loadaware.prefix.source import PrefixSource
 from loadaware.telemetry.metrics import Metrics
@@ -43,15 +44,16 @@ class PrefixWiring:
         self.kv_feeds: KvEventsFeeds | None = None
         self.approx: ApproxPrefixSource | None = None
         exact: list[Member] = []
+        lookups = SourceLookups(metrics.registry)  # each source's answers counted apart (its match fraction)
         if "lmcache" in self.names and lmcache is not None:
-            exact.append(Member(lmcache, lmcache_covered or (lambda eps: set(eps))))
+            exact.append(Member(lookups.wrap(lmcache), lmcache_covered or (lambda eps: set(eps))))
         if "kv-events" in self.names:
             index = BlockIndex(o.kv_events_max_blocks)
             self.kv_feeds = KvEventsFeeds(index, metrics, endpoints, dict(o.kv_events_endpoints), o.kv_events_port,
                                           o.kv_events_replay_port, o.kv_events_topic, o.kv_events_replay_timeout_s,
                                           dp_ranks=o.kv_events_dp_ranks)
             kv = KvEventsPrefixSource(index, self.kv_feeds)
-            exact.append(Member(kv, kv.covered))
+            exact.append(Member(lookups.wrap(kv), kv.covered))
         if "approx" in self.names:
             block = APPROX_TOKEN_BLOCK if o.have_tokenizer else TEXT_BLOCK_BYTES
             self.approx = ApproxPrefixSource(
@@ -63,9 +65,9 @@ class PrefixWiring:
         if len(exact) == 1 and self.approx is None:
             self.source = exact[0].source
         elif not exact and self.approx is not None:
-            self.source = self.approx
+            self.source = lookups.wrap(self.approx)
         elif exact or self.approx is not None:
-            self.source = CombinedPrefixSource(exact, self.approx)
+            self.source = CombinedPrefixSource(exact, lookups.wrap(self.approx) if self.approx else None)
         else:
             self.source = None
 

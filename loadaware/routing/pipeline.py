@@ -13,7 +13,7 @@ import time
 from typing import Protocol
 
 from loadaware.fleet.registry import EndpointRegistry
-from loadaware.lifecycle import Decision, RequestLifecycle
+from loadaware.lifecycle import Decision, RequestLifecycle, preview
 from loadaware.policies import Candidate, Policy, ranked
 from loadaware.prefix.source import PrefixSource, PrefixUnavailable, SaltedTokens
 from loadaware.routing.request import InferenceRequest
@@ -107,7 +107,15 @@ class Decider:
 
     async def decide(self, request: InferenceRequest | None, request_id: str = "", count: bool = True,
                      parse_s: float | None = None, subset: frozenset[str] | None = None) -> Decision:
-        """`subset`: the proxy's hint; only endpoints in it are candidates (None: the whole fleet)."""
+        """`subset`: the proxy's hint; only endpoints in it are candidates (None: the whole fleet). Without
+        `count` (Explain) the decision is a preview: nothing hears of it and no helper changes any state."""
+        if count:
+            return await self._decide(request, request_id, True, parse_s, subset)
+        with preview():
+            return await self._decide(request, request_id, False, parse_s, subset)
+
+    async def _decide(self, request: InferenceRequest | None, request_id: str, count: bool,
+                      parse_s: float | None, subset: frozenset[str] | None) -> Decision:
         started = time.perf_counter()
         stages: dict[str, float] = {} if parse_s is None else {"parse": parse_s}
         reasons: list[str] = []
@@ -155,7 +163,7 @@ class Decider:
         outcome = "fallback_load_only" if reasons and reasons != [ALL_FAILING] else "routed"
         order = tuple(candidates[i].endpoint for i in ranked(choice, candidates, 1 + self.fallbacks))
         return self._finish(request_id, order, outcome, reasons, n_tokens, candidates, choice.scores, stages,
-                            started, count, tokens)
+                            started, count, tokens, model)
 
     def _empty(self, request_id: str, subset: frozenset[str] | None, n_tokens: int, stages: dict[str, float],
                started: float, count: bool, model: str | None = None) -> Decision:
@@ -166,13 +174,14 @@ class Decider:
             outcome = "unknown_model"
         else:
             outcome = "no_eligible_endpoints" if subset is not None and fleet else "no_endpoints"
-        return self._finish(request_id, (), outcome, [outcome], n_tokens, (), (), stages, started, count)
+        return self._finish(request_id, (), outcome, [outcome], n_tokens, (), (), stages, started, count, model=model)
 
     def _finish(self, request_id: str, order: tuple[str, ...], outcome: str, reasons: list[str], n_tokens: int,
                 candidates: tuple[Candidate, ...], scores: tuple[float, ...], stages: dict[str, float],
-                started: float, count: bool, tokens: list[int] | None = None) -> Decision:
+                started: float, count: bool, tokens: list[int] | None = None, model: str | None = None) -> Decision:
         decision = Decision(request_id, order[0] if order else None, outcome, tuple(reasons), n_tokens, candidates,
-                            scores, stages, time.perf_counter() - started, tokens=tokens or None, ranked=order)
+                            scores, stages, time.perf_counter() - started, tokens=tokens or None, ranked=order,
+                            model=model)
         if count:  # Explain decides without counting: nothing hears about it
             self.lifecycle.decided(decision)
         return decision

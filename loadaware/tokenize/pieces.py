@@ -17,6 +17,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
+from loadaware.lifecycle import previewing
+
 Encode = Callable[[str], list[int]]
 
 
@@ -77,6 +79,8 @@ class ChunkedEncoder:
     def encode(self, text: str) -> list[int]:
         if not self.enabled or len(text) < self.min_chars:
             return self._encode(text)
+        if previewing():
+            return self._encode_read_only(text)
         pieces, tail = self._split(text)
         ids: list[int] = []
         for piece in pieces:
@@ -90,6 +94,19 @@ class ChunkedEncoder:
                 self._remember(piece, cached)
             ids.extend(cached)
         ids.extend(self._encode(tail))  # the tail is where prompts differ: never worth caching
+        return ids
+
+    def _encode_read_only(self, text: str) -> list[int]:
+        """The same ids, and the cache exactly as it was: no insertion, no recency, no hit counted."""
+        cuts = split_points(text, self.piece_chars)
+        bounds = [0, *cuts]
+        ids: list[int] = []
+        for a, b in zip(bounds, cuts):
+            piece = text[a:b]
+            with self._lock:
+                cached = self._cache.get(piece)
+            ids.extend(cached if cached is not None else self._encode(piece))
+        ids.extend(self._encode(text[bounds[-1]:]))
         return ids
 
     def _remember(self, piece: str, ids: list[int]) -> None:

@@ -8,6 +8,7 @@ what a router that only tokenizes `prompt` gets wrong (it never matches chat tra
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -16,6 +17,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from loadaware.lifecycle import previewing
 from loadaware.tokenize.chat_template import ChatTemplate, ChatTemplateError, Clock, read_tokenizer_config
 from loadaware.tokenize.pieces import ChunkedEncoder
 
@@ -115,6 +117,8 @@ class PromptTokenizer:
         return self.pieces.uncached_chars(text) <= budget
 
     def _encode_plain(self, text: str) -> list[int]:
+        if previewing():  # Explain: the same ids, no exactness check, no count
+            return self.pieces.encode(text)
         self._encoded += 1
         if self._encoded % SELF_CHECK_EVERY == 0:  # keep checking exactness on live prompts, at ~1/64 of a full encode
             self.pieces.self_check(text)
@@ -176,7 +180,8 @@ class AsyncTokenizer:
         if not isinstance(prompt, str):
             return list(prompt)
         if self.tokenizer.cheap(prompt, budget=self.inline_chars):
-            self.inline += 1
+            if not previewing():
+                self.inline += 1
             return self.tokenizer.encode_prompt(prompt)
         return await self._run(self.tokenizer.encode_prompt, prompt)
 
@@ -188,13 +193,15 @@ class AsyncTokenizer:
             return await self._run(self.tokenizer.encode_chat, messages, options)
         text = self.tokenizer.render_chat(messages, options)  # a short chat renders in tens of µs
         if self.tokenizer.cheap(text, chat=True, budget=self.inline_chars):
-            self.inline += 1
+            if not previewing():
+                self.inline += 1
             return self.tokenizer.encode_rendered(text)
         return await self._run(self.tokenizer.encode_rendered, text)
 
     async def _run(self, fn: Any, *args: Any) -> list[int]:
         loop = asyncio.get_running_loop()
-        return await asyncio.wait_for(loop.run_in_executor(self._pool, fn, *args), self.timeout_s)
+        context = contextvars.copy_context()  # the worker sees the caller's context (a preview stays one)
+        return await asyncio.wait_for(loop.run_in_executor(self._pool, context.run, fn, *args), self.timeout_s)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -82,6 +82,18 @@ def test_tls_settings_go_together(certs: CertFiles) -> None:
         from_args(["--endpoints", FLEET, "--tls-client-ca", str(certs.ca)], environ={})
 
 
+async def test_an_unreadable_tls_file_is_refused_at_start_naming_the_flag(certs: CertFiles, tmp_path: Path) -> None:
+    missing = tmp_path / "gone.pem"
+    app = Sidecar(from_args(["--listen", f"127.0.0.1:{free_port()}", "--endpoints", FLEET, "--metrics-listen", "off",
+                             "--admin-listen", "off", "--admin-http-listen", "off",
+                             "--tls-cert", str(certs.server_cert), "--tls-key", str(missing)], environ={}))
+    try:
+        with pytest.raises(OSError, match=f"^--tls-key: cannot read {missing}"):
+            await app.start()
+    finally:
+        await app.stop()
+
+
 async def test_plain_text_health_port_beside_a_tls_grpc_port(certs: CertFiles, stop_after: list[Sidecar]) -> None:
     # kubelet's gRPC probes speak no TLS: --health-listen serves only grpc.health.v1, in plain text.
     health_addr = f"127.0.0.1:{free_port()}"

@@ -30,11 +30,20 @@ def resource(api_version: str, kind: str, spec: dict[str, Any]) -> dict[str, Any
                ("apiVersion", "kind", "metadata", "spec"))
 
 
+_RELABEL_ACTIONS = ["replace", "Replace", "keep", "Keep", "drop", "Drop", "hashmod", "HashMod", "labelmap", "LabelMap",
+                    "labeldrop", "LabelDrop", "labelkeep", "LabelKeep", "lowercase", "Lowercase", "uppercase",
+                    "Uppercase", "keepequal", "KeepEqual", "dropequal", "DropEqual"]
+RELABEL_CONFIG = obj({
+    "sourceLabels": {"type": "array", "items": {"type": "string", "pattern": r"^[a-zA-Z_][a-zA-Z0-9_]*$"}},
+    "separator": STR, "targetLabel": STR, "regex": STR, "modulus": INT, "replacement": STR,
+    "action": {"enum": _RELABEL_ACTIONS},
+})
 POD_MONITOR = resource("monitoring.coreos.com/v1", "PodMonitor", obj({
     "selector": obj({"matchLabels": LABELS}),
     "podMetricsEndpoints": {"type": "array", "items": obj({
         "port": STR, "path": STR, "interval": DURATION, "scrapeTimeout": DURATION,
         "scheme": {"enum": ["http", "https"]},
+        "relabelings": {"type": "array", "items": RELABEL_CONFIG},
     })},
 }, ("selector",)))
 

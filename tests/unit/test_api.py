@@ -23,8 +23,10 @@ from loadaware.lifecycle import RequestLifecycle
 from loadaware.load.tracker import EngineStats, LoadTracker
 from loadaware.policies import Candidate, make_policy
 from loadaware.policies.loadaware import loadaware_scores
+from loadaware.prefix.approx import ApproxIndex, ApproxPrefixSource
 from loadaware.prefix.lmcache.bridge import InstanceBridge
 from loadaware.routing.pipeline import Decider
+from loadaware.routing.request import parse_body
 from loadaware.telemetry.decisions import DecisionMetrics, RecentDecisions
 from loadaware.telemetry.metrics import Metrics
 from loadaware.tokenize.tokenizer import AsyncTokenizer, PromptTokenizer
@@ -190,11 +192,59 @@ async def test_failing_engines_show_in_explain_and_list_endpoints() -> None:
     assert not reply.excluded
     probing = next(e for e in reply.endpoints if e.endpoint == FLEET[1])
     assert probing.routing_state == "probing" and probing.chosen  # it holds the prefix
-    for ep in FLEET:  # every engine failing: all are candidates again, and the decision says so
+    for ep in FLEET:  # every engine failing: at most half are left out (Envoy's cap), the soonest due return
         parts.health.failed(ep, "http_5xx")
     reply = await servicer.Explain(struct_request({"prompt": PROMPT, "max_tokens": 8}), None)
-    assert len(reply.endpoints) == 3 and not reply.excluded and "all_endpoints_failing" in reply.reasons
+    assert list(reply.excluded) == [FLEET[1]]  # ejected for the second time in a row: due back last
+    assert len(reply.endpoints) == 2 and "all_endpoints_failing" not in reply.reasons
     assert reply.outcome == "routed"
+    parts.health.options = HealthOptions(failures_to_eject=1, max_ejection_percent=100)
+    reply = await servicer.Explain(struct_request({"prompt": PROMPT, "max_tokens": 8}), None)
+    assert len(reply.endpoints) == 3 and not reply.excluded and "all_endpoints_failing" in reply.reasons
+
+
+def observable_state(servicer: RouterServicer, parts: Any) -> dict[str, Any]:
+    """Everything a decision could leave a trace in: metrics, health, caches, memos, counts, the ring."""
+    decider = parts.decider
+    tokenizer = decider.tokenizer
+    pieces = tokenizer.tokenizer.pieces
+    approx = decider.prefix_source
+    return {
+        "metrics": parts.metrics.render(parts.loads.snapshot, FLEET),
+        "health": [parts.health.view(ep) for ep in FLEET], "health_states": [parts.health.state(ep) for ep in FLEET],
+        "health_records": {ep: (r.state, r.probe, r.consecutive) for ep, r in parts.health._records.items()},
+        "pieces": (list(pieces._cache), pieces.hits, pieces.misses, pieces.cached_tokens),
+        "tokenizer": (tokenizer.tokenizer._encoded, tokenizer.inline),
+        "approx_memo": (approx._last_tokens, approx._last_salt, list(approx._last_keys), dict(approx._last_answer)),
+        "approx_index": {ep: approx.index.blocks(ep) for ep in FLEET},
+        "loads": parts.loads.snapshot(), "recent": len(parts.recent.last(1000)),
+        "policy": dict(vars(decider.policy)),
+    }
+
+
+@pytest.mark.parametrize("policy", ["loadaware", "roundrobin"])
+async def test_explain_is_read_only(policy: str) -> None:
+    """No metric, health, cache or memo changes: Explain run many times leaves every observable as it was."""
+    servicer, parts = build(policy=policy)
+    index = ApproxIndex(capacity_blocks=1000, block_size=16, ttl_s=60)
+    parts.decider.prefix_source = ApproxPrefixSource(index, parts.metrics, clock=parts.clock)
+    parts.lifecycle.subscribe(parts.decider.prefix_source)
+    for i in range(3):  # real traffic first: a warm piece cache, a guess in the index, a memo
+        real = await parts.decider.decide(await _parsed(PROMPT + f" real {i}"), f"r{i}")
+        parts.lifecycle.ended(real)
+    parts.health.failed(FLEET[2], "http_5xx")
+    parts.clock.now += 5  # FLEET[2] is due for its probe: asking must not start one
+    before = observable_state(servicer, parts)
+    for text in (PROMPT, PROMPT + " other", "short", "brand new text " * 300):
+        for path, body in (("/v1/completions", {"prompt": text}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]})):
+            reply = await servicer.Explain(struct_request(body, path), None)
+            assert reply.outcome == "routed", reply
+    assert observable_state(servicer, parts) == before
+
+
+async def _parsed(prompt: str) -> Any:
+    return parse_body("completions", json.dumps({"prompt": prompt}).encode())
 
 
 async def test_get_config_reports_origins() -> None:

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from loadaware.config import ConfigError, from_args
+from loadaware.config import ConfigError, from_args, resolve
 from loadaware.fleet.addresses import parse_instance_map
 
 
@@ -69,3 +69,20 @@ def test_defaults_match_the_contract() -> None:
     assert s.listen == "127.0.0.1:9002"
     assert s.policy == "loadaware"
     assert s.destination_header == "x-gateway-destination-endpoint"
+
+
+@pytest.mark.parametrize(("env", "value"), [
+    ("LOADAWARE_LISTEN", "nowhere"), ("LOADAWARE_METRICS_LISTEN", "127.0.0.1:99999"),
+    ("LOADAWARE_ADMIN_LISTEN", "localhost"),
+    ("LOADAWARE_EJECT_AFTER_FAILURES", "-1"), ("LOADAWARE_EJECTION_BASE_S", "soon"),
+    ("LOADAWARE_MAX_EJECTION_PERCENT", "150"),
+])
+def test_bad_listener_tls_or_ejection_env_values_are_refused_at_start(env: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=env):
+        resolve({}, {env: value})
+
+
+def test_max_ejection_percent_flag_env_default() -> None:
+    assert resolve({}, {}).max_ejection_percent == 50.0
+    assert resolve({}, {"LOADAWARE_MAX_EJECTION_PERCENT": "100"}).max_ejection_percent == 100.0
+    assert resolve({"max_ejection_percent": "0"}, {"LOADAWARE_MAX_EJECTION_PERCENT": "100"}).max_ejection_percent == 0

@@ -27,7 +27,7 @@ def make(**options: float) -> tuple[EndpointHealth, Clock, list[tuple[str, str, 
 
 def decision(endpoint: str | None, ranked: tuple[str, ...] = ()) -> Decision:
     ranked = ranked or ((endpoint,) if endpoint else ())
-    return Decision("r", endpoint, "routed", (), 0, (), (), {}, 0.0, ranked=ranked)
+    return Decision("r", endpoint, "routed", (), 0, (), (), {}, 0.0, ranked=ranked, served_reported=True)
 
 
 def test_consecutive_failures_eject_and_successes_reset_the_count() -> None:
@@ -100,6 +100,53 @@ def test_a_4xx_is_the_clients_problem_and_a_504_is_a_timeout() -> None:
     assert health.view(B).reason == "timeout"
 
 
+def test_only_upstream_statuses_count_against_an_engine() -> None:
+    health, _, _ = make(failures_to_eject=1, max_ejection_percent=100)
+    for status in (400, 404, 413, 429, 499, 501, 505, 511):  # statuses a client's own request can earn
+        health.on_responded(decision(A), status)
+    assert health.state(A) == HEALTHY and health.view(A).failures == {}
+    for endpoint, status in ((A, 500), (B, 502), (C, 503)):
+        health.on_responded(decision(endpoint), status)
+        assert health.state(endpoint) == EJECTED and health.view(endpoint).reason == "http_5xx"
+
+
+def test_a_response_without_the_proxys_served_report_is_the_proxys_own() -> None:
+    health, _, _ = make(failures_to_eject=1)
+    local = decision(A, (A, B))
+    local.served_reported = False  # e.g. Envoy's local reply before any engine was reached
+    health.on_responded(local, 503)
+    assert health.state(A) == HEALTHY and health.state(B) == HEALTHY and health.view(A).failures == {}
+
+
+def test_the_ejected_share_is_capped_and_the_soonest_due_come_back() -> None:
+    health, clock, _ = make(failures_to_eject=1)  # 50%, as Envoy's outlier detection
+    health.failed(A, "http_5xx")
+    clock.now += 0.5
+    health.failed(B, "http_5xx")  # due back half a second after A
+    assert health.eligible(FLEET) == (A, C)  # 2 of 3 out would exceed 50%: A, due first, is readmitted
+    four = (*FLEET, "10.0.0.4:8000")
+    assert health.eligible(four) == (C, "10.0.0.4:8000")  # 2 of 4 is within the cap
+    health.failed(C, "http_5xx")
+    assert health.eligible(four) == (A, "10.0.0.4:8000")  # 3 of 4 out: A, due first, returns
+    assert health.eligible((A,)) == ()  # one candidate can be ejected (the caller fails open)
+    health.scrape_failed("10.0.0.4:8000")
+    health.scrape_failed("10.0.0.4:8000")  # unreachable: readmitted only after every timed ejection
+    assert health.eligible(four) == (A, B)
+
+
+def test_eligibility_is_a_pure_query() -> None:
+    health, clock, changes = make(failures_to_eject=1)
+    health.failed(A, "http_5xx")
+    clock.now += 10  # due for its probe
+    before = (health.view(A), list(changes))
+    for _ in range(5):
+        assert A in health.eligible(FLEET)
+    assert (health.view(A), changes) == before  # asking changes nothing: only a routed request probes
+    probe = decision(A)
+    health.on_decided(probe)
+    assert changes[-1] == (A, PROBING, "http_5xx") and A not in health.eligible(FLEET)
+
+
 def test_unreachable_waits_for_a_scrape_not_for_the_clock() -> None:
     health, clock, _ = make(unreachable_after=2)
     health.scrape_failed(A)
@@ -134,7 +181,7 @@ def test_zero_thresholds_never_eject() -> None:
 
 
 def test_every_endpoint_out_leaves_nothing_eligible_and_forget_clears() -> None:
-    health, _, _ = make(failures_to_eject=1)
+    health, _, _ = make(failures_to_eject=1, max_ejection_percent=100)
     for ep in FLEET:
         health.failed(ep, "http_5xx")
     assert health.eligible(FLEET) == ()

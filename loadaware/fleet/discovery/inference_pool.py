@@ -28,7 +28,8 @@ from typing import Any
 
 from loadaware.fleet.addresses import endpoint_of
 from loadaware.fleet.discovery.catalog import DRAINING, HEALTHY, UNHEALTHY, DiscoveredEndpoint, DiscoveryCatalog
-from loadaware.fleet.discovery.kubernetes import ApiClientFactory, Gone, list_then_watch, watch_events
+from loadaware.fleet.discovery.kubernetes import ApiClientFactory
+from loadaware.fleet.discovery.listwatch import Collection, ListWatch
 from loadaware.fleet.discovery.metrics import DiscoveryMetrics
 
 log = logging.getLogger(__name__)
@@ -181,12 +182,12 @@ class InferencePoolDiscovery:
         self.backoff_s = backoff_s
         self.spec: PoolSpec | None = None
         self.pods: PodSet | None = None
-        self.resource_version: str | None = None
+        self.follower: ListWatch | None = None  # the pods of the current spec, listed then watched
         self.pool_reads = 0
-        self.lists = 0
-        self.watches = 0
-        self._progress = False  # the current pod watch delivered something: its failure is not a pattern
-        self._listed = False  # the next watch starts from a fresh list (else it resumes a dropped one)
+
+    @property
+    def resource_version(self) -> str | None:
+        return self.follower.resource_version if self.follower is not None else None
 
     async def run(self) -> None:
         from kubernetes.aio import client
@@ -270,57 +271,18 @@ class InferencePoolDiscovery:
                  ",".join(map(str, spec.ports)))
         self.spec = spec
         self.pods = PodSet(spec)
-        self.resource_version = None
+        self.follower = None  # a fresh list with the new selector
 
     # ---- the pods ----
     async def _follow_pods(self, core: Any) -> None:
-        await list_then_watch(self, core, self.backoff_s, lambda exc, retry_s: self._failed("watch", exc, retry_s))
-
-    async def _list(self, core: Any) -> None:
         assert self.pods is not None
-        items: list[Mapping[str, Any]] = []
-        token: str | None = None
-        metadata: Mapping[str, Any] = {}
-        while True:
-            async with asyncio.timeout(self.request_timeout_s):
-                resp = await core.list_namespaced_pod_without_preload_content(
-                    self.namespace, label_selector=self.pods.spec.label_selector, limit=500, _continue=token,
-                    _request_timeout=self.request_timeout_s)
-                try:
-                    raw = await resp.read()
-                finally:
-                    resp.release()
-            body = _list_body(resp.status, raw)
-            items.extend(body.get("items") or [])
-            metadata = body.get("metadata") or {}
-            token = metadata.get("continue") or None
-            if token is None:
-                break
-        self.pods.replace(items)
-        self._progress = True
-        self.resource_version = str(metadata.get("resourceVersion") or "") or None
-        self.lists += 1
-        self._listed = True
-        self.metrics.watch_restart("relist")
-        self._publish()
-
-    async def _watch(self, core: Any) -> None:
-        from kubernetes.aio.watch import Watch
-
-        assert self.pods is not None
-        self.watches += 1
-        self._progress = False
-        if not self._listed:
-            self.metrics.watch_restart("resume")
-        self._listed = False
-        watch = Watch(return_type="object")  # plain dicts: no V1Pod models built per event
-        async for event in watch_events(watch, core.list_namespaced_pod, self.namespace,
-                                        self.pods.spec.label_selector, self.resource_version, self.watch_timeout_s):
-            self._progress = True
-            if watch.resource_version:
-                self.resource_version = str(watch.resource_version)
-            if self.pods.apply(event["type"], event["raw_object"]):
-                self._publish()
+        if self.follower is None:
+            collection = Collection("pods", core.list_namespaced_pod_without_preload_content,
+                                    core.list_namespaced_pod, self.namespace, self.pods.spec.label_selector)
+            self.follower = ListWatch(collection, self.pods, self._publish, self.metrics,
+                                      lambda exc, retry_s: self._failed("watch", exc, retry_s), self.watch_timeout_s,
+                                      self.request_timeout_s, self.backoff_s)
+        await self.follower.run()
 
     # ---- reporting ----
     def _publish(self) -> None:
@@ -333,14 +295,3 @@ class InferencePoolDiscovery:
         self.metrics.error(SOURCE, type(exc).__name__)
         log.warning("inference pool discovery of %s/%s: %s failed (%s: %s); the last fleet stays, retrying in "
                     "%.1fs", self.namespace, self.pool, what, type(exc).__name__, exc, retry_s)
-
-
-def _list_body(status: int, raw: bytes) -> dict[str, Any]:
-    if status == 410:
-        raise Gone()
-    if status != 200:
-        raise RuntimeError(f"list pods: HTTP {status}: {raw[:200]!r}")
-    body = json.loads(raw)
-    if not isinstance(body, dict):
-        raise RuntimeError("list pods: not a JSON object")
-    return body

@@ -4,24 +4,20 @@ Each ready endpoint becomes HOST:PORT (the port named --k8s-port-name, as Envoy'
 and carries its pod name as the LMCache instance id, LMCache's default, so credit needs no ip guessing.
 Pure parts: slice_endpoints() and SliceSet. I/O: KubernetesDiscovery, on the `kubernetes` client's asyncio
 API (kubernetes.aio), so neither the list nor the long-lived watch ever blocks the event loop.
-
-Watch protocol (https://kubernetes.io/docs/reference/using-api/api-concepts/#efficient-detection-of-changes):
-list -> resourceVersion R; watch from R; every event (and BOOKMARK) advances R. A dropped connection
-resumes the watch from the last R, so nothing is missed and nothing is re-listed; 410 Gone (R compacted
-away) means re-list. The last good set stays while the API server is unreachable.
+The Service's slices are followed by list-then-watch (listwatch.py: resumed after drops, re-listed after
+410 Gone); the last good set stays while the API server is unreachable.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
 
 from loadaware.fleet.addresses import endpoint_of
 from loadaware.fleet.discovery.catalog import DRAINING, HEALTHY, UNHEALTHY, DiscoveredEndpoint, DiscoveryCatalog
+from loadaware.fleet.discovery.listwatch import Collection, ListWatch
 from loadaware.fleet.discovery.metrics import DiscoveryMetrics
 
 log = logging.getLogger(__name__)
@@ -116,68 +112,6 @@ def default_namespace() -> str:
 
 # ---- I/O -----------------------------------------------------------------------------------------------
 
-class Gone(Exception):
-    """410: the resourceVersion we hold was compacted away; only a fresh list helps."""
-
-
-class ListWatcher(Protocol):
-    """A source that lists a collection, then watches it from the list's resourceVersion."""
-
-    resource_version: str | None
-    _progress: bool  # the current watch delivered something: its failure is not a pattern
-
-    async def _list(self, api: Any) -> None: ...
-
-    async def _watch(self, api: Any) -> None: ...
-
-
-async def list_then_watch(source: ListWatcher, api: Any, backoff_s: tuple[float, float],
-                          failed: Callable[[Exception, float], None]) -> None:
-    """List (when there is no resourceVersion to resume from), then watch, forever. A watch the server ends
-    (its timeout) resumes at once; 410 Gone re-lists; any other failure keeps the last fleet, is reported to
-    `failed` and retried with exponential backoff (from the start again after a watch that worked)."""
-    delay = backoff_s[0]
-    while True:
-        try:
-            if source.resource_version is None:
-                await source._list(api)
-            await source._watch(api)
-            delay = backoff_s[0]
-        except Gone:
-            log.info("discovery: resourceVersion %s expired; re-listing", source.resource_version)
-            source.resource_version = None
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the API server being away keeps the last fleet
-            if source._progress:
-                delay = backoff_s[0]
-            failed(exc, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, backoff_s[1])
-
-
-async def watch_events(watch: Any, list_call: Any, namespace: str, label_selector: str,
-                       resource_version: str | None, timeout_s: float) -> AsyncIterator[dict[str, Any]]:
-    """One watch of `list_call` from `resource_version`: its events, each checked to be one; the server's
-    410 (the version is too old) raised as Gone; the watch closed however it ends."""
-    from kubernetes.aio.client.exceptions import ApiException
-
-    try:
-        stream = watch.stream(list_call, namespace, label_selector=label_selector,
-                              resource_version=resource_version, allow_watch_bookmarks=True,
-                              timeout_seconds=timeout_s, _request_timeout=float(timeout_s + 30))
-        async for event in stream:
-            if not isinstance(event, dict) or "type" not in event:
-                raise RuntimeError(f"unexpected watch line {str(event)[:200]!r}")
-            yield event
-    except ApiException as exc:
-        if exc.status == 410:
-            raise Gone() from None
-        raise
-    finally:
-        await watch.close()
-
-
 async def make_api_client(kubeconfig: str = "") -> Any:
     """In a pod: the service account. Else a kubeconfig (the given path, or ~/.kube/config)."""
     from kubernetes.aio import client, config
@@ -205,22 +139,25 @@ class KubernetesDiscovery:
         self.catalog = catalog
         self.metrics = metrics
         self.client_factory = client_factory
-        # Server-side watch timeout: the API server ends the watch cleanly and we resume; it also bounds
-        # how long a silently dead connection can go unnoticed.
         self.watch_timeout_s = watch_timeout_s
         self.backoff_s = backoff_s
-        self.resource_version: str | None = None
-        self.lists = 0
-        self.watches = 0
-        self._progress = False  # the current connection delivered something: its failure is not a pattern
+        self.follower: ListWatch | None = None
+
+    @property
+    def resource_version(self) -> str | None:
+        return self.follower.resource_version if self.follower is not None else None
 
     async def run(self) -> None:
         from kubernetes.aio import client
 
         api_client = await self.client_factory()
         api = client.DiscoveryV1Api(api_client)
+        collection = Collection("endpointslices", api.list_namespaced_endpoint_slice_without_preload_content,
+                                api.list_namespaced_endpoint_slice, self.namespace, self.selector)
+        self.follower = ListWatch(collection, self.slices, self._publish, self.metrics, self._failed,
+                                  self.watch_timeout_s, backoff_s=self.backoff_s)
         try:
-            await list_then_watch(self, api, self.backoff_s, self._failed)
+            await self.follower.run()
         finally:
             await api_client.close()
 
@@ -229,58 +166,7 @@ class KubernetesDiscovery:
         log.warning("kubernetes discovery of %s/%s failed (%s: %s); retrying in %.1fs from resourceVersion %s",
                     self.namespace, self.service, type(exc).__name__, exc, retry_s, self.resource_version)
 
-    async def _list(self, api: Any) -> None:
-        items: list[Mapping[str, Any]] = []
-        token: str | None = None
-        while True:
-            resp = await api.list_namespaced_endpoint_slice_without_preload_content(
-                self.namespace, label_selector=self.selector, limit=500, _continue=token,
-                _request_timeout=30.0)
-            try:
-                body = await _json_body(resp)
-            finally:
-                resp.release()
-            items.extend(body.get("items") or [])
-            metadata = body.get("metadata") or {}
-            token = metadata.get("continue") or None
-            if token is None:
-                break
-        self.slices.replace(items)
-        self._progress = True
-        self.resource_version = str(metadata.get("resourceVersion") or "") or None
-        self.lists += 1
-        self.metrics.watch_restart("relist")
-        self._publish()
-
-    async def _watch(self, api: Any) -> None:
-        from kubernetes.aio.watch import Watch
-
-        self.watches += 1
-        self._progress = False
-        if self.watches > 1:
-            self.metrics.watch_restart("resume")
-        watch = Watch()
-        async for event in watch_events(watch, api.list_namespaced_endpoint_slice, self.namespace, self.selector,
-                                        self.resource_version, self.watch_timeout_s):
-            self._progress = True
-            if watch.resource_version:
-                self.resource_version = str(watch.resource_version)
-            if self.slices.apply(event["type"], event["raw_object"]):
-                self._publish()
-
     def _publish(self) -> None:
         endpoints = self.slices.endpoints()
         self.catalog.apply(endpoints)
         self.metrics.applied(SOURCE, endpoints)
-
-
-async def _json_body(resp: Any) -> dict[str, Any]:
-    raw = await resp.read()
-    if resp.status == 410:
-        raise Gone()
-    if resp.status != 200:
-        raise RuntimeError(f"list endpointslices: HTTP {resp.status}: {raw[:200]!r}")
-    body = json.loads(raw)
-    if not isinstance(body, dict):
-        raise RuntimeError("list endpointslices: not a JSON object")
-    return body

@@ -133,6 +133,7 @@ class EngineFeed:
         poller = zmq.asyncio.Poller()
         poller.register(sub, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
+        self.metrics.kv_connected.labels(self.endpoint).set(0)  # a feed that never connects shows (and alerts) too
         sub.connect(self.address.pub)
         try:
             while True:

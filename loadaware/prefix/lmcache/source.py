@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from loadaware.lifecycle import previewing
 from loadaware.prefix.lmcache.bridge import InstanceBridge
 from loadaware.prefix.lmcache.client import LMCacheClient
 from loadaware.prefix.lmcache.resolver import InstanceResolver
@@ -34,15 +35,20 @@ class LMCachePrefixSource:
 
     async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...],
                       salt: str | None = None) -> dict[str, int]:
+        quiet = previewing()  # Explain: count nothing, ask for no refresh
         if salt_of(tokens, salt) is not None:
-            self.metrics.lookups.labels(result="salted").inc()
+            if not quiet:
+                self.metrics.lookups.labels(result="salted").inc()
             raise PrefixUnavailable("lmcache_salted", "the LMCache controller cannot tell cache salts apart")
         try:
             layout = await self.client.lookup(tokens)
         except PrefixUnavailable:
-            self.metrics.lookup_result("failed")
+            if not quiet:
+                self.metrics.lookup_result("failed")
             raise
         credit = self.bridge.credit(layout, endpoints)
+        if quiet:
+            return credit.matches
         if credit.unknown_ids:
             self.metrics.unmapped_holders.labels("unknown").inc(len(credit.unknown_ids))
             if self.resolver is not None:
