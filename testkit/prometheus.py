@@ -43,15 +43,11 @@ def missing() -> str | None:
 
 
 def require_prometheus() -> None:
-    """Skip without the binaries, except under CI=true, where their absence is a failure."""
-    import pytest
+    """Skip without the binaries, except under CI=true, where their absence is a failure (testkit/require.py)."""
+    from testkit.require import require
 
     reason = missing()
-    if reason is None:
-        return
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI=true and {reason}")
-    pytest.skip(reason)
+    require("Prometheus", reason is None, reason or "")
 
 
 def plain_rules(source: Path = RULES_SOURCE) -> dict[str, Any]:
