@@ -35,7 +35,9 @@ class BufferedConversation(Conversation):
                     await write(replies.headers_passthrough)
                     self.metrics.decided("none", "passthrough")
                 elif msg.request_headers.end_of_stream:
-                    # A POST without a body: nothing to score, decide on load alone now.
+                    # A POST without a body: nothing to score, decide on load alone now. A body sent anyway
+                    # (only a client that is not Envoy would) finds the stream decided.
+                    stream.decided = True
                     decision = await self.decide(None, request_id or new_request_id(), stream)
                     await write(self.unroutable_reply(decision, picker=False)
                                 or (replies.headers_route(decision.ranked) if decision.ranked

@@ -70,7 +70,7 @@ class DuplexConversation(Conversation):
                 else:
                     body += part.body
                     if len(body) > self.options.max_body_bytes:
-                        await write(self.error(413, "request_too_large", "request body is too large"))
+                        await write(self.rejected(413, "request_too_large", "request body is too large", request_id))
                         return
                     if part.end_of_stream:
                         held = False
