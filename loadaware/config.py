@@ -227,7 +227,8 @@ SETTINGS: tuple[Setting, ...] = (
             parse_no_endpoint_reply, "nobody to route to: unavailable (503), fallback (the proxy's own "
             "fallback picks), auto (503 in full-duplex picker mode, fallback in BUFFERED mode)"),
     Setting("max_request_body_bytes", "--max-request-body-bytes", "LOADAWARE_MAX_REQUEST_BODY_BYTES",
-            8 * 1024 * 1024, parse_positive_int, "largest request body held in full-duplex mode (413 beyond)"),
+            8 * 1024 * 1024, parse_positive_int, "largest request body (413 beyond): held in full-duplex mode; "
+            "in BUFFERED mode Envoy's own limit comes first"),
     Setting("scrape_interval_s", "--scrape-interval-s", "LOADAWARE_SCRAPE_INTERVAL_S", 1.0, parse_positive,
             "period of the engines' /metrics scrape"),
     Setting("scrape_timeout_ms", "--scrape-timeout-ms", "LOADAWARE_SCRAPE_TIMEOUT_MS", 500.0,

@@ -9,7 +9,8 @@ nesting). `check_case` runs one case and returns what broke:
 - no exception escapes the stream (the `end="error"` stream metric stays put, nothing is logged at ERROR);
 - the stream takes at most one in-flight count and releases exactly what it took (the load tracker's total
   is back where it was; every decision of the stream has ended);
-- a refused request in picker mode carries an OpenAI-style JSON error.
+- a refused request in picker mode carries an OpenAI-style JSON error;
+- the engine the response reports as having served is believed only if it is in the fleet.
 
 In process (`InProcessContext`: a stand-in for grpc.aio's servicer context) or over real gRPC on loopback
 (`FuzzRig.start_grpc`). Used by tests/unit/test_extproc_fuzz.py and the `fuzz` case of `make bench`.
@@ -508,6 +509,8 @@ class FuzzRig:
             problems.append(f"{len(decided)} decisions on one stream")
         if any(not d.ended for d in decided):
             problems.append("a decision never ended")
+        if any(d.served is not None and d.served not in FLEET for d in decided):
+            problems.append("a served endpoint outside the fleet was believed")
         leaked = self.app.loads.total() - total_before
         if leaked:
             problems.append(f"in-flight count leaked: {leaked:+g} ({len(counted)} counted)")

@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 
 from loadaware.extproc.conversation import Conversation, Read, StreamState, Write, new_request_id, timed_parse
-from loadaware.extproc.metadata import headers_of, served_endpoint, status_of
+from loadaware.extproc.metadata import headers_of
 from loadaware.routing.request import inference_kind
 
 
@@ -52,7 +52,7 @@ class BufferedConversation(Conversation):
                     await write(await self._decide_body(kind, msg.request_body.body,
                                                         request_id or new_request_id(), stream))
             elif which == "response_headers":  # envoy.yaml asks for them: the request's outcome
-                self.lifecycle.responded(stream.decision, status_of(msg.response_headers), served_endpoint(msg))
+                self.responded(stream, msg)
                 await write(replies.response_headers_continue)
             elif which == "response_body":
                 await write(replies.response_body_continue)

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from loadaware.extproc.metadata import served_endpoint, status_of
 from loadaware.extproc.replies import Replies
 from loadaware.lifecycle import Decision, RequestLifecycle
 from loadaware.routing.pipeline import Decider
@@ -100,6 +101,18 @@ class Conversation:
             return Replies.immediate_json(404, message, "NotFoundError", "unknown_model", param="model")
         # BUFFERED: envoy/envoy.yaml's local_reply_config wraps the text into the same JSON for a 404.
         return Replies.immediate_error(404, message, "unknown_model")
+
+    def responded(self, stream: StreamState, msg: Any) -> None:
+        """The response headers: the request's outcome. The engine the proxy reports as having served counts
+        only if the decision named it: a made-up one must not get health state or metric series."""
+        decision = stream.decision
+        if decision is None:
+            return
+        served = served_endpoint(msg)
+        if served is not None and served != decision.served and served not in decision.ranked and not any(
+                c.endpoint == served for c in decision.candidates):
+            served = None
+        self.lifecycle.responded(decision, status_of(msg.response_headers), served)
 
     async def parse(self, kind: str, body: bytes, request_id: str) -> InferenceRequest | bytes:
         """The request, or the 400 reply for a body that cannot be one. A large body is parsed in a worker

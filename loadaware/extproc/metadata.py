@@ -54,8 +54,11 @@ def status_of(http_headers: Any) -> int | None:
     for h in http_headers.headers.headers:
         if h.key == ":status":
             value = _text(h, 8)
-            # isdigit alone admits other scripts' digits ("٥٠٠", "²"), which int() may refuse
-            return int(value) if value.isascii() and value.isdigit() else None
+            # three ASCII digits, 100-599: isdigit alone admits other scripts' digits ("٥٠٠", "²"), which int()
+            # may refuse, and a status past 599 would name a status class of its own in the metrics
+            if len(value) == 3 and value.isascii() and value.isdigit() and "1" <= value[0] <= "5":
+                return int(value)
+            return None
     return None
 
 
