@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import random
 import sys
 import time
@@ -69,6 +70,11 @@ def run(quick: bool = False, n_cases: int | None = None, grpc_share: float = 0.0
             print(f"fuzz: {tally['cases']:,} cases, {tally['failures']:,} failures, "
                   f"{tally['cases'] / (time.perf_counter() - started):,.0f} cases/s", file=sys.stderr, flush=True)
 
+    # The sidecar's warnings (ejections, fallbacks) would print a line per few cases; ERROR still reaches the
+    # rig's own counter, which is the invariant.
+    sidecar_log = logging.getLogger("loadaware")
+    level = sidecar_log.level
+    sidecar_log.setLevel(logging.ERROR)
     started = time.perf_counter()
     try:
         if source == "random":
@@ -85,6 +91,7 @@ def run(quick: bool = False, n_cases: int | None = None, grpc_share: float = 0.0
         elapsed = time.perf_counter() - started
         after = loop.run_until_complete(a_normal_request_decides(rig.app))
     finally:
+        sidecar_log.setLevel(level)
         loop.run_until_complete(rig.stop_grpc())
         rig.close_logging()
         if rig.app.tokenizer is not None:
