@@ -33,15 +33,18 @@ def _text(h: Any, limit: int) -> str:
 
 def headers_of(http_headers: Any) -> tuple[str, str, str]:
     """(:method, :path, x-request-id) from an HttpHeaders message. Any bytes decode; each value is bounded,
-    and a request id with characters unfit for a log line is escaped."""
+    and a request id with characters unfit for a log line is escaped. (Decoding inline: this runs on every
+    request.)"""
     method = path = request_id = ""
     for h in http_headers.headers.headers:
         key = h.key
         if key[:1] == ":":
             if key == ":method":
-                method = _text(h, 16)
+                raw = h.raw_value
+                method = raw[:16].decode("utf-8", "replace") if raw else h.value[:16]
             elif key == ":path":
-                path = _text(h, MAX_PATH_CHARS)
+                raw = h.raw_value
+                path = raw[:MAX_PATH_CHARS].decode("utf-8", "replace") if raw else h.value[:MAX_PATH_CHARS]
         elif key == "x-request-id":
             request_id = _text(h, MAX_REQUEST_ID_CHARS)
             if not request_id.isprintable():  # a newline or an escape sequence would forge log lines
