@@ -5,14 +5,17 @@ deciding afterwards. `make bench BENCH_ARGS="--cases fuzz"` runs 100,000 cases."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Iterator
 
+import grpc
 import pytest
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from hypothesis import HealthCheck, given, settings
 
+from loadaware.extproc.stream import METHOD, SERVICE_NAME
 from testkit.extproc_fuzz import FLEET, Case, FuzzRig, a_normal_request_decides, body_message, cases, fuzz_sidecar
 
 IN_PROCESS_CASES = int(os.environ.get('FUZZ_CASES', '2000'))
@@ -91,3 +94,27 @@ def _headers(method: bytes, path: bytes, request_id: bytes) -> base_pb2.HeaderMa
     return base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=":method", raw_value=method),
                                        base_pb2.HeaderValue(key=":path", raw_value=path),
                                        base_pb2.HeaderValue(key="x-request-id", raw_value=request_id)])
+
+
+def test_a_message_that_is_not_a_processing_request_ends_the_stream_quietly(
+        rig: FuzzRig, loop: asyncio.AbstractEventLoop) -> None:
+    async def send_garbage() -> None:
+        await rig.start_grpc()
+        try:
+            assert rig.channel is not None
+            call = rig.channel.stream_stream(f"/{SERVICE_NAME}/{METHOD}", request_serializer=None,
+                                             response_deserializer=None)()
+            await call.write(b"\xff\xff\xff\xff not protobuf")
+            await call.done_writing()
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                async for _ in call:
+                    pass
+            await rig._servicer_done()
+        finally:
+            await rig.stop_grpc()
+
+    logged = len(rig.errors.records)
+    loop.run_until_complete(send_garbage())
+    malformed = rig.app.metrics.registry.get_sample_value("loadaware_extproc_streams_total", {"end": "malformed"})
+    assert malformed == 1 and rig.stream_errors() == 0 and len(rig.errors.records) == logged
+    assert rig.app.loads.total() == 0
