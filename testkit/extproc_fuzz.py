@@ -482,15 +482,17 @@ class FuzzRig:
             await asyncio.wait_for(reader, 5.0)
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass
-        await self._servicer_done()
+        if not await self.servicer_done():
+            raise TimeoutError("the server's side of the stream was still open 5 s after the call ended")
         return replies
 
-    async def _servicer_done(self, timeout_s: float = 5.0) -> None:
+    async def servicer_done(self, timeout_s: float = 5.0) -> bool:
         """The client's call is over; wait for the server side of the stream to have ended too."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while self.app.extproc.open_streams and loop.time() < deadline:
             await asyncio.sleep(0.001)
+        return not self.app.extproc.open_streams
 
     async def check_case(self, case: Case, over_grpc: bool = False) -> list[str]:
         """Run one case; what broke (empty: every invariant held)."""

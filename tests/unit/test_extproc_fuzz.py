@@ -109,7 +109,7 @@ def test_a_message_that_is_not_a_processing_request_ends_the_stream_quietly(
             with contextlib.suppress(grpc.aio.AioRpcError):
                 async for _ in call:
                     pass
-            await rig._servicer_done()
+            assert await rig.servicer_done()
         finally:
             await rig.stop_grpc()
 
