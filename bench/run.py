@@ -1,6 +1,7 @@
 """`make bench`: Envoy alone vs Envoy + sidecar — CPU per request, added latency, highest sustained rate.
 
     python -m bench.run [--duration S] [--rate R] [--quick] [--cases transport,decision,steps,picker,table,floor]
+    python -m bench.run --cases fuzz [--fuzz-cases N]     (make bench BENCH_ARGS="--cases fuzz")
 
 Prints its figures (it does not pass or fail) and writes out/bench/results.json.
 """
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from . import extproc_fuzz as fuzz_bench
 from . import extproc_inprocess as extproc_bench
 from . import kv_events as kv_events_bench
 from . import scrape_parse as scrape_parse_bench
@@ -32,7 +34,7 @@ from .transport_floor import floor_table, run_floor
 
 REPO = Path(__file__).resolve().parents[1]
 CASES = ("transport", "decision", "steps", "kv_events", "scrape_parse", "extproc_inprocess", "picker", "table",
-         "floor")
+         "floor", "fuzz")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -52,6 +54,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="picker case: the engines' time between two streamed tokens, ms (default 2)")
     p.add_argument("--table-arms", default=None,
                    help="table case: all (default) or a comma list of its rows' names or letters a-i")
+    p.add_argument("--fuzz-cases", type=int, default=None,
+                   help=f"fuzz case: conversations to run (default {fuzz_bench.DEFAULT_CASES:,}; "
+                        f"--quick {fuzz_bench.QUICK_CASES:,})")
     p.add_argument("--out", default=str(REPO / "out" / "bench"), help="output folder (default out/bench)")
     return p.parse_args(argv)
 
@@ -113,6 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     kv_result: dict[str, Any] | None = None
     parse_result: dict[str, Any] | None = None
     extproc_result: dict[str, Any] | None = None
+    fuzz_result: dict[str, Any] | None = None
     table_rows: list[dict[str, Any]] | None = None
     floor_rows: list[dict[str, Any]] | None = None
     try:
@@ -132,6 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             table_rows = row_figures(run_table(cfg, results, arms_by_name(cfg.table_arms)))
         if "floor" in cfg.cases:  # the gRPC transport's own cost, and the server variants that could move it
             floor_rows = run_floor(cfg, results)
+        if "fuzz" in cfg.cases:  # in-process and loopback gRPC: random conversations, the invariants checked
+            fuzz_result = fuzz_bench.run(args.quick, args.fuzz_cases)
     except Exception as exc:  # still print and save what was measured
         error = f"{type(exc).__name__}: {exc}"
         logging.exception("benchmark aborted")
@@ -143,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
            "picker": {case: picker_figures(results, case) for case, _, _ in PICKER_PROMPTS.values()},
            "table": None if table_rows is None else {
                "config": table_config(cfg, arms_by_name(cfg.table_arms)), "rows": table_rows},
-           "floor": floor_rows}
+           "floor": floor_rows, "fuzz": fuzz_result}
     out_json = cfg.out_dir / "results.json"
     out_json.write_text(json.dumps(doc, indent=2, default=str))
 
@@ -172,6 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parts.append(table_markdown(table_rows, cfg.rate, cfg.duration))
     if floor_rows is not None:
         parts.append(floor_table(floor_rows))
+    if fuzz_result is not None:
+        parts.append(fuzz_bench.table(fuzz_result))
     parts.append(summary_table(summ, cfg.rate))
     if error:
         parts.append(f"**Run aborted early:** {error}\n")

@@ -45,6 +45,7 @@ from loadaware.routing.pipeline import Decider, PromptEncoder
 from loadaware.runtime.supervisor import Supervisor, TaskSpec
 from loadaware.telemetry.decisions import DecisionLog, DecisionMetrics, RecentDecisions
 from loadaware.telemetry.epp import EppMetrics, PodLoad
+from loadaware.telemetry.faults import ListenerFailures
 from loadaware.telemetry.metrics import Metrics
 from loadaware.tokenize.text_units import TextUnits
 from loadaware.tokenize.tokenizer import AsyncTokenizer, PromptTokenizer
@@ -91,6 +92,7 @@ class Sidecar:
         self.settings = s = settings
         self.metrics = Metrics(s.policy)
         self.lifecycle = RequestLifecycle()
+        self.lifecycle.on_failure = ListenerFailures(self.metrics.fallback)  # counted, logged rate-limited
         self.registry = EndpointRegistry(s.endpoints)
         self.loads = LoadTracker(stale_s=s.scrape_stale_s)
         self.bridge = InstanceBridge(s.lmcache_instance_map)

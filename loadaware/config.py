@@ -258,7 +258,8 @@ class Settings:
             "nobody to route to: unavailable (503), fallback (the proxy's own "
             "fallback picks), auto (503 in full-duplex picker mode, fallback in BUFFERED mode)")
     max_request_body_bytes: int = setting(8 * 1024 * 1024, parse_positive_int,
-            "largest request body held in full-duplex mode (413 beyond)")
+            "largest request body (413 beyond): held in full-duplex mode; in BUFFERED mode Envoy's own limit "
+            "comes first")
     scrape_interval_s: float = setting(1.0, parse_positive,
             "period of the engines' /metrics scrape")
     scrape_timeout_ms: float = setting(500.0, parse_positive,

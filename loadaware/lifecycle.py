@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -100,13 +100,28 @@ class OutcomeListener(Protocol):
         ...
 
 
+# (event, listener, exception): told when a listener raises; the others still get the event.
+ListenerFailure = Callable[[str, object, Exception], None]
+
+
 class RequestLifecycle:
     """Fans each event out to the listeners, in subscription order. Listeners run synchronously and must
     not block: `decided` runs on the hot path between the choice and the reply."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_failure: ListenerFailure | None = None) -> None:
         self._listeners: list[LifecycleListener] = []
         self._outcome_listeners: list[OutcomeListener] = []
+        # None: a traceback per failure; the sidecar counts them and logs them rate-limited instead
+        self.on_failure = on_failure
+
+    def _failed(self, event: str, listener: object, exc: Exception) -> None:
+        if self.on_failure is None:
+            log.error("lifecycle listener %r failed on %s", listener, event, exc_info=exc)
+            return
+        try:
+            self.on_failure(event, listener, exc)
+        except Exception:  # noqa: BLE001 - the report of a failure must not become one
+            pass
 
     def subscribe(self, listener: LifecycleListener) -> None:
         self._listeners.append(listener)
@@ -118,8 +133,8 @@ class RequestLifecycle:
         for listener in self._listeners:
             try:
                 listener.on_decided(decision)
-            except Exception:
-                log.exception("lifecycle listener %r failed on decided", listener)
+            except Exception as exc:  # noqa: BLE001 - one listener's failure never costs the others
+                self._failed("decided", listener, exc)
 
     def served(self, decision: Decision, endpoint: str) -> None:
         """The response path reports who served. Only a change is news; after the end it is too late."""
@@ -129,8 +144,8 @@ class RequestLifecycle:
         for listener in self._listeners:
             try:
                 listener.on_served(decision, previous)
-            except Exception:
-                log.exception("lifecycle listener %r failed on served", listener)
+            except Exception as exc:  # noqa: BLE001 - one listener's failure never costs the others
+                self._failed("served", listener, exc)
 
     def responded(self, decision: Decision | None, status: int | None, served: str | None) -> None:
         """The response path saw the response headers: who served (if the proxy says) and the status. Once
@@ -146,8 +161,8 @@ class RequestLifecycle:
         for listener in self._outcome_listeners:
             try:
                 listener.on_responded(decision, status)
-            except Exception:
-                log.exception("outcome listener %r failed on responded", listener)
+            except Exception as exc:  # noqa: BLE001 - one listener's failure never costs the others
+                self._failed("responded", listener, exc)
 
     def ended(self, decision: Decision | None) -> None:
         """Exactly once per decision, whatever ended the request; a no-op for None or a repeat."""
@@ -157,6 +172,6 @@ class RequestLifecycle:
         for listener in self._listeners:
             try:
                 listener.on_ended(decision)
-            except Exception:
-                log.exception("lifecycle listener %r failed on ended", listener)
+            except Exception as exc:  # noqa: BLE001 - one listener's failure never costs the others
+                self._failed("ended", listener, exc)
         decision.tokens = None

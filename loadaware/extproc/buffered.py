@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 
 from loadaware.extproc.conversation import Conversation, Read, StreamState, Write, new_request_id, timed_parse
-from loadaware.extproc.metadata import headers_of, served_endpoint, status_of
+from loadaware.extproc.metadata import headers_of
 from loadaware.routing.request import inference_kind
 
 
@@ -35,7 +35,9 @@ class BufferedConversation(Conversation):
                     await write(replies.headers_passthrough)
                     self.metrics.decided("none", "passthrough")
                 elif msg.request_headers.end_of_stream:
-                    # A POST without a body: nothing to score, decide on load alone now.
+                    # A POST without a body: nothing to score, decide on load alone now. A body sent anyway
+                    # (only a client that is not Envoy would) finds the stream decided.
+                    stream.decided = True
                     decision = await self.decide(None, request_id or new_request_id(), stream)
                     await write(self.unroutable_reply(decision, picker=False)
                                 or (replies.headers_route(decision.ranked) if decision.ranked
@@ -50,7 +52,7 @@ class BufferedConversation(Conversation):
                     await write(await self._decide_body(kind, msg.request_body.body,
                                                         request_id or new_request_id(), stream))
             elif which == "response_headers":  # envoy.yaml asks for them: the request's outcome
-                self.lifecycle.responded(stream.decision, status_of(msg.response_headers), served_endpoint(msg))
+                self.responded(stream, msg)
                 await write(replies.response_headers_continue)
             elif which == "response_body":
                 await write(replies.response_body_continue)

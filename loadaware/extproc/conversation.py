@@ -10,13 +10,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from loadaware.extproc.metadata import served_endpoint, status_of
 from loadaware.extproc.replies import Replies
 from loadaware.lifecycle import Decision, RequestLifecycle
 from loadaware.routing.pipeline import Decider
 from loadaware.routing.request import BadRequest, InferenceRequest, parse_body
+from loadaware.telemetry.faults import RateLimitedLog, describe
 from loadaware.telemetry.metrics import Metrics
 
 log = logging.getLogger("loadaware.extproc")
+# A client can send bad bodies at will: one line per reason per interval, not one per request.
+quiet = RateLimitedLog(log)
 
 MODEL_NAME_SHOWN = 256  # characters of a requested model's name echoed in the 404 (bounds the reply)
 
@@ -32,7 +36,9 @@ class StreamOptions:
     # With nobody to route to: "unavailable" answers 503, "fallback" lets the proxy's own fallback pick;
     # "auto" = 503 for a picker (full-duplex mode), fallback for the BUFFERED sidecar deployment.
     no_endpoint_reply: str = "auto"
-    max_body_bytes: int = 8 * 1024 * 1024  # full-duplex mode holds the body here (BUFFERED: Envoy caps it)
+    # Full-duplex mode holds the body here; BUFFERED bodies are capped by Envoy, and by this too when the port
+    # is reached without Envoy.
+    max_body_bytes: int = 8 * 1024 * 1024
 
 
 class StreamState:
@@ -96,21 +102,48 @@ class Conversation:
         # BUFFERED: envoy/envoy.yaml's local_reply_config wraps the text into the same JSON for a 404.
         return Replies.immediate_error(404, message, "unknown_model")
 
+    def responded(self, stream: StreamState, msg: Any) -> None:
+        """The response headers: the request's outcome. The engine the proxy reports as having served counts
+        only if the decision named it: a made-up one must not get health state or metric series."""
+        decision = stream.decision
+        if decision is None:
+            return
+        served = served_endpoint(msg)
+        if served is not None and served != decision.served and served not in decision.ranked and not any(
+                c.endpoint == served for c in decision.candidates):
+            served = None
+        self.lifecycle.responded(decision, status_of(msg.response_headers), served)
+
     async def parse(self, kind: str, body: bytes, request_id: str) -> InferenceRequest | bytes:
         """The request, or the 400 reply for a body that cannot be one. A large body is parsed in a worker
         thread: a multi-megabyte json.loads on the event loop would stall every open stream meanwhile."""
+        if len(body) > self.options.max_body_bytes:
+            return self.rejected(413, "request_too_large", "request body is too large", request_id)
         try:
             if len(body) > INLINE_PARSE_BYTES:
                 return await asyncio.to_thread(parse_body, kind, body)
             return parse_body(kind, body)
         except BadRequest as exc:
-            self.metrics.decided("none", "rejected")
-            self.metrics.fallback(exc.reason)
-            log.info("request_id=%s rejected: %s", request_id, exc.message)
-            return self.error(400, exc.reason, exc.message)
+            return self.rejected(400, exc.reason, exc.message, request_id)
+        except Exception as exc:  # noqa: BLE001 - a parser bug must not fail the stream: route on load alone
+            self.metrics.fallback("parse_error")
+            quiet.log(logging.WARNING, "parse_error", "request_id=%s body parse failed: %s", request_id,
+                      describe(exc))
+            return InferenceRequest(kind, unscored="parse_error")
+
+    def rejected(self, status: int, reason: str, message: str, request_id: str) -> bytes:
+        """The local reply for a request the sidecar refuses, counted and logged rate-limited."""
+        self.metrics.decided("none", "rejected")
+        self.metrics.fallback(reason)
+        quiet.log(logging.INFO, reason, "request_id=%s rejected: %s", request_id, message)
+        return self.error(status, reason, message)
 
     async def decide(self, request: InferenceRequest | None, request_id: str, stream: StreamState,
                      parse_s: float | None = None, subset: frozenset[str] | None = None) -> Decision:
+        """The stream's decision, made at most once: whatever order or repetition of messages a client sends,
+        a stream takes one in-flight count and its end releases it."""
+        if stream.decision is not None:
+            return stream.decision
         decision = await self.decider.decide(request, request_id, parse_s=parse_s, subset=subset)
         stream.decision = decision  # no await between the count and recording it on the stream
         return decision

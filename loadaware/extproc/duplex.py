@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 
 from loadaware.extproc.conversation import Conversation, Read, StreamState, Write, new_request_id, timed_parse
-from loadaware.extproc.metadata import headers_of, served_endpoint, status_of, subset_hint
+from loadaware.extproc.metadata import headers_of, subset_hint
 from loadaware.extproc.replies import streamed_request_body, streamed_response_body
 from loadaware.routing.request import inference_kind
 
@@ -70,7 +70,7 @@ class DuplexConversation(Conversation):
                 else:
                     body += part.body
                     if len(body) > self.options.max_body_bytes:
-                        await write(self.error(413, "request_too_large", "request body is too large"))
+                        await write(self.rejected(413, "request_too_large", "request body is too large", request_id))
                         return
                     if part.end_of_stream:
                         held = False
@@ -85,7 +85,7 @@ class DuplexConversation(Conversation):
                         return
                 await write(replies.request_trailers_continue)
             elif which == "response_headers":
-                self.lifecycle.responded(stream.decision, status_of(msg.response_headers), served_endpoint(msg))
+                self.responded(stream, msg)
                 await write(replies.response_headers_continue)
                 stream.response_done = msg.response_headers.end_of_stream
             elif which == "response_trailers":

@@ -14,18 +14,41 @@ SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 SERVED_KEY = "x-gateway-destination-endpoint-served"
 
 
+# Bounds on what a client controls (docs/architecture.md, "Input bounds"): a value past them is cut, never
+# an error. Envoy caps a request's headers at 60 KiB; the sidecar's port may be reached without Envoy.
+MAX_REQUEST_ID_CHARS = 256  # logged, kept in the recent ring and Explain: an id, not a payload
+MAX_PATH_CHARS = 2048  # only compared with the two inference paths
+MAX_SUBSET_ENDPOINTS = 16_384  # a subset hint naming more is cut to its first ones
+MAX_ENDPOINT_CHARS = 300  # an ip:port (IPv6 with brackets and a zone included) is far shorter
+
+
+def _text(h: Any, limit: int) -> str:
+    """A header's value as text, whatever its bytes (Envoy sends raw_value; invalid UTF-8 is replaced)."""
+    raw = h.raw_value
+    if raw:
+        return raw[:limit].decode("utf-8", "replace")
+    value: str = h.value
+    return value[:limit]
+
+
 def headers_of(http_headers: Any) -> tuple[str, str, str]:
-    """(:method, :path, x-request-id) from an HttpHeaders message (Envoy sends raw_value)."""
+    """(:method, :path, x-request-id) from an HttpHeaders message. Any bytes decode; each value is bounded,
+    and a request id with characters unfit for a log line is escaped. (Decoding inline: this runs on every
+    request.)"""
     method = path = request_id = ""
     for h in http_headers.headers.headers:
         key = h.key
-        if key[0] == ":":
+        if key[:1] == ":":
             if key == ":method":
-                method = h.raw_value.decode() if h.raw_value else h.value
+                raw = h.raw_value
+                method = raw[:16].decode("utf-8", "replace") if raw else h.value[:16]
             elif key == ":path":
-                path = h.raw_value.decode() if h.raw_value else h.value
+                raw = h.raw_value
+                path = raw[:MAX_PATH_CHARS].decode("utf-8", "replace") if raw else h.value[:MAX_PATH_CHARS]
         elif key == "x-request-id":
-            request_id = h.raw_value.decode() if h.raw_value else h.value
+            request_id = _text(h, MAX_REQUEST_ID_CHARS)
+            if not request_id.isprintable():  # a newline or an escape sequence would forge log lines
+                request_id = request_id.encode("unicode_escape").decode("ascii")[:MAX_REQUEST_ID_CHARS]
     return method, path, request_id
 
 
@@ -33,8 +56,12 @@ def status_of(http_headers: Any) -> int | None:
     """The `:status` of a response's HttpHeaders message, or None if absent or garbled."""
     for h in http_headers.headers.headers:
         if h.key == ":status":
-            value = h.raw_value.decode() if h.raw_value else h.value
-            return int(value) if value.isdigit() else None
+            value = _text(h, 8)
+            # three ASCII digits, 100-599: isdigit alone admits other scripts' digits ("٥٠٠", "²"), which int()
+            # may refuse, and a status past 599 would name a status class of its own in the metrics
+            if len(value) == 3 and value.isascii() and value.isdigit() and "1" <= value[0] <= "5":
+                return int(value)
+            return None
     return None
 
 
@@ -54,12 +81,13 @@ def subset_hint(msg: Any) -> frozenset[str] | None:
     value = namespace.fields[SUBSET_KEY]
     kind = value.WhichOneof("kind")
     if kind == "list_value":
-        items = [v.string_value for v in value.list_value.values if v.WhichOneof("kind") == "string_value"]
+        items = [v.string_value for v in value.list_value.values[:MAX_SUBSET_ENDPOINTS]
+                 if v.WhichOneof("kind") == "string_value"]
     elif kind == "string_value":
-        items = value.string_value.split(",")
+        items = value.string_value.split(",", MAX_SUBSET_ENDPOINTS)[:MAX_SUBSET_ENDPOINTS]
     else:
         items = []
-    return frozenset(item.strip() for item in items if item.strip())
+    return frozenset(item.strip() for item in items if item.strip() and len(item) <= MAX_ENDPOINT_CHARS)
 
 
 def served_endpoint(msg: Any) -> str | None:
@@ -70,4 +98,5 @@ def served_endpoint(msg: Any) -> str | None:
     value = namespace.fields[SERVED_KEY]
     if value.WhichOneof("kind") != "string_value":
         return None
-    return value.string_value.split(",", 1)[0].strip() or None
+    served = value.string_value.split(",", 1)[0].strip()
+    return served if served and len(served) <= MAX_ENDPOINT_CHARS else None

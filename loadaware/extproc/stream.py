@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from google.protobuf.message import DecodeError
 
 from loadaware.extproc.buffered import BufferedConversation
 from loadaware.extproc.conversation import StreamOptions, StreamState
@@ -24,9 +25,11 @@ from loadaware.extproc.duplex import DuplexConversation
 from loadaware.extproc.replies import Replies
 from loadaware.lifecycle import RequestLifecycle
 from loadaware.routing.pipeline import Decider
+from loadaware.telemetry.faults import RateLimitedLog, describe
 from loadaware.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
+quiet = RateLimitedLog(log)  # a client can cause these at will: one line per kind per interval
 
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
 METHOD = "Process"
@@ -76,9 +79,12 @@ class ExtProcServicer:
             # of ending a full-duplex stream
             end = "eof" if stream.response_done else "cancelled"
             raise
-        except Exception:
+        except DecodeError as exc:  # a message that is not an ext_proc ProcessingRequest: not Envoy talking
+            end = "malformed"
+            quiet.log(logging.WARNING, "malformed", "ext_proc stream sent a malformed message: %s", describe(exc))
+        except Exception as exc:  # noqa: BLE001 - a bug: the stream ends, the request is released, we say so
             end = "error"
-            log.exception("ext_proc stream failed")
+            quiet.log(logging.ERROR, type(exc).__name__, "ext_proc stream failed: %s", describe(exc), exc_info=exc)
         finally:
             # The decision lives on the stream, not in a local of _converse: a cancellation landing in any
             # await after the decision (a write, the wait for the end) must still end the request.

@@ -1,8 +1,12 @@
 """One request's decision: tokenize -> prefix matches -> loads -> policy -> choice.
 
-Every helper is time-boxed and optional; when one fails the decision falls back to the load term alone
-and says why. The choice is announced on the request lifecycle (`decided`) with no await between the
-loads it was scored on and the announcement, so the in-flight count is taken before any other request
+Every helper is time-boxed and optional; when one fails, whatever it raises, the decision falls back to
+the load term alone (or, if the policy itself fails, to the least-loaded candidate) and says why in its
+reasons (`prefix_error`, `policy_error`, ...): counted in `loadaware_fallbacks_total`, logged once per reason
+per interval. `decide` never raises.
+
+The choice is announced on the request lifecycle (`decided`) with no await between the loads it was scored on
+and the announcement, so the in-flight count is taken before any other request
 can be scored (docs/architecture.md, "Invariants").
 """
 
@@ -14,11 +18,13 @@ from typing import Protocol
 
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import Decision, RequestLifecycle, preview
-from loadaware.policies import Candidate, Policy, ranked
+from loadaware.policies import Candidate, Choice, Policy, ranked
 from loadaware.prefix.source import PrefixSource, PrefixUnavailable, SaltedTokens
 from loadaware.routing.request import InferenceRequest
+from loadaware.telemetry.faults import RateLimitedLog, describe
 
 log = logging.getLogger(__name__)
+faults = RateLimitedLog(log)  # one line per failing helper per interval, not a traceback per request
 
 ALL_FAILING = "all_endpoints_failing"
 
@@ -69,7 +75,8 @@ class Decider:
             raise LookupError("no_tokenizer")
         return await self.tokenizer.encode_prompt(request.prompt or "")
 
-    def endpoints(self, subset: frozenset[str] | None, model: str | None = None) -> tuple[str, ...]:
+    def endpoints(self, subset: frozenset[str] | None, model: str | None = None,
+                  reasons: list[str] | None = None) -> tuple[str, ...]:
         """The fleet, or the part of it in the proxy's subset hint; then only the engines serving `model`
         when their models are known. A model's engines are its own fleet: the policy compares loads (and
         takes the mean) over what this returns (docs/architecture.md, "Model pools")."""
@@ -77,17 +84,25 @@ class Decider:
         eligible = fleet if subset is None else tuple(ep for ep in fleet if ep in subset)
         if model is None or self.models is None:
             return eligible
-        pool = self.models.pool(model, eligible)
+        try:
+            pool = self.models.pool(model, eligible)
+        except Exception as exc:  # noqa: BLE001 - a failing model map filters nothing (fail open)
+            _degraded(reasons, "models_error", exc)
+            return eligible
         return eligible if pool is None else pool
 
     def candidates(self, subset: frozenset[str] | None, model: str | None, reasons: list[str]) -> tuple[str, ...]:
         """The endpoints a decision may choose: the model's pool in the fleet (or subset) less the engines
         failing their requests. If that leaves nobody, the whole pool (fail open: the proxy's retries and
         outlier detection still act), and the decision says so."""
-        endpoints = self.endpoints(subset, model)
+        endpoints = self.endpoints(subset, model, reasons)
         if self.health is None or not endpoints:
             return endpoints
-        eligible = self.health.eligible(endpoints)
+        try:
+            eligible = self.health.eligible(endpoints)
+        except Exception as exc:  # noqa: BLE001 - a failing health tracker leaves nobody out (fail open)
+            _degraded(reasons, "health_error", exc)
+            return endpoints
         if eligible:
             return eligible
         if ALL_FAILING not in reasons:
@@ -104,15 +119,24 @@ class Decider:
         except PrefixUnavailable as exc:
             reasons.append(exc.reason)
             return {}
+        except Exception as exc:  # noqa: BLE001 - a broken source degrades to the load term, never fails
+            _degraded(reasons, "prefix_error", exc)
+            return {}
 
     async def decide(self, request: InferenceRequest | None, request_id: str = "", count: bool = True,
                      parse_s: float | None = None, subset: frozenset[str] | None = None) -> Decision:
         """`subset`: the proxy's hint; only endpoints in it are candidates (None: the whole fleet). Without
-        `count` (Explain) the decision is a preview: nothing hears of it and no helper changes any state."""
-        if count:
-            return await self._decide(request, request_id, True, parse_s, subset)
-        with preview():
-            return await self._decide(request, request_id, False, parse_s, subset)
+        `count` (Explain) the decision is a preview: nothing hears of it and no helper changes any state.
+        Never raises (but for cancellation): what no helper's own guard caught ends in a load-blind decision."""
+        try:
+            if count:
+                return await self._decide(request, request_id, True, parse_s, subset)
+            with preview():
+                return await self._decide(request, request_id, False, parse_s, subset)
+        except Exception as exc:  # noqa: BLE001 - a decision for every request, whatever failed
+            reasons = ["decide_error"]
+            _degraded(reasons, "decide_error", exc)
+            return self._last_resort(request_id, reasons, count)
 
     async def _decide(self, request: InferenceRequest | None, request_id: str, count: bool,
                       parse_s: float | None, subset: frozenset[str] | None) -> Decision:
@@ -126,7 +150,7 @@ class Decider:
         if not endpoints:
             return self._empty(request_id, subset, 0, stages, started, count, model)
         if request is None or not request.has_prompt:
-            reasons.append("no_prompt")
+            reasons.append(request.unscored or "no_prompt" if request is not None else "no_prompt")
         elif self.policy.uses_prefix:
             t = time.perf_counter()
             try:
@@ -136,8 +160,7 @@ class Decider:
             except TimeoutError:
                 reasons.append("tokenizer_timeout")
             except Exception as exc:  # noqa: BLE001 - any tokenizer failure degrades, never fails, the request
-                log.info("request_id=%s tokenizer failed: %s", request_id, exc)
-                reasons.append("tokenizer_error")
+                _degraded(reasons, "tokenizer_error", exc)
             stages["tokenize"] = time.perf_counter() - t
             if tokens and request.cache_salt:
                 # The salt keys the engine's prefix cache as much as the tokens do; it travels with them (the
@@ -152,18 +175,39 @@ class Decider:
         endpoints = self.candidates(subset, model, reasons)
         if not endpoints:
             return self._empty(request_id, subset, len(tokens), stages, started, count, model)
-        loads = self.loads.loads(endpoints)
+        try:
+            loads = self.loads.loads(endpoints)
+        except Exception as exc:  # noqa: BLE001 - no load signal: the policy sees every engine idle
+            _degraded(reasons, "loads_error", exc)
+            loads = [0.0] * len(endpoints)
         n_tokens = len(tokens)
         candidates = tuple(Candidate(ep, min(matches.get(ep, 0), n_tokens), load)
                            for ep, load in zip(endpoints, loads))
-        choice = self.policy.choose(n_tokens, candidates)
-        assert choice is not None  # candidates is non-empty here
+        try:
+            choice = self.policy.choose(n_tokens, candidates)
+            if choice is None:
+                raise ValueError("the policy chose nobody among candidates")
+            order = tuple(candidates[i].endpoint for i in ranked(choice, candidates, 1 + self.fallbacks))
+        except Exception as exc:  # noqa: BLE001 - a failing policy: the least-loaded candidate instead
+            _degraded(reasons, "policy_error", exc)
+            choice = least_loaded(candidates)
+            order = tuple(candidates[i].endpoint for i in ranked(choice, candidates, 1 + self.fallbacks))
         stages["score"] = time.perf_counter() - t
         # Failing engines left out is news, not a lost helper: the decision still used every signal.
         outcome = "fallback_load_only" if reasons and reasons != [ALL_FAILING] else "routed"
-        order = tuple(candidates[i].endpoint for i in ranked(choice, candidates, 1 + self.fallbacks))
         return self._finish(request_id, order, outcome, reasons, n_tokens, candidates, choice.scores, stages,
                             started, count, tokens, model)
+
+    def _last_resort(self, request_id: str, reasons: list[str], count: bool) -> Decision:
+        """The first endpoint of the fleet, named when something unforeseen failed mid-decision."""
+        started = time.perf_counter()
+        try:
+            fleet = self.registry.snapshot()
+        except Exception:  # noqa: BLE001 - nobody named: the proxy's own fallback picks
+            fleet = ()
+        order = fleet[:1 + self.fallbacks]
+        return self._finish(request_id, order, "fallback_load_only" if order else "no_endpoints", reasons, 0,
+                            (), (), {}, started, count)
 
     def _empty(self, request_id: str, subset: frozenset[str] | None, n_tokens: int, stages: dict[str, float],
                started: float, count: bool, model: str | None = None) -> Decision:
@@ -185,3 +229,17 @@ class Decider:
         if count:  # Explain decides without counting: nothing hears about it
             self.lifecycle.decided(decision)
         return decision
+
+
+def least_loaded(candidates: tuple[Candidate, ...]) -> Choice:
+    """The policy's stand-in when it fails: the lowest load, ties to the lexically smaller endpoint."""
+    best = min(range(len(candidates)), key=lambda i: (candidates[i].load, candidates[i].endpoint))
+    return Choice(best, tuple(-c.load for c in candidates))
+
+
+def _degraded(reasons: list[str] | None, reason: str, exc: BaseException) -> None:
+    """A helper failed: the decision names it (counted by the decision metrics) and it is logged once per
+    reason per interval."""
+    if reasons is not None and reason not in reasons:
+        reasons.append(reason)
+    faults.log(logging.WARNING, reason, "%s: %s", reason, describe(exc))

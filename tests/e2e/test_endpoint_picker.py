@@ -507,6 +507,7 @@ LOCAL_REPLIES = {
                           "no endpoint in the proxy's subset is ready"),
     "not-json": ({}, b"{not json", 400, "request body is not valid JSON"),
     "too-large": ({}, b'{"prompt": "' + b"x" * (8 * 1024 * 1024 + 1) + b'"}', 413, "request body is too large"),
+    "too-deep": ({}, b"[" * 200_000 + b"]" * 200_000, 400, "request body nests deeper than 64 levels"),
 }
 
 
@@ -583,14 +584,16 @@ async def test_counts_back_to_zero_after_client_aborts(gateway: EnvoyProc, picke
 # ---------------------------------------------------------------------------------------------------------
 
 def http1(url: str, method: str, path: str, body: bytes | None = None,
-          before_body: Callable[[], object] | None = None) -> Reply:
+          before_body: Callable[[], object] | None = None, headers: dict[str, bytes] | None = None) -> Reply:
     """One HTTP/1.1 request on its own connection. Without `before_body` the request line, headers and body go
     out in ONE write (what a client with a small body does); with it, the headers go first, then
-    `before_body()` runs, then the body."""
+    `before_body()` runs, then the body. `headers` go out as their bytes."""
     parts = urlsplit(url)
     conn = HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=30)
     try:
         conn.putrequest(method, path)
+        for key, value in (headers or {}).items():
+            conn.putheader(key, value)
         if body is not None:
             conn.putheader("Content-Type", "application/json")
             conn.putheader("Content-Length", str(len(body)))
@@ -667,3 +670,19 @@ def test_sidecar_down_fail_closed_and_fail_open(log_dir: Path, fleet: Fleet) -> 
         else:
             assert reply.status == 500 and json.loads(reply.body) == FAIL_CLOSED_JSON, reply
 
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 8. hostile input: a header byte a client controls never costs a request its routing (fail closed: a 500)
+# ---------------------------------------------------------------------------------------------------------
+
+def test_a_non_utf8_request_id_is_still_routed_by_the_picker(gateway: EnvoyProc, picker: Picker,
+                                                             fleet: Fleet) -> None:
+    tag = request_id("hostile")
+    failed = counter(gateway, f"{HCM_STAT}.ext_proc.streams_failed")
+    body = request_body("completions", False, unique("hostile-id"))
+    reply = http1(gateway.url, "POST", "/v1/completions", body, headers={"x-request-id": tag.encode() + b"\xff"})
+    assert reply.status == 200 and reply.served_by in fleet.by_name, reply
+    decision = picker.decision(tag + "\ufffd")  # decoded tolerantly: the picker decided this very request
+    assert decision["endpoint"] == fleet.by_name[reply.served_by], decision
+    assert counter(gateway, f"{HCM_STAT}.ext_proc.streams_failed") == failed

@@ -514,3 +514,31 @@ def test_empty_fleet_falls_back_to_envoy_and_is_counted(h: Harness, tmp_path: Pa
         with grpc.insecure_channel("127.0.0.1:9002") as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
             assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+# ---------------------------------------------------------------------------------------------------------
+# hostile input: bytes a client controls never cost a request its routing
+# ---------------------------------------------------------------------------------------------------------
+
+def test_a_non_utf8_request_id_is_still_routed_by_the_sidecar(h: Harness) -> None:
+    errors = h.metric("loadaware_extproc_streams_total", end="error")
+    # urllib sends a str header as latin-1: "\xff" is the single byte 0xFF, not valid UTF-8
+    served = complete(h, "a prompt sent with a hostile request id", headers={"x-request-id": "hostile-\xff-id"})
+    decision = h.last_decision()
+    assert decision["request_id"] == "hostile-\ufffd-id", decision  # decoded tolerantly, not the fallback's
+    assert decision["endpoint"] == h.engine_by_name[served] and decision["outcome"] in ("routed",
+                                                                                         "fallback_load_only")
+    assert h.metric("loadaware_extproc_streams_total", end="error") == errors
+
+
+def test_a_deeply_nested_body_gets_a_json_400(h: Harness) -> None:
+    errors = h.metric("loadaware_extproc_streams_total", end="error")
+    rejected = h.metric("loadaware_fallbacks_total", reason="nesting_too_deep")
+    status, _, body = post(h.url, "/v1/completions", None, raw=b"[" * 200_000 + b"]" * 200_000)
+    assert status == 400, body
+    error = json.loads(body)["error"]
+    assert error["code"] == 400 and error["type"] == "invalid_request_error", error
+    assert error["message"] == "request body nests deeper than 64 levels", error
+    assert h.metric("loadaware_fallbacks_total", reason="nesting_too_deep") == rejected + 1
+    assert h.metric("loadaware_extproc_streams_total", end="error") == errors
+    assert complete(h, "and the next request is routed as usual")
