@@ -153,6 +153,7 @@ class Sidecar:
                                        StreamOptions(s.no_endpoint_reply, s.max_request_body_bytes))
         self.supervisor = Supervisor(self.metrics.registry)
         self.health = HealthReporter(self.ready, self.not_ready_reason)
+        self.metrics.open_streams.set_function(lambda: self.extproc.open_streams)  # read at each scrape
         # The ext_proc port serves ext_proc and health only; the debug API and /debug are on the admin
         # listeners (loopback by default), /metrics alone on the metrics port (api/admin.py says why).
         self.metrics_http = MetricsHttp(self._render_metrics)

@@ -51,8 +51,6 @@ class ExtProcServicer:
         self.duplex = DuplexConversation(decider, lifecycle, metrics, replies, options)
         self.open_streams = 0
         self.modes = {"buffered": 0, "full_duplex": 0}  # streams seen per processing mode
-        self._idle = asyncio.Event()
-        self._idle.set()
 
     def handler(self) -> grpc.GenericRpcHandler:
         method = grpc.stream_stream_rpc_method_handler(
@@ -60,16 +58,8 @@ class ExtProcServicer:
             response_serializer=None)  # replies are pre-serialized bytes
         return grpc.method_handlers_generic_handler(SERVICE_NAME, {METHOD: method})
 
-    async def wait_idle(self, timeout_s: float) -> bool:
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout_s)
-            return True
-        except TimeoutError:
-            return False
-
     async def process(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         self.open_streams += 1
-        self._idle.clear()
         stream = StreamState()
         end = "eof"
         try:
@@ -90,8 +80,6 @@ class ExtProcServicer:
             # await after the decision (a write, the wait for the end) must still end the request.
             self.lifecycle.ended(stream.decision)
             self.open_streams -= 1
-            if self.open_streams == 0:
-                self._idle.set()
             self.metrics.streams.labels(end).inc()
 
     async def _converse(self, context: grpc.aio.ServicerContext, stream: StreamState) -> None:
