@@ -30,7 +30,7 @@ from loadaware.fleet.discovery.metrics import DiscoveryMetrics
 from loadaware.fleet.health import EndpointHealth, HealthOptions
 from loadaware.fleet.models import EndpointModels
 from loadaware.fleet.models_poller import ModelsPoller
-from loadaware.fleet.registry import EndpointRegistry
+from loadaware.fleet.registry import EndpointRegistry, FleetEvents
 from loadaware.lifecycle import RequestLifecycle
 from loadaware.load.scraper import MetricsScraper
 from loadaware.load.tracker import LoadTracker
@@ -50,7 +50,6 @@ log = logging.getLogger(__name__)
 
 ENVOY_ADMIN_TIMEOUT_S = 2.0
 GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # request bodies arrive whole in BUFFERED mode
-FLEET_POLL_S = 0.2
 MODELS_STALE_ROUNDS = 3  # a failing engine keeps its last model list for this many refresh periods
 
 Task = Callable[[], Coroutine[Any, Any, None]]
@@ -99,7 +98,7 @@ class Sidecar:
             on_change=self._health_changed)
         self.decider = Decider(make_policy(s.policy, s.loadaware_beta), self.registry, self.loads, self.lifecycle,
                                encoder, self.prefixes.source, fallbacks=s.fallback_endpoints,
-                               health=self.endpoint_health, models=self.models)
+                               health=self.endpoint_health, models=self.models, ranking=self.loads)
         # Who hears about each request: counts first (a later listener failing must not leak one).
         self.recent = RecentDecisions()
         self.lifecycle.subscribe(self.loads)
@@ -117,8 +116,15 @@ class Sidecar:
         self.file_watcher = EndpointsFileWatcher(s.endpoints_file, self.registry) if s.endpoints_file else None
         if self.file_watcher:
             self.file_watcher.poll()  # the first set is in before the first stream
-        self.registry.on_removed(self._endpoint_removed)
-        self.registry.on_removed(lambda _ep: self._endpoints_changed())
+        # Fleet changes arrive as events (fleet/registry.py): nobody polls the registry.
+        self.registry.subscribe(FleetEvents(self._endpoint_added, self._endpoint_removed, self._endpoints_changed))
+        if self.models_poller is not None:
+            self.registry.subscribe(self.models_poller)
+        if self.prefixes.kv_feeds is not None:
+            self.registry.subscribe(self.prefixes.kv_feeds)
+        for endpoint in self.registry.snapshot():  # the set before the subscription (flags, the file's first)
+            self.loads.join(endpoint)
+        self.bridge.set_endpoints(self.registry.snapshot())
         self.catalog, self._discovery_tasks = self._discovery(s)
         self.api = RouterServicer(s.policy, s.loadaware_beta, s.describe, self.decider, self.registry,
                                   self.loads, self.bridge, self.catalog, self.ready, health=self.endpoint_health,
@@ -184,6 +190,9 @@ class Sidecar:
         log.warning("endpoint %s is now %s%s", endpoint, state, f" ({reason})" if reason else "")
         self.metrics.routing_state_changed(endpoint, state, reason)
 
+    def _endpoint_added(self, endpoint: str) -> None:
+        self.loads.join(endpoint)
+
     def _endpoint_removed(self, endpoint: str) -> None:
         self.loads.drop(endpoint)
         self.endpoint_health.forget(endpoint)
@@ -192,19 +201,10 @@ class Sidecar:
         if self.models is not None:
             self.models.forget(endpoint)
 
-    def _endpoints_changed(self) -> None:
-        self.bridge.set_endpoints(self.registry.snapshot())
+    def _endpoints_changed(self, endpoints: tuple[str, ...]) -> None:
+        self.bridge.set_endpoints(endpoints)
         if self.resolver:
             self.resolver.request_full()
-
-    async def _track_additions(self) -> None:
-        """Endpoint additions are seen by polling the registry version (removals notify at once)."""
-        version = self.registry.version
-        while True:
-            await asyncio.sleep(FLEET_POLL_S)
-            if self.registry.version != version:
-                version = self.registry.version
-                self._endpoints_changed()
 
     # ---- readiness ----
     def ready(self) -> bool:
@@ -278,7 +278,7 @@ class Sidecar:
         if self.resolver:
             tasks.append(("lmcache-instances", self.resolver.run))
         tasks += self.prefixes.tasks()
-        tasks += [("endpoint-additions", self._track_additions), ("readiness", self.health.run)]
+        tasks += [("readiness", self.health.run)]
         self._tasks = [asyncio.create_task(run(), name=name) for name, run in tasks]
         log.info("serving ext_proc on %s (port %s), debug API on %s, policy=%s beta=%s endpoints=%s lmcache=%s "
                  "tokenizer=%s", s.listen, self.bound_port, s.admin_listen or "off", s.policy, s.loadaware_beta,

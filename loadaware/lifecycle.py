@@ -40,6 +40,10 @@ class Decision:
     # serves); dropped at the end and never rendered: a token list is the prompt's text.
     tokens: Sequence[int] | None = None
     ranked: tuple[str, ...] = ()  # the choice, then the fallbacks a proxy's retries walk, best first
+    # How many endpoints the decision chose among; `candidates` may be fewer (the ones that could rank, see
+    # routing/pruning.py), and then `mean_load` is the pool's mean load (None: the candidates' own).
+    pool_size: int = 0
+    mean_load: float | None = None
     served: str | None = None  # the engine that served, once known; starts as the choice
     status: int | None = None  # the response's HTTP status, once its headers came back
     lease: Any = None  # the load module's receipt for this request's in-flight count

@@ -1,4 +1,5 @@
-"""Fetches every engine's `GET /v1/models` on an interval, and promptly for endpoints discovery just added.
+"""Fetches every engine's `GET /v1/models` on an interval, and at once for endpoints discovery just added
+(the registry's `added` event wakes it).
 
 Engines are reached at the endpoint's own ip:port (as the metrics scraper does), each call time-boxed. A
 failed fetch keeps the last good list (the store ages it out) and is counted; it never blocks routing.
@@ -7,6 +8,7 @@ failed fetch keeps the last good list (the store ages it out) and is counted; it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -19,8 +21,6 @@ from loadaware.fleet.registry import EndpointRegistry
 from loadaware.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
-
-ADDITIONS_POLL_S = 0.2  # how soon an endpoint discovery added gets its first fetch
 
 
 class ModelsPoller:
@@ -36,6 +36,18 @@ class ModelsPoller:
         self._tried: set[str] = set()  # endpoints fetched at least once since they (re)joined
         self._asked: set[str] = set()  # ... and whose first fetch has finished (answered or failed)
         self._session: aiohttp.ClientSession | None = None
+        self._arrived = asyncio.Event()  # discovery added endpoints not fetched yet
+
+    # ---- the registry's events ----
+    def on_added(self, endpoint: str) -> None:
+        self._arrived.set()
+
+    def on_removed(self, endpoint: str) -> None:
+        self._tried.discard(endpoint)  # one that returns is new again
+        self._asked.discard(endpoint)
+
+    def on_changed(self, endpoints: tuple[str, ...]) -> None:
+        pass
 
     def asked(self, endpoints: tuple[str, ...]) -> bool:
         """Every one of `endpoints` has been asked once (readiness: until then its model is not known)."""
@@ -80,15 +92,15 @@ class ModelsPoller:
         try:
             next_round = 0.0
             while True:
+                self._arrived.clear()
                 fleet = self.registry.snapshot()
-                self._tried &= set(fleet)  # an endpoint that left and returns is new again
-                self._asked &= self._tried
                 if time.monotonic() >= next_round:
                     next_round = time.monotonic() + self.interval_s
                     await self.fetch(fleet)
                     self.rounds += 1
                 else:
                     await self.fetch([ep for ep in fleet if ep not in self._tried])
-                await asyncio.sleep(max(0.0, min(ADDITIONS_POLL_S, next_round - time.monotonic())))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._arrived.wait(), max(0.0, next_round - time.monotonic()))
         finally:
             await self._session.close()

@@ -16,7 +16,8 @@ class RoundRobin:
     uses_prefix: bool = False
     _next: int = field(default=0, repr=False)
 
-    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:
+    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate],
+               mean_load: float | None = None) -> Choice | None:
         if not candidates:
             return None
         order = sorted(range(len(candidates)), key=lambda i: candidates[i].endpoint)

@@ -14,8 +14,10 @@ from typing import Protocol
 
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import Decision, RequestLifecycle
+from loadaware.load.order import LoadOrder
 from loadaware.policies import Candidate, Policy, ranked
 from loadaware.prefix.source import PrefixSource, PrefixUnavailable, SaltedTokens
+from loadaware.routing.pruning import MIN_POOL, PRUNABLE, pruned_candidates
 from loadaware.routing.request import InferenceRequest
 
 log = logging.getLogger(__name__)
@@ -25,6 +27,10 @@ ALL_FAILING = "all_endpoints_failing"
 
 class Loads(Protocol):
     def loads(self, endpoints: tuple[str, ...]) -> list[float]: ...
+
+
+class Ranking(Protocol):
+    def ordered(self) -> LoadOrder: ...
 
 
 class Eligibility(Protocol):
@@ -45,8 +51,8 @@ class PromptEncoder(Protocol):
 class Decider:
     def __init__(self, policy: Policy, registry: EndpointRegistry, loads: Loads, lifecycle: RequestLifecycle,
                  tokenizer: PromptEncoder | None = None, prefix_source: PrefixSource | None = None,
-                 fallbacks: int = 0, health: Eligibility | None = None, models: ModelPools | None = None
-                 ) -> None:
+                 fallbacks: int = 0, health: Eligibility | None = None, models: ModelPools | None = None,
+                 ranking: Ranking | None = None) -> None:
         self.policy = policy
         self.health = health  # engines failing their requests are left out (fleet/health.py)
         self.models = models  # which engines serve which model (None: model awareness off)
@@ -56,6 +62,9 @@ class Decider:
         self.lifecycle = lifecycle
         self.tokenizer = tokenizer
         self.prefix_source = prefix_source
+        # The fleet's loads in order (load/tracker.py): a large pool scores only its prefix holders and its few
+        # least-loaded endpoints (routing/pruning.py says why the choice is the same). None: score them all.
+        self.ranking = ranking
 
     async def prompt_tokens(self, request: InferenceRequest) -> list[int]:
         """Token ids as the engine will see them; raises on tokenizer failure or timeout."""
@@ -144,18 +153,31 @@ class Decider:
         endpoints = self.candidates(subset, model, reasons)
         if not endpoints:
             return self._empty(request_id, subset, len(tokens), stages, started, count, model)
-        loads = self.loads.loads(endpoints)
         n_tokens = len(tokens)
-        candidates = tuple(Candidate(ep, min(matches.get(ep, 0), n_tokens), load)
-                           for ep, load in zip(endpoints, loads))
-        choice = self.policy.choose(n_tokens, candidates)
+        candidates, mean = self._scored(endpoints, matches, n_tokens)
+        choice = self.policy.choose(n_tokens, candidates, mean)
         assert choice is not None  # candidates is non-empty here
         stages["score"] = time.perf_counter() - t
         # Failing engines left out is news, not a lost helper: the decision still used every signal.
         outcome = "fallback_load_only" if reasons and reasons != [ALL_FAILING] else "routed"
         order = tuple(candidates[i].endpoint for i in ranked(choice, candidates, 1 + self.fallbacks))
         return self._finish(request_id, order, outcome, reasons, n_tokens, candidates, choice.scores, stages,
-                            started, count, tokens)
+                            started, count, tokens, len(endpoints), mean)
+
+    def _scored(self, endpoints: tuple[str, ...], matches: dict[str, int], n_tokens: int
+                ) -> tuple[tuple[Candidate, ...], float | None]:
+        """The candidates to score and, when pruned, the pool's mean load (None: the candidates are the pool)."""
+        if self.ranking is not None and self.policy.name in PRUNABLE and len(endpoints) >= MIN_POOL:
+            order = self.ranking.ordered()
+            fleet = self.registry.snapshot()
+            if len(order) == len(fleet):  # the order holds exactly the fleet (joined and dropped with it)
+                whole = endpoints is fleet
+                members = self.registry.members() if whole else frozenset(endpoints)
+                return pruned_candidates(order, endpoints, members, whole, matches, n_tokens, 1 + self.fallbacks,
+                                         self.registry.position)
+        loads = self.loads.loads(endpoints)
+        return tuple(Candidate(ep, min(matches.get(ep, 0), n_tokens), load)
+                     for ep, load in zip(endpoints, loads)), None
 
     def _empty(self, request_id: str, subset: frozenset[str] | None, n_tokens: int, stages: dict[str, float],
                started: float, count: bool, model: str | None = None) -> Decision:
@@ -170,9 +192,11 @@ class Decider:
 
     def _finish(self, request_id: str, order: tuple[str, ...], outcome: str, reasons: list[str], n_tokens: int,
                 candidates: tuple[Candidate, ...], scores: tuple[float, ...], stages: dict[str, float],
-                started: float, count: bool, tokens: list[int] | None = None) -> Decision:
+                started: float, count: bool, tokens: list[int] | None = None, pool_size: int = 0,
+                mean_load: float | None = None) -> Decision:
         decision = Decision(request_id, order[0] if order else None, outcome, tuple(reasons), n_tokens, candidates,
-                            scores, stages, time.perf_counter() - started, tokens=tokens or None, ranked=order)
+                            scores, stages, time.perf_counter() - started, tokens=tokens or None, ranked=order,
+                            pool_size=pool_size or len(candidates), mean_load=mean_load)
         if count:  # Explain decides without counting: nothing hears about it
             self.lifecycle.decided(decision)
         return decision

@@ -239,7 +239,7 @@ class KvEventsFeeds:
 
     def __init__(self, index: BlockIndex, metrics: Metrics, endpoints: Callable[[], tuple[str, ...]],
                  explicit: Mapping[str, FeedAddress], pub_port: int, replay_port: int, topic: str = "",
-                 replay_timeout_s: float = 2.0, poll_s: float = 0.2, dp_ranks: int = 1) -> None:
+                 replay_timeout_s: float = 2.0, dp_ranks: int = 1) -> None:
         if dp_ranks < 1:
             raise ValueError("dp_ranks must be >= 1")
         self.index = index
@@ -250,7 +250,6 @@ class KvEventsFeeds:
         self.replay_port = replay_port
         self.topic = topic
         self.replay_timeout_s = replay_timeout_s
-        self.poll_s = poll_s
         self.dp_ranks = tuple(range(dp_ranks))
         self.ctx = zmq.asyncio.Context()
         self.feeds: dict[str, list[EngineFeed]] = {}  # endpoint -> one feed per data-parallel rank
@@ -258,6 +257,17 @@ class KvEventsFeeds:
         # (several ranks, several credited groups): what the hot path reads
         self.split: dict[str, tuple[str, ...]] = {}
         self._tasks: dict[str, list[asyncio.Task[None]]] = {}
+        self._fleet_changed = asyncio.Event()  # the registry's `changed` event: run() syncs the feeds
+
+    # ---- the registry's events (run() starts and stops the feeds) ----
+    def on_added(self, endpoint: str) -> None:
+        pass
+
+    def on_removed(self, endpoint: str) -> None:
+        pass
+
+    def on_changed(self, endpoints: tuple[str, ...]) -> None:
+        self._fleet_changed.set()
 
     def sync_endpoints(self, endpoints: Sequence[str]) -> None:
         wanted = set(endpoints)
@@ -361,8 +371,9 @@ class KvEventsFeeds:
     async def run(self) -> None:
         try:
             while True:
+                self._fleet_changed.clear()
                 self.sync_endpoints(self.endpoints())
-                await asyncio.sleep(self.poll_s)
+                await self._fleet_changed.wait()
         finally:
             for endpoint in list(self.feeds):
                 self.remove(endpoint)

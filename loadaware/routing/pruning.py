@@ -1,0 +1,44 @@
+"""The candidates a decision needs to score, when the fleet is large: the endpoints that hold some of the
+prompt, plus the few least-loaded of the rest (docs/architecture.md, "Fleet size").
+
+Why that is enough, for the policies in PRUNABLE: an endpoint that holds nothing of the prompt scores by its
+load alone (loadaware: -beta * relative_load, kvaware: 0 when anyone matches, else -load; leastload: -load),
+and ties among such endpoints break on the lower load, then the lexically smaller name. So among them the
+ranking is (load, endpoint) ascending, and the choice plus its `limit - 1` fallbacks can include at most
+`limit` of them: the first `limit` in that order. Every holder is scored as before; loadaware's mean load is
+the whole pool's (the load order's running sum), not the pruned set's. The candidates keep the pool's order,
+so ties closer than the policies' float tolerance resolve as they do over the full set.
+`tests/unit/test_pruning.py` checks the choice and the ranked fallbacks against the full set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+
+from loadaware.load.order import LoadOrder
+from loadaware.policies import Candidate
+
+PRUNABLE = frozenset({"loadaware", "kvaware", "leastload"})
+# Below this many endpoints scoring them all costs less than choosing which to score.
+MIN_POOL = 64
+
+
+def pruned_candidates(order: LoadOrder, pool: tuple[str, ...], members: Collection[str], whole_fleet: bool,
+                      matches: Mapping[str, int], prompt_tokens: int, limit: int,
+                      position: Callable[[str], int]) -> tuple[tuple[Candidate, ...], float]:
+    """(candidates in pool order, the pool's mean load). `members`: the pool as a set; `whole_fleet`: the
+    pool is every endpoint of the load order (the common case: its running sum is the pool's)."""
+    held = {ep: min(n, prompt_tokens) for ep, n in matches.items() if n > 0 and ep in members}
+    load_of = order.load
+    if whole_fleet:
+        mean = order.mean()
+        rest = order.least(limit, held.__contains__)
+    else:
+        total = 0.0
+        for ep in pool:
+            total += load_of(ep) or 0.0
+        mean = total / len(pool) if pool else 0.0
+        rest = order.least(limit, lambda ep: ep in held or ep not in members)
+    chosen = sorted((*held, *rest), key=position)
+    candidates = tuple(Candidate(ep, held.get(ep, 0), load_of(ep) or 0.0) for ep in chosen)
+    return candidates, mean
