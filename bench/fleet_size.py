@@ -169,15 +169,17 @@ async def measure_size(n: int, reps: dict[str, int]) -> dict[str, Any]:
         await asyncio.sleep(0.05)
         ticker.window()
 
-        times = []
+        times, cpu = [], []
         for i in range(reps["decide"]):
             parsed = parse_body("completions", body(rng.randrange(PREFIXES), 10_000 + i))
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             d = await app.decider.decide(parsed, f"bench-{i}")
+            cpu.append(time.thread_time() - c)
             times.append(time.perf_counter() - t)
             app.lifecycle.ended(d)
             await asyncio.sleep(0)
-        out["decide"] = figures(times, ticker.window())
+        out["decide"] = {**figures(times, ticker.window()), "cpu_mean_ms": statistics.fmean(cpu) * 1e3,
+                         "cpu_p50_ms": statistics.median(cpu) * 1e3}
 
         ext = f"127.0.0.1:{app.bound_port}"
         admin = f"127.0.0.1:{app.admin_port}"

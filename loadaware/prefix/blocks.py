@@ -135,6 +135,11 @@ class SlotTable:
             self.names[slot] = name
         return bit
 
+    def every_bit(self) -> int:
+        """A mask of every slot ever handed out. A walk may start from it: a free slot is held by no key, so
+        it drops out at the first block, as does an engine that holds nothing."""
+        return (1 << self._next) - 1
+
     def release(self, name: str) -> None:
         bit = self._bits.pop(name, None)
         if bit is not None:
