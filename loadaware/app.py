@@ -224,16 +224,32 @@ class Sidecar:
         return self.scraper.rounds >= self._fleet_round
 
     # ---- what /metrics and /debug/state show ----
-    def _render_metrics(self) -> bytes:
+    async def _render_metrics(self) -> bytes:
+        """Off the event loop, in a thread (docs/architecture.md, "Fleet size"): what it reads is either copied
+        atomically (dict copies, the registry's tuple) or a single lookup. An endpoint that leaves meanwhile
+        may get a series back from the thread: it is forgotten again once the thread is done."""
+        fleet = self.registry.snapshot()
+        text = await asyncio.to_thread(self._render_metrics_now, fleet)
+        if self.registry.snapshot() is not fleet:
+            for endpoint in fleet:
+                if endpoint not in self.registry:
+                    self.metrics.forget_endpoint(endpoint)
+        return text
+
+    def _render_metrics_now(self, fleet: tuple[str, ...]) -> bytes:
         self.prefixes.refresh_gauges()
-        for endpoint in self.registry.snapshot():  # every endpoint has a state series, not only those that changed
+        for endpoint in fleet:  # every endpoint has a state series, not only those that changed
             self.metrics.routing_state_now(endpoint, self.endpoint_health.state(endpoint))
         if self.tokenizer is not None:
             pieces = self.tokenizer.tokenizer.pieces
             self.metrics.tokenizer_pieces_seen(pieces.hits, pieces.misses, pieces.enabled)
-        return self.metrics.render(self.loads.snapshot, self.registry.snapshot())
+        return self.metrics.render(self.loads.snapshot, fleet)
 
-    def _state(self) -> dict[str, Any]:
+    async def _state(self) -> dict[str, Any]:
+        """Built in a thread, as /metrics is: one row per endpoint is a lot of work at 10,000."""
+        return await asyncio.to_thread(self._state_now)
+
+    def _state_now(self) -> dict[str, Any]:
         endpoints = self.registry.snapshot()
         loads = self.loads.loads(endpoints) if endpoints else []
         models = self.models.state(endpoints) if self.models is not None else {}  # None: unknown, serves any
