@@ -22,6 +22,8 @@ from loadaware.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
+FETCH_CONCURRENCY = 64
+
 
 class ModelsPoller:
     def __init__(self, registry: EndpointRegistry, store: EndpointModels, metrics: Metrics, interval_s: float,
@@ -75,15 +77,21 @@ class ModelsPoller:
             log.debug("models fetch of %s failed: %s", endpoint, exc)
             self.metrics.models_fetch_failure(endpoint, "error")
             return False
-        if endpoint not in self.registry.snapshot():
+        if endpoint not in self.registry:
             return False  # left while we waited: do not resurrect it
         self.store.record(endpoint, models)
         self.metrics.models_seen(endpoint, models.ids)
         return True
 
     async def fetch(self, endpoints: tuple[str, ...] | list[str]) -> None:
+        gate = asyncio.Semaphore(FETCH_CONCURRENCY)  # 10,000 engines are not 10,000 sockets at once
+
+        async def one(endpoint: str) -> None:
+            async with gate:
+                await self.fetch_one(endpoint)
+
         if endpoints:
-            await asyncio.gather(*(self.fetch_one(ep) for ep in endpoints))
+            await asyncio.gather(*(one(ep) for ep in endpoints))
 
     async def run(self) -> None:
         self._session = aiohttp.ClientSession(

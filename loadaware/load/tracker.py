@@ -51,7 +51,10 @@ class LoadTracker:
         self.stale_s = stale_s
         self.clock = clock
         self._counts: dict[str, int] = {}
+        # endpoint -> its generation: a number never handed out before, so a lease from before the endpoint
+        # left (and came back) never matches, and a departed endpoint's entry can go
         self._generation: dict[str, int] = {}
+        self._generations = 0
         self._stats: dict[str, EngineStats] = {}
         self._snapshot_epoch: dict[str, int] = {}
         self._started_after: dict[str, int] = {}
@@ -79,14 +82,14 @@ class LoadTracker:
         self._counts[endpoint] = self._counts.get(endpoint, 0) + 1
         self._started_after[endpoint] = self._started_after.get(endpoint, 0) + 1
         self._reorder(endpoint)
-        return Lease(endpoint, self._generation.get(endpoint, 0), self._snapshot_epoch.get(endpoint, 0))
+        return Lease(endpoint, self._generation_of(endpoint), self._snapshot_epoch.get(endpoint, 0))
 
     def release(self, lease: Lease | None) -> None:
         if lease is None or lease.released:
             return
         lease.released = True
         ep = lease.endpoint
-        if self._generation.get(ep, 0) != lease.generation:
+        if self._generation.get(ep) != lease.generation:
             return  # the endpoint was dropped (and maybe re-added) since: its counts were already reset
         count = self._counts.get(ep, 0)
         if count > 0:
@@ -114,6 +117,9 @@ class LoadTracker:
         self._started_after[endpoint] = 0
         self._ended_after[endpoint] = 0
         heapq.heappush(self._scraped_at, (stats.at, endpoint))
+        if len(self._scraped_at) > 2 * len(self._stats) + 64:  # departed endpoints' entries: rebuild
+            self._scraped_at = [(st.at, ep) for ep, st in self._stats.items()]
+            heapq.heapify(self._scraped_at)
         self._expire(self.clock())
         self._reorder(endpoint)
 
@@ -151,14 +157,20 @@ class LoadTracker:
         self._started_after.pop(endpoint, None)
         self._ended_after.pop(endpoint, None)
         self._stats.pop(endpoint, None)
-        self._generation[endpoint] = self._generation.get(endpoint, 0) + 1
+        self._snapshot_epoch.pop(endpoint, None)
+        self._generation.pop(endpoint, None)  # outstanding leases carry a number it will never have again
         self._order.discard(endpoint)
-        if not self._order and not self._stats:
-            self._scraped_at.clear()
 
     def clear(self) -> None:
         for endpoint in list(self._counts):
             self.drop(endpoint)
+
+    def _generation_of(self, endpoint: str) -> int:
+        generation = self._generation.get(endpoint)
+        if generation is None:
+            self._generations += 1
+            generation = self._generation[endpoint] = self._generations
+        return generation
 
     # ---- the load order (fleet members) ----
     def join(self, endpoint: str) -> None:

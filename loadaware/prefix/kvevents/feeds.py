@@ -258,6 +258,10 @@ class KvEventsFeeds:
         self.split: dict[str, tuple[str, ...]] = {}
         self._tasks: dict[str, list[asyncio.Task[None]]] = {}
         self._fleet_changed = asyncio.Event()  # the registry's `changed` event: run() syncs the feeds
+        # A dropped or cleared engine's keys are unheld in slices between other work (blocks.py, sweep): a
+        # 1M-block engine at once would hold the event loop for ~0.35 s.
+        self._sweep_wanted = asyncio.Event()
+        index.on_retired = self._sweep_wanted.set
 
     # ---- the registry's events (run() starts and stops the feeds) ----
     def on_added(self, endpoint: str) -> None:
@@ -368,13 +372,22 @@ class KvEventsFeeds:
                 "approx_bytes": self.index.approx_bytes(), "max_blocks": self.index.max_blocks,
                 "evictions": self.index.evictions}
 
+    async def _sweep(self) -> None:
+        while True:
+            await self._sweep_wanted.wait()
+            self._sweep_wanted.clear()
+            while self.index.sweep():
+                await asyncio.sleep(0)
+
     async def run(self) -> None:
+        sweeper = asyncio.create_task(self._sweep(), name="kv-index-sweep")
         try:
             while True:
                 self._fleet_changed.clear()
                 self.sync_endpoints(self.endpoints())
                 await self._fleet_changed.wait()
         finally:
+            sweeper.cancel()
             for endpoint in list(self.feeds):
                 self.remove(endpoint)
             await asyncio.gather(*(t for ts in self._tasks.values() for t in ts), return_exceptions=True)
