@@ -56,32 +56,39 @@ class ModelsPoller:
         return all(ep in self._asked for ep in endpoints)
 
     async def fetch_one(self, endpoint: str) -> bool:
+        if endpoint not in self.registry:
+            return False  # left before its turn came
         self._tried.add(endpoint)
         try:
             return await self._fetch_one(endpoint)
         finally:
-            self._asked.add(endpoint)
+            if endpoint in self._tried:  # still a member (on_removed forgets it): no entry for a departed one
+                self._asked.add(endpoint)
 
     async def _fetch_one(self, endpoint: str) -> bool:
         assert self._session is not None
         try:
             models = parse_models(json.loads(await get_body(self._session, endpoint, self.path, self.timeout_s)))
         except TimeoutError:
-            self.metrics.models_fetch_failure(endpoint, "timeout")
+            self._failed(endpoint, "timeout")
             return False
         except ValueError as exc:  # not JSON, or not a model list
             log.debug("models of %s unreadable: %s", endpoint, exc)
-            self.metrics.models_fetch_failure(endpoint, "bad_body")
+            self._failed(endpoint, "bad_body")
             return False
         except Exception as exc:  # noqa: BLE001 - a failure only costs this endpoint's filtering (fail open)
             log.debug("models fetch of %s failed: %s", endpoint, exc)
-            self.metrics.models_fetch_failure(endpoint, "error")
+            self._failed(endpoint, "error")
             return False
         if endpoint not in self.registry:
             return False  # left while we waited: do not resurrect it
         self.store.record(endpoint, models)
         self.metrics.models_seen(endpoint, models.ids)
         return True
+
+    def _failed(self, endpoint: str, reason: str) -> None:
+        if endpoint in self.registry:  # a departed endpoint's series are gone: do not bring one back
+            self.metrics.models_fetch_failure(endpoint, reason)
 
     async def fetch(self, endpoints: tuple[str, ...] | list[str]) -> None:
         gate = asyncio.Semaphore(FETCH_CONCURRENCY)  # 10,000 engines are not 10,000 sockets at once

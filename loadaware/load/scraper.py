@@ -44,17 +44,17 @@ class MetricsScraper:
         try:
             text = (await get_body(self._session, endpoint, self.path, self.timeout_s)).decode("utf-8", "replace")
         except TimeoutError:
-            self.metrics.scrape_failure(endpoint, "timeout")
+            self._failed(endpoint, "timeout")
             self._unreachable(endpoint)
             return False
         except aiohttp.ClientConnectionError as exc:  # refused, reset, closed mid-answer
             log.debug("scrape of %s failed: %s", endpoint, exc)
-            self.metrics.scrape_failure(endpoint, "connect")
+            self._failed(endpoint, "connect")
             self._unreachable(endpoint)
             return False
         except Exception as exc:  # noqa: BLE001 - any failure only costs this endpoint's refinement
             log.debug("scrape of %s failed: %s", endpoint, exc)
-            self.metrics.scrape_failure(endpoint, "error")
+            self._failed(endpoint, "error")
             if self.health is not None:
                 self.health.scrape_ok(endpoint)  # it answered: reachable, whatever the answer
             return False
@@ -62,7 +62,7 @@ class MetricsScraper:
             self.health.scrape_ok(endpoint)
         gauges = parse_vllm_gauges(text)
         if "running" not in gauges:
-            self.metrics.scrape_failure(endpoint, "no_vllm_metrics")
+            self._failed(endpoint, "no_vllm_metrics")
             return False
         if endpoint not in self.registry:
             return False  # vanished while we waited
@@ -71,6 +71,10 @@ class MetricsScraper:
         self.loads.record(endpoint, stats)
         self.metrics.scraped(endpoint, stats.running, stats.waiting, stats.kv_usage)
         return True
+
+    def _failed(self, endpoint: str, reason: str) -> None:
+        if endpoint in self.registry:  # a departed endpoint's series are gone: do not bring one back
+            self.metrics.scrape_failure(endpoint, reason)
 
     def _unreachable(self, endpoint: str) -> None:
         if self.health is not None and endpoint in self.registry:

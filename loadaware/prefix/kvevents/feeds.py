@@ -322,8 +322,11 @@ class KvEventsFeeds:
     def remove(self, endpoint: str) -> None:
         feeds = self.feeds.pop(endpoint, None)
         self.split.pop(endpoint, None)
+        names = [f.endpoint for f in feeds or ()]
         for task in self._tasks.pop(endpoint, []):
             task.cancel()
+            # A cancelled feed marks itself disconnected on its way out: that series goes after it.
+            task.add_done_callback(lambda _t, ep=endpoint: self._forget_series(ep, names))
         dropped = self.index.drop(endpoint)
         for feed in feeds or ():
             dropped += feed.router.drop(self.index)
@@ -331,6 +334,16 @@ class KvEventsFeeds:
             self.metrics.kv_resets.labels("removed").inc()
             if dropped:
                 self.metrics.kv_event_blocks.labels("cleared").inc(dropped)
+
+    def _forget_series(self, endpoint: str, names: Sequence[str]) -> None:
+        if endpoint in self.feeds:
+            return  # back meanwhile: its new feeds own these series
+        for name in names:
+            with contextlib.suppress(KeyError):
+                self.metrics.kv_connected.remove(name)
+            for path in ("live", "replay"):
+                with contextlib.suppress(KeyError):
+                    self.metrics.kv_batches.remove(name, path)
 
     def covered(self, endpoints: Sequence[str]) -> set[str]:
         """Endpoints whose feeds (every rank's) are live and caught up: the index speaks for them."""
