@@ -105,7 +105,8 @@ def figures(times: Sequence[float], lags: Sequence[float]) -> dict[str, float]:
     return {"n": len(times), "mean_ms": statistics.fmean(times) * 1e3 if times else 0.0,
             "p50_ms": statistics.median(times) * 1e3 if times else 0.0,
             "max_ms": max(times) * 1e3 if times else 0.0,
-            "lag_max_ms": ordered[-1] * 1e3, "lag_p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e3}
+            "lag_max_ms": ordered[-1] * 1e3,
+            "lag_p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e3}
 
 
 async def idle() -> None:
@@ -240,7 +241,8 @@ def run_baseline(ref: str, quick: bool, sizes: Sequence[int]) -> dict[str, Any]:
 
 
 def table(result: dict[str, Any], baseline: dict[str, Any] | None = None) -> str:
-    title = "### Fleet size: per call wall time (mean, max) and the event loop's lag while it runs (max, p99)\n"
+    title = ("### Fleet size: per call wall time (mean, max; in-process decisions also CPU) and the event loop's "
+             "lag while it runs (max, p99)\n")
     rows = [title, f"Tree: {result['tree']}" + (f"; before = {baseline['ref']}" if baseline else ""), "",
             "| endpoints | call | " + ("before: mean / max ms | before: lag max / p99 ms | " if baseline else "")
             + "mean / max ms | lag max / p99 ms |",
@@ -248,7 +250,8 @@ def table(result: dict[str, Any], baseline: dict[str, Any] | None = None) -> str
     before = {s["endpoints"]: s for s in baseline["sizes"]} if baseline else {}
 
     def cells(f: dict[str, float]) -> str:
-        return f"{f['mean_ms']:.3f} / {f['max_ms']:.3f} | {f['lag_max_ms']:.1f} / {f['lag_p99_ms']:.1f} |"
+        cpu = f" (CPU {f['cpu_mean_ms']:.3f})" if "cpu_mean_ms" in f else ""
+        return f"{f['mean_ms']:.3f}{cpu} / {f['max_ms']:.3f} | {f['lag_max_ms']:.1f} / {f['lag_p99_ms']:.1f} |"
 
     for size in result["sizes"]:
         for op in OPS:

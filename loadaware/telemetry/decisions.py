@@ -99,7 +99,11 @@ class RecentDecisions:
 
 
 def ranked_head(decision: Decision) -> tuple[int, ...]:
-    """Indexes of the RING_CANDIDATES best candidates, best first, ranked as the policies rank them."""
-    names = [c.endpoint for c in decision.candidates]
-    chosen = names.index(decision.endpoint) if decision.endpoint in names else 0
-    return ranked(Choice(chosen, decision.scores), decision.candidates, RING_CANDIDATES)
+    """Indexes of RING_CANDIDATES candidates: the decision's ranked list (the choice and its fallbacks),
+    then the next best, ranked as the policies rank them."""
+    where = {c.endpoint: i for i, c in enumerate(decision.candidates)}
+    head = [where[ep] for ep in decision.ranked if ep in where]
+    taken = set(head)
+    best = ranked(Choice(head[0] if head else 0, decision.scores), decision.candidates, RING_CANDIDATES + len(head))
+    head += [i for i in best if i not in taken][:RING_CANDIDATES - len(head)]
+    return tuple(head)

@@ -2,9 +2,9 @@
 map are back at their baseline (docs/architecture.md, "Fleet size").
 
 A started sidecar (KV-event feeds and their sweeper running, one scrape round at start; the engines are not
-there) on a fleet of three; each cycle discovery adds one more endpoint, it is decided to, counted, scraped, failed until
-ejected, given models, KV blocks, approximate credit, a reply, its series rendered; then it leaves. Every
-250th cycle the loop runs a while so the feeds start for it before it goes."""
+there) on a fleet of three; each cycle discovery adds one more endpoint, it is decided to, counted, scraped,
+failed until ejected, given models, KV blocks, approximate credit, a reply, its series rendered; then it
+leaves. Every 250th cycle the loop runs a while so the feeds start for it before it goes."""
 
 from __future__ import annotations
 

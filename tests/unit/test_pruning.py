@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import pytest
 
 from loadaware.fleet.registry import EndpointRegistry
-from loadaware.lifecycle import RequestLifecycle
+from loadaware.lifecycle import Decision, RequestLifecycle
 from loadaware.load.order import LoadOrder
 from loadaware.load.tracker import EngineStats, LoadTracker
 from loadaware.policies import Candidate, make_policy, ranked
@@ -132,7 +132,7 @@ def test_the_decider_with_a_load_order_decides_as_without(policy_name: str) -> N
     pruning = Decider(policy, registry, tracker, lifecycle, prefix_source=source, fallbacks=3, ranking=tracker)
     full = Decider(make_policy(policy_name, 1.0), registry, tracker, RequestLifecycle(), prefix_source=source,
                    fallbacks=3)
-    open_decisions = []
+    open_decisions: list[Decision] = []
     prompt = list(range(160))
 
     async def run() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -326,7 +327,7 @@ class KvEventsFeeds:
         for task in self._tasks.pop(endpoint, []):
             task.cancel()
             # A cancelled feed marks itself disconnected on its way out: that series goes after it.
-            task.add_done_callback(lambda _t, ep=endpoint: self._forget_series(ep, names))
+            task.add_done_callback(functools.partial(self._series_after, endpoint, names))
         dropped = self.index.drop(endpoint)
         for feed in feeds or ():
             dropped += feed.router.drop(self.index)
@@ -335,7 +336,7 @@ class KvEventsFeeds:
             if dropped:
                 self.metrics.kv_event_blocks.labels("cleared").inc(dropped)
 
-    def _forget_series(self, endpoint: str, names: Sequence[str]) -> None:
+    def _series_after(self, endpoint: str, names: Sequence[str], _task: asyncio.Task[None]) -> None:
         if endpoint in self.feeds:
             return  # back meanwhile: its new feeds own these series
         for name in names:
