@@ -13,7 +13,12 @@ differ. Measured per size:
 - Explain over gRPC, `/metrics`, `/debug/state`, `/debug/decisions` (the default 50), wall time per call;
 - the event loop's lag while each of them runs: a ticker task on the loop sleeps 1 ms and records how late
   it woke (max and p99). The clients run in a worker thread, so the loop is free for the ticker unless the
-  sidecar's own work holds it.
+  sidecar's own work holds it, or the GIL and the OS keep the loop's thread from running (on a busy box a
+  CPU-bound thread in the process costs the loop tens of ms by itself: the `idle` and `busy_thread` rows
+  measure that floor);
+- how long the sidecar's code held the loop: the CPU time of the longest loop callback (and the p99) in
+  each window, read with `time.thread_time` around every callback, so neither the OS taking the CPU away
+  nor a thread holding the GIL counts, only work done on the loop.
 
 `--baseline REF` runs the same measurement on another commit of the project (exported with `git archive`
 into a temporary folder, this file copied in) in a subprocess, and prints both side by side.
@@ -54,7 +59,7 @@ SIZES = (100, 1_000, 10_000)
 PREFIXES = 32
 OPEN_REQUESTS = 500
 TICK_S = 0.001
-OPS = ("decide", "grpc_decide", "explain", "metrics", "debug_state", "debug_decisions")
+OPS = ("idle", "busy_thread", "decide", "grpc_decide", "explain", "metrics", "debug_state", "debug_decisions")
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -100,9 +105,48 @@ class Ticker:
         return out
 
 
-def figures(times: Sequence[float], lags: Sequence[float]) -> dict[str, float]:
+class Holds:
+    """The loop thread's CPU time in each loop callback (asyncio's Handle._run, timer handles included)."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self._original: Callable[[asyncio.Handle], None] | None = None
+
+    def install(self) -> None:
+        original = self._original = asyncio.Handle._run
+        samples = self.samples
+
+        def timed(handle: asyncio.Handle) -> None:
+            started = time.thread_time()
+            try:
+                original(handle)
+            finally:
+                samples.append(time.thread_time() - started)
+
+        setattr(asyncio.Handle, "_run", timed)  # noqa: B010 - a method replaced on the class, for the bench
+
+    def uninstall(self) -> None:
+        if self._original is not None:
+            setattr(asyncio.Handle, "_run", self._original)  # noqa: B010
+
+    def window(self) -> list[float]:
+        out = self.samples[:]
+        self.samples.clear()
+        return out
+
+
+def busy(seconds: float) -> int:
+    end, n = time.perf_counter() + seconds, 0
+    while time.perf_counter() < end:
+        n += 1
+    return n
+
+
+def figures(times: Sequence[float], lags: Sequence[float], holds: Sequence[float] = ()) -> dict[str, float]:
     ordered = sorted(lags) or [0.0]
-    return {"n": len(times), "mean_ms": statistics.fmean(times) * 1e3 if times else 0.0,
+    held = sorted(holds) or [0.0]
+    return {"hold_max_ms": held[-1] * 1e3, "hold_p99_ms": held[min(len(held) - 1, int(len(held) * 0.99))] * 1e3,
+            "n": len(times), "mean_ms": statistics.fmean(times) * 1e3 if times else 0.0,
             "p50_ms": statistics.median(times) * 1e3 if times else 0.0,
             "max_ms": max(times) * 1e3 if times else 0.0,
             "lag_max_ms": ordered[-1] * 1e3,
@@ -155,6 +199,7 @@ async def measure_size(n: int, reps: dict[str, int]) -> dict[str, Any]:
     app.scraper.run = idle  # type: ignore[method-assign]  # no engines: a scrape would only fail
     await app.start()
     ticker = Ticker()
+    holds = Holds()
     out: dict[str, Any] = {"endpoints": n}
     rng = random.Random(n)
     try:
@@ -167,8 +212,15 @@ async def measure_size(n: int, reps: dict[str, int]) -> dict[str, Any]:
             else:
                 app.lifecycle.ended(d)
         ticker.start()
+        holds.install()
         await asyncio.sleep(0.05)
         ticker.window()
+        holds.window()
+        await asyncio.sleep(1.0)
+        out["idle"] = figures([1.0], ticker.window(), holds.window())
+        t = time.perf_counter()
+        await asyncio.to_thread(busy, 1.0)
+        out["busy_thread"] = figures([time.perf_counter() - t], ticker.window(), holds.window())
 
         times, cpu = [], []
         for i in range(reps["decide"]):
@@ -179,7 +231,7 @@ async def measure_size(n: int, reps: dict[str, int]) -> dict[str, Any]:
             times.append(time.perf_counter() - t)
             app.lifecycle.ended(d)
             await asyncio.sleep(0)
-        out["decide"] = {**figures(times, ticker.window()), "cpu_mean_ms": statistics.fmean(cpu) * 1e3,
+        out["decide"] = {**figures(times, ticker.window(), holds.window()), "cpu_mean_ms": statistics.fmean(cpu) * 1e3,
                          "cpu_p50_ms": statistics.median(cpu) * 1e3}
 
         ext = f"127.0.0.1:{app.bound_port}"
@@ -207,11 +259,13 @@ async def measure_size(n: int, reps: dict[str, int]) -> dict[str, Any]:
                            ("debug_decisions", lambda: timed(lambda: http_get(debug + "/debug/decisions"),
                                                              reps["debug"]))):
             ticker.window()
+            holds.window()
             times = await asyncio.to_thread(client)
-            out[op] = figures(times, ticker.window())
+            out[op] = figures(times, ticker.window(), holds.window())
         for d in kept:
             app.lifecycle.ended(d)
     finally:
+        holds.uninstall()
         await ticker.stop()
         await app.stop()
     return out
@@ -241,24 +295,25 @@ def run_baseline(ref: str, quick: bool, sizes: Sequence[int]) -> dict[str, Any]:
 
 
 def table(result: dict[str, Any], baseline: dict[str, Any] | None = None) -> str:
-    title = ("### Fleet size: per call wall time (mean, max; in-process decisions also CPU) and the event loop's "
-             "lag while it runs (max, p99)\n")
+    title = ("### Fleet size: per call wall time (mean, max; in-process decisions also CPU), the event loop's lag "
+             "while it runs (max, p99) and the longest the sidecar's code held the loop (CPU, max, p99)\n")
     rows = [title, f"Tree: {result['tree']}" + (f"; before = {baseline['ref']}" if baseline else ""), "",
-            "| endpoints | call | " + ("before: mean / max ms | before: lag max / p99 ms | " if baseline else "")
-            + "mean / max ms | lag max / p99 ms |",
-            "|---|---|" + ("---|---|" if baseline else "") + "---|---|"]
+            "| endpoints | call | " + ("before: mean / max ms | before: lag max / p99 | before: held max / p99 | "
+                                     if baseline else "") + "mean / max ms | lag max / p99 ms | held max / p99 ms |",
+            "|---|---|" + ("---|---|---|" if baseline else "") + "---|---|---|"]
     before = {s["endpoints"]: s for s in baseline["sizes"]} if baseline else {}
 
     def cells(f: dict[str, float]) -> str:
         cpu = f" (CPU {f['cpu_mean_ms']:.3f})" if "cpu_mean_ms" in f else ""
-        return f"{f['mean_ms']:.3f}{cpu} / {f['max_ms']:.3f} | {f['lag_max_ms']:.1f} / {f['lag_p99_ms']:.1f} |"
+        return (f"{f['mean_ms']:.3f}{cpu} / {f['max_ms']:.3f} | {f['lag_max_ms']:.1f} / {f['lag_p99_ms']:.1f} | "
+                f"{f.get('hold_max_ms', 0.0):.1f} / {f.get('hold_p99_ms', 0.0):.2f} |")
 
     for size in result["sizes"]:
         for op in OPS:
             line = f"| {size['endpoints']:,} | {op} | "
             if baseline:
                 b = before.get(size["endpoints"], {}).get(op)
-                line += cells(b) + " " if b else "- | - | "
+                line += cells(b) + " " if b else "- | - | - | "
             rows.append(line + cells(size[op]))
     return "\n".join(rows) + "\n"
 

@@ -17,6 +17,7 @@ import grpc
 
 from loadaware.api.admin import admin_server, is_loopback
 from loadaware.api.debug_http import DebugHttp, MetricsHttp
+from loadaware.api.offloop import off_loop
 from loadaware.api.servicer import RouterServicer
 from loadaware.config import Settings
 from loadaware.extproc.conversation import StreamOptions
@@ -229,7 +230,7 @@ class Sidecar:
         atomically (dict copies, the registry's tuple) or a single lookup. An endpoint that leaves meanwhile
         may get a series back from the thread: it is forgotten again once the thread is done."""
         fleet = self.registry.snapshot()
-        text = await asyncio.to_thread(self._render_metrics_now, fleet)
+        text = await off_loop(lambda: self._render_metrics_now(fleet))
         if self.registry.snapshot() is not fleet:
             for endpoint in fleet:
                 if endpoint not in self.registry:
@@ -247,7 +248,7 @@ class Sidecar:
 
     async def _state(self) -> dict[str, Any]:
         """Built in a thread, as /metrics is: one row per endpoint is a lot of work at 10,000."""
-        return await asyncio.to_thread(self._state_now)
+        return await off_loop(self._state_now)
 
     def _state_now(self) -> dict[str, Any]:
         endpoints = self.registry.snapshot()

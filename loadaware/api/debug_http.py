@@ -14,13 +14,13 @@ is tens of thousands of series, and a decision waiting on the loop meanwhile wou
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiohttp import web
 
+from loadaware.api.offloop import off_loop
 from loadaware.lifecycle import Decision
 
 DEFAULT_DECISIONS = 50
@@ -79,9 +79,9 @@ class DebugHttp(HttpSite):
         except ValueError:
             raise web.HTTPBadRequest(text="n must be an integer") from None
         decisions = self.recent(n)  # the ring keeps each decision's ranked head only: a few candidates each
-        text = await asyncio.to_thread(lambda: json.dumps([d.as_dict() for d in decisions], indent=1))
+        text = await off_loop(lambda: json.dumps([d.as_dict() for d in decisions], indent=1))
         return web.Response(text=text, content_type="application/json")
 
     async def _state(self, _request: web.Request) -> web.Response:
         state = await self.state()
-        return web.Response(text=await asyncio.to_thread(json.dumps, state), content_type="application/json")
+        return web.Response(text=await off_loop(lambda: json.dumps(state)), content_type="application/json")

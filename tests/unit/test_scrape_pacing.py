@@ -71,7 +71,7 @@ async def test_a_large_fleet_is_scraped_spread_out_and_bounded(monkeypatch: pyte
 
 
 async def test_a_small_fleet_is_scraped_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    scraper, engines, registry, _ = rig(SCRAPE_CONCURRENCY, monkeypatch, latency_s=0.05, interval_s=5.0)
+    scraper, engines, _, _ = rig(SCRAPE_CONCURRENCY, monkeypatch, latency_s=0.05, interval_s=5.0)
     scraper._session = object()  # type: ignore[assignment]
     await scraper.scrape_all()
     assert engines.most == SCRAPE_CONCURRENCY
