@@ -119,8 +119,6 @@ class Sidecar:
             self.file_watcher.poll()  # the first set is in before the first stream
         # Fleet changes arrive as events (fleet/registry.py): nobody polls the registry.
         self.registry.subscribe(FleetEvents(self._endpoint_added, self._endpoint_removed, self._endpoints_changed))
-        if self.models_poller is not None:
-            self.registry.subscribe(self.models_poller)
         if self.prefixes.kv_feeds is not None:
             self.registry.subscribe(self.prefixes.kv_feeds)
         for endpoint in self.registry.snapshot():  # the set before the subscription (flags, the file's first)

@@ -31,6 +31,8 @@ class Decision:
     outcome: str  # routed | fallback_load_only | no_endpoints | no_eligible_endpoints | unknown_model
     reasons: tuple[str, ...]
     prompt_tokens: int
+    # The endpoints scored: the pool, or in a large pool those that could rank (routing/pruning.py). The
+    # recent-decisions ring, the last listener, trims them to the ranked head when it records the decision.
     candidates: tuple[Candidate, ...]
     scores: tuple[float, ...]
     stages: dict[str, float]

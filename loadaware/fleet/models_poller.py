@@ -39,6 +39,7 @@ class ModelsPoller:
         self._asked: set[str] = set()  # ... and whose first fetch has finished (answered or failed)
         self._session: aiohttp.ClientSession | None = None
         self._arrived = asyncio.Event()  # discovery added endpoints not fetched yet
+        registry.subscribe(self)
 
     # ---- the registry's events ----
     def on_added(self, endpoint: str) -> None:
