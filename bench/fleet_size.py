@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import queue
@@ -135,6 +136,34 @@ class Holds:
         return out
 
 
+class FullCollections:
+    """Wall time of each full (generation 2) garbage collection, whichever thread ran it."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self._started = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.samples.append(time.perf_counter() - self._started)
+
+    def install(self) -> None:
+        gc.callbacks.append(self._callback)
+
+    def uninstall(self) -> None:
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
+
+    def window(self) -> list[float]:
+        out = self.samples[:]
+        self.samples.clear()
+        return out
+
+
 def busy(seconds: float) -> int:
     end, n = time.perf_counter() + seconds, 0
     while time.perf_counter() < end:
@@ -142,10 +171,12 @@ def busy(seconds: float) -> int:
     return n
 
 
-def figures(times: Sequence[float], lags: Sequence[float], holds: Sequence[float] = ()) -> dict[str, float]:
+def figures(times: Sequence[float], lags: Sequence[float], holds: Sequence[float] = (),
+            collections: Sequence[float] = ()) -> dict[str, float]:
     ordered = sorted(lags) or [0.0]
     held = sorted(holds) or [0.0]
-    return {"hold_max_ms": held[-1] * 1e3, "hold_p99_ms": held[min(len(held) - 1, int(len(held) * 0.99))] * 1e3,
+    return {"full_gc_n": len(collections), "full_gc_max_ms": max(collections, default=0.0) * 1e3,
+            "hold_max_ms": held[-1] * 1e3, "hold_p99_ms": held[min(len(held) - 1, int(len(held) * 0.99))] * 1e3,
             "n": len(times), "mean_ms": statistics.fmean(times) * 1e3 if times else 0.0,
             "p50_ms": statistics.median(times) * 1e3 if times else 0.0,
             "max_ms": max(times) * 1e3 if times else 0.0,
@@ -200,6 +231,7 @@ async def measure_size(n: int, reps: dict[str, int]) -> dict[str, Any]:
     await app.start()
     ticker = Ticker()
     holds = Holds()
+    fulls = FullCollections()
     out: dict[str, Any] = {"endpoints": n}
     rng = random.Random(n)
     try:
@@ -213,14 +245,16 @@ async def measure_size(n: int, reps: dict[str, int]) -> dict[str, Any]:
                 app.lifecycle.ended(d)
         ticker.start()
         holds.install()
+        fulls.install()
         await asyncio.sleep(0.05)
         ticker.window()
         holds.window()
+        fulls.window()
         await asyncio.sleep(1.0)
-        out["idle"] = figures([1.0], ticker.window(), holds.window())
+        out["idle"] = figures([1.0], ticker.window(), holds.window(), fulls.window())
         t = time.perf_counter()
         await asyncio.to_thread(busy, 1.0)
-        out["busy_thread"] = figures([time.perf_counter() - t], ticker.window(), holds.window())
+        out["busy_thread"] = figures([time.perf_counter() - t], ticker.window(), holds.window(), fulls.window())
 
         times, cpu = [], []
         for i in range(reps["decide"]):
@@ -231,7 +265,8 @@ async def measure_size(n: int, reps: dict[str, int]) -> dict[str, Any]:
             times.append(time.perf_counter() - t)
             app.lifecycle.ended(d)
             await asyncio.sleep(0)
-        out["decide"] = {**figures(times, ticker.window(), holds.window()), "cpu_mean_ms": statistics.fmean(cpu) * 1e3,
+        out["decide"] = {**figures(times, ticker.window(), holds.window(), fulls.window()),
+                         "cpu_mean_ms": statistics.fmean(cpu) * 1e3,
                          "cpu_p50_ms": statistics.median(cpu) * 1e3}
 
         ext = f"127.0.0.1:{app.bound_port}"
@@ -260,12 +295,14 @@ async def measure_size(n: int, reps: dict[str, int]) -> dict[str, Any]:
                                                              reps["debug"]))):
             ticker.window()
             holds.window()
+            fulls.window()
             times = await asyncio.to_thread(client)
-            out[op] = figures(times, ticker.window(), holds.window())
+            out[op] = figures(times, ticker.window(), holds.window(), fulls.window())
         for d in kept:
             app.lifecycle.ended(d)
     finally:
         holds.uninstall()
+        fulls.uninstall()
         await ticker.stop()
         await app.stop()
     return out
@@ -298,22 +335,25 @@ def table(result: dict[str, Any], baseline: dict[str, Any] | None = None) -> str
     title = ("### Fleet size: per call wall time (mean, max; in-process decisions also CPU), the event loop's lag "
              "while it runs (max, p99) and the longest the sidecar's code held the loop (CPU, max, p99)\n")
     rows = [title, f"Tree: {result['tree']}" + (f"; before = {baseline['ref']}" if baseline else ""), "",
-            "| endpoints | call | " + ("before: mean / max ms | before: lag max / p99 | before: held max / p99 | "
-                                     if baseline else "") + "mean / max ms | lag max / p99 ms | held max / p99 ms |",
-            "|---|---|" + ("---|---|---|" if baseline else "") + "---|---|---|"]
+            "| endpoints | call | " + ("before: p50 / mean / max ms | before: lag max / p99 | before: held max / p99 "
+                                     "| before: full GCs (max ms) | " if baseline else "")
+            + "p50 / mean / max ms | lag max / p99 ms | held max / p99 ms | full GCs (max ms) |",
+            "|---|---|" + ("---|---|---|---|" if baseline else "") + "---|---|---|---|"]
     before = {s["endpoints"]: s for s in baseline["sizes"]} if baseline else {}
 
     def cells(f: dict[str, float]) -> str:
         cpu = f" (CPU {f['cpu_mean_ms']:.3f})" if "cpu_mean_ms" in f else ""
-        return (f"{f['mean_ms']:.3f}{cpu} / {f['max_ms']:.3f} | {f['lag_max_ms']:.1f} / {f['lag_p99_ms']:.1f} | "
-                f"{f.get('hold_max_ms', 0.0):.1f} / {f.get('hold_p99_ms', 0.0):.2f} |")
+        return (f"{f['p50_ms']:.3f} / {f['mean_ms']:.3f}{cpu} / {f['max_ms']:.3f} | "
+                f"{f['lag_max_ms']:.1f} / {f['lag_p99_ms']:.1f} | "
+                f"{f.get('hold_max_ms', 0.0):.1f} / {f.get('hold_p99_ms', 0.0):.2f} | "
+                f"{f.get('full_gc_n', 0)} ({f.get('full_gc_max_ms', 0.0):.0f}) |")
 
     for size in result["sizes"]:
         for op in OPS:
             line = f"| {size['endpoints']:,} | {op} | "
             if baseline:
                 b = before.get(size["endpoints"], {}).get(op)
-                line += cells(b) + " " if b else "- | - | - | "
+                line += cells(b) + " " if b else "- | - | - | - | "
             rows.append(line + cells(size[op]))
     return "\n".join(rows) + "\n"
 
