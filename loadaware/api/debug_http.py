@@ -20,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from loadaware.api.offloop import off_loop
+from loadaware.api.offloop import dumps_in_pieces, off_loop
 from loadaware.lifecycle import Decision
 
 DEFAULT_DECISIONS = 50
@@ -84,4 +84,4 @@ class DebugHttp(HttpSite):
 
     async def _state(self, _request: web.Request) -> web.Response:
         state = await self.state()
-        return web.Response(text=await off_loop(lambda: json.dumps(state)), content_type="application/json")
+        return web.Response(text=await off_loop(lambda: dumps_in_pieces(state)), content_type="application/json")

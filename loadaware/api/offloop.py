@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+PIECE_ITEMS = 64  # a container larger than this is encoded item by item
 
 _lock = threading.Lock()
 _paused = 0  # renders running with the collector paused
@@ -36,6 +39,19 @@ def _render(fn: Callable[[], T]) -> T:
             _paused -= 1
             if _paused == 0 and _was_enabled:
                 gc.enable()
+
+
+def dumps_in_pieces(value: Any) -> str:
+    """json.dumps(value), made of many small dumps: the C encoder holds the GIL for a whole call (a
+    10,000-row /debug/state is ~100 ms of it), so a big document encoded at once in a worker thread would stall
+    the event loop's thread as long; between small calls the GIL changes hands."""
+    if isinstance(value, dict) and len(value) > PIECE_ITEMS:
+        return "{" + ", ".join(f"{json.dumps(str(k))}: {dumps_in_pieces(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)) and len(value) > PIECE_ITEMS:
+        return "[" + ", ".join(dumps_in_pieces(v) for v in value) + "]"
+    if isinstance(value, dict) and any(isinstance(v, (dict, list, tuple)) for v in value.values()):
+        return "{" + ", ".join(f"{json.dumps(str(k))}: {dumps_in_pieces(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value)
 
 
 async def off_loop(fn: Callable[[], T]) -> T:

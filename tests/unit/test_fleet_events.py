@@ -3,6 +3,9 @@ recent ring's ranked head."""
 
 from __future__ import annotations
 
+import json
+
+from loadaware.api.offloop import dumps_in_pieces
 from loadaware.extproc.replies import ROUTE_CACHE_LIMIT, Replies
 from loadaware.fleet.registry import EndpointRegistry, FleetEvents
 from loadaware.lifecycle import Decision
@@ -95,3 +98,11 @@ def test_the_recent_ring_keeps_the_ranked_head_only() -> None:
     assert len(d.candidates) == RING_CANDIDATES == len(d.scores)
     assert d.candidates[0].endpoint == "10.0.0.7:8000" and d.candidates[1].endpoint == "10.0.0.14:8000"
     assert all(s == 0.0 for s in d.scores[:RING_CANDIDATES])  # the 29 zero-load ones lead; only the best kept
+
+
+def test_a_page_encoded_in_pieces_is_the_same_json() -> None:
+    rows = [{"endpoint": f"10.0.0.{i}:8000", "load": i / 2, "routing_health": {"state": "healthy", "failures": {}},
+             "models": None if i % 2 else {"models": ["m"], "adapters": {}}, "scraped": None} for i in range(300)]
+    doc = {"ready": True, "endpoints": rows, "inflight": {r["endpoint"]: i for i, r in enumerate(rows)},
+           "prefix": {"sources": ["approx"], "approx": {"engines": {}, "evicted": {"decay": 0}}}, "empty": []}
+    assert json.loads(dumps_in_pieces(doc)) == json.loads(json.dumps(doc)) == doc
