@@ -4,9 +4,11 @@ recent ring's ranked head."""
 from __future__ import annotations
 
 import json
+import random
 
 from loadaware.api.offloop import dumps_in_pieces
 from loadaware.extproc.replies import ROUTE_CACHE_LIMIT, Replies
+from loadaware.fleet.models import EndpointModels, ServedModels
 from loadaware.fleet.registry import EndpointRegistry, FleetEvents
 from loadaware.lifecycle import Decision
 from loadaware.policies import Candidate
@@ -106,3 +108,31 @@ def test_a_page_encoded_in_pieces_is_the_same_json() -> None:
     doc = {"ready": True, "endpoints": rows, "inflight": {r["endpoint"]: i for i, r in enumerate(rows)},
            "prefix": {"sources": ["approx"], "approx": {"engines": {}, "evicted": {"decay": 0}}}, "empty": []}
     assert json.loads(dumps_in_pieces(doc)) == json.loads(json.dumps(doc)) == doc
+
+
+def test_a_model_pool_from_the_index_is_the_pool_the_lists_give() -> None:
+    """The index (a model every known engine serves: the whole set at once) against the lists themselves, while
+    lists come, change, go stale and leave. None and "every endpoint" mean the same to the decider."""
+    rng = random.Random(3)
+    now = [0.0]
+    store = EndpointModels(stale_s=30, clock=lambda: now[0])
+    eps = tuple(f"10.0.0.{i}:8000" for i in range(40))
+    lists: dict[str, tuple[frozenset[str], float]] = {}
+    for step in range(3000):
+        ep = rng.choice(eps)
+        roll = rng.random()
+        if roll < 0.4:
+            ids = frozenset(rng.sample(["m", "n", "lora"], rng.choice((1, 2))))
+            ids |= {"m"} if rng.random() < 0.8 else set()
+            store.record(ep, ServedModels(ids))
+            lists[ep] = (ids, now[0])
+        elif roll < 0.5:
+            store.forget(ep)
+            lists.pop(ep, None)
+        else:
+            now[0] += rng.choice((0.5, 2.0, 11.0))
+        model = rng.choice(["m", "n", "lora", "other"])
+        fresh = {e: ids for e, (ids, at) in lists.items() if now[0] - at <= 30}
+        want = tuple(e for e in eps if e not in fresh or model in fresh[e])
+        got = store.pool(model, eps)
+        assert (eps if got is None else got) == (want if any(e in fresh for e in eps) else eps), step
