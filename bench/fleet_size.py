@@ -3,8 +3,9 @@ long each holds the event loop.
 
     python -m bench.fleet_size [--quick] [--json] [--sizes 100,1000,10000] [--baseline GIT_REF]
 
-One sidecar per size, in this process, on static endpoints that are never contacted (no scrapes, no model
-lists: the engines are not there; the scraper is replaced by an idle task). Prefix source: the approximate
+One sidecar per size, in this process, on static endpoints that are never contacted (the engines are not
+there: the scraper and the models poller are replaced by idle tasks, and every engine is recorded as
+serving model "m", the requests' model, as a single-model fleet's lists say). Prefix source: the approximate
 index, warmed by routing prompts of 32 shared prefixes, and 500 of those requests are left open so loads
 differ. Measured per size:
 
@@ -54,6 +55,7 @@ from loadaware.api.v1 import loadaware_pb2 as pb
 from loadaware.api.v1 import loadaware_pb2_grpc as pb_grpc
 from loadaware.app import Sidecar
 from loadaware.config import from_args
+from loadaware.fleet.models import ServedModels
 from loadaware.routing.request import parse_body
 
 SIZES = (100, 1_000, 10_000)
@@ -224,10 +226,14 @@ def http_get(url: str) -> bytes:
 
 async def measure_size(n: int, reps: dict[str, int]) -> dict[str, Any]:
     flags = ["--endpoints", ",".join(fleet(n)), "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
-             "--metrics-listen", "127.0.0.1:0", "--admin-http-listen", "127.0.0.1:0", "--models-refresh-s", "0",
+             "--metrics-listen", "127.0.0.1:0", "--admin-http-listen", "127.0.0.1:0",
              "--prefix-source", "approx", "--policy", "loadaware", "--log-level", "warning"]
     app = Sidecar(from_args(flags, environ={}))
     app.scraper.run = idle  # type: ignore[method-assign]  # no engines: a scrape would only fail
+    assert app.models is not None and app.models_poller is not None
+    app.models_poller.run = idle  # type: ignore[method-assign]  # ... and so would a model list's fetch:
+    for endpoint in app.registry.snapshot():  # every engine serves "m", as its /v1/models would say
+        app.models.record(endpoint, ServedModels(frozenset({"m"})))
     await app.start()
     ticker = Ticker()
     holds = Holds()
