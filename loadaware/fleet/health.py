@@ -81,6 +81,7 @@ class EndpointHealth:
         self.on_change = on_change
         self._records: dict[str, EndpointRecord] = {}
         self._out = 0  # endpoints not healthy: the hot path skips all work while it is 0
+        self._out_set: set[str] = set()  # ... and which they are, so a large fleet's check visits only them
 
     # ---- what the pipeline asks ----
     def eligible(self, endpoints: tuple[str, ...]) -> tuple[str, ...]:
@@ -90,6 +91,14 @@ class EndpointHealth:
             return endpoints
         now = self.clock()
         return tuple(ep for ep in endpoints if self._admits(ep, now))
+
+    def not_admitted(self) -> set[str]:
+        """The endpoints `eligible` would leave out now, visiting only those not healthy (a large fleet's
+        decision asks this instead of filtering every endpoint: routing/pipeline.py)."""
+        if not self._out:
+            return set()
+        now = self.clock()
+        return {ep for ep in list(self._out_set) if not self._admits(ep, now)}
 
     def _admits(self, endpoint: str, now: float) -> bool:
         record = self._records.get(endpoint)
@@ -195,6 +204,10 @@ class EndpointHealth:
         was_out = record.state != HEALTHY
         record.state, record.reason = state, reason
         self._out += (state != HEALTHY) - was_out
+        if state != HEALTHY:
+            self._out_set.add(endpoint)
+        else:
+            self._out_set.discard(endpoint)
         if self.on_change is not None:
             self.on_change(endpoint, state, reason)
 
@@ -203,6 +216,7 @@ class EndpointHealth:
         record = self._records.pop(endpoint, None)
         if record is not None and record.state != HEALTHY:
             self._out -= 1
+        self._out_set.discard(endpoint)
 
     def state(self, endpoint: str) -> str:
         record = self._records.get(endpoint)

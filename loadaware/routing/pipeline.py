@@ -12,6 +12,7 @@ import logging
 import time
 from typing import Protocol
 
+from loadaware.fleet.members import member_set
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import Decision, RequestLifecycle
 from loadaware.load.order import LoadOrder
@@ -35,6 +36,8 @@ class Ranking(Protocol):
 
 class Eligibility(Protocol):
     def eligible(self, endpoints: tuple[str, ...]) -> tuple[str, ...]: ...
+
+    def not_admitted(self) -> set[str]: ...
 
 
 class ModelPools(Protocol):
@@ -103,6 +106,25 @@ class Decider:
             reasons.append(ALL_FAILING)
         return endpoints
 
+    def _pool(self, subset: frozenset[str] | None, model: str | None, reasons: list[str]
+              ) -> tuple[tuple[str, ...], frozenset[str]]:
+        """What `candidates` says, as (endpoints, excluded): a large pool is not filtered one endpoint at a
+        time; the few engines failing their requests come back as a set to leave out (empty for a small pool,
+        which is filtered, and when failing open)."""
+        endpoints = self.endpoints(subset, model)
+        if self.health is None or len(endpoints) < MIN_POOL:
+            return self.candidates(subset, model, reasons) if self.health is not None else endpoints, frozenset()
+        out = self.health.not_admitted()
+        if not out:
+            return endpoints, frozenset()
+        members = member_set(endpoints)
+        excluded = frozenset(ep for ep in out if ep in members)
+        if len(excluded) < len(endpoints):
+            return endpoints, excluded
+        if ALL_FAILING not in reasons:
+            reasons.append(ALL_FAILING)
+        return endpoints, frozenset()
+
     async def prefix_matches(self, tokens: list[int], endpoints: tuple[str, ...], reasons: list[str],
                              salt: str | None = None) -> dict[str, int]:
         if self.prefix_source is None:
@@ -123,7 +145,7 @@ class Decider:
         tokens: list[int] = []
         matches: dict[str, int] = {}
         model = request.model if request is not None else None
-        endpoints = self.candidates(subset, model, reasons)
+        endpoints, _ = self._pool(subset, model, reasons)  # who to ask about the prefix (the excluded too: cheaper)
         if not endpoints:
             return self._empty(request_id, subset, 0, stages, started, count, model)
         if request is None or not request.has_prompt:
@@ -150,11 +172,11 @@ class Decider:
                 stages["lookup"] = time.perf_counter() - t
         # Fresh snapshot after the awaits: an endpoint may have left meanwhile. From here on, no await.
         t = time.perf_counter()
-        endpoints = self.candidates(subset, model, reasons)
+        endpoints, excluded = self._pool(subset, model, reasons)
         if not endpoints:
             return self._empty(request_id, subset, len(tokens), stages, started, count, model)
         n_tokens = len(tokens)
-        candidates, mean = self._scored(endpoints, matches, n_tokens)
+        candidates, mean = self._scored(endpoints, excluded, matches, n_tokens)
         choice = self.policy.choose(n_tokens, candidates, mean)
         assert choice is not None  # candidates is non-empty here
         stages["score"] = time.perf_counter() - t
@@ -162,11 +184,12 @@ class Decider:
         outcome = "fallback_load_only" if reasons and reasons != [ALL_FAILING] else "routed"
         order = tuple(candidates[i].endpoint for i in ranked(choice, candidates, 1 + self.fallbacks))
         return self._finish(request_id, order, outcome, reasons, n_tokens, candidates, choice.scores, stages,
-                            started, count, tokens, len(endpoints), mean)
+                            started, count, tokens, len(endpoints) - len(excluded), mean)
 
-    def _scored(self, endpoints: tuple[str, ...], matches: dict[str, int], n_tokens: int
+    def _scored(self, endpoints: tuple[str, ...], excluded: frozenset[str], matches: dict[str, int], n_tokens: int
                 ) -> tuple[tuple[Candidate, ...], float | None]:
-        """The candidates to score and, when pruned, the pool's mean load (None: the candidates are the pool)."""
+        """The candidates to score (the pool is `endpoints` less `excluded`) and, when pruned, the pool's mean
+        load (None: the candidates are the pool)."""
         if self.ranking is not None and self.policy.name in PRUNABLE and len(endpoints) >= MIN_POOL:
             order = self.ranking.ordered()
             fleet = self.registry.snapshot()
@@ -174,7 +197,9 @@ class Decider:
                 whole = endpoints is fleet
                 members = self.registry.members() if whole else frozenset(endpoints)
                 return pruned_candidates(order, endpoints, members, whole, matches, n_tokens, 1 + self.fallbacks,
-                                         self.registry.position)
+                                         self.registry.position, excluded)
+        if excluded:
+            endpoints = tuple(ep for ep in endpoints if ep not in excluded)
         loads = self.loads.loads(endpoints)
         return tuple(Candidate(ep, min(matches.get(ep, 0), n_tokens), load)
                      for ep, load in zip(endpoints, loads)), None

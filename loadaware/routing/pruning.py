@@ -25,20 +25,26 @@ MIN_POOL = 64
 
 def pruned_candidates(order: LoadOrder, pool: tuple[str, ...], members: Collection[str], whole_fleet: bool,
                       matches: Mapping[str, int], prompt_tokens: int, limit: int,
-                      position: Callable[[str], int]) -> tuple[tuple[Candidate, ...], float]:
-    """(candidates in pool order, the pool's mean load). `members`: the pool as a set; `whole_fleet`: the
-    pool is every endpoint of the load order (the common case: its running sum is the pool's)."""
-    held = {ep: min(n, prompt_tokens) for ep, n in matches.items() if n > 0 and ep in members}
+                      position: Callable[[str], int], excluded: Collection[str] = frozenset()
+                      ) -> tuple[tuple[Candidate, ...], float]:
+    """(candidates in pool order, the pool's mean load). The pool is `pool` less `excluded` (engines failing
+    their requests, a few); `members`: `pool` as a set; `whole_fleet`: `pool` is every endpoint of the load
+    order (the common case: its running sum, less the excluded, is the pool's)."""
+    held = {ep: min(n, prompt_tokens) for ep, n in matches.items()
+            if n > 0 and ep in members and ep not in excluded}
     load_of = order.load
+    size = len(pool) - len(excluded)
     if whole_fleet:
-        mean = order.mean()
-        rest = order.least(limit, held.__contains__)
+        total = order.total - sum(load_of(ep) or 0.0 for ep in excluded)
+        rest = order.least(limit, lambda ep: ep in held or ep in excluded) if excluded else \
+            order.least(limit, held.__contains__)
     else:
         total = 0.0
         for ep in pool:
             total += load_of(ep) or 0.0
-        mean = total / len(pool) if pool else 0.0
-        rest = order.least(limit, lambda ep: ep in held or ep not in members)
+        total -= sum(load_of(ep) or 0.0 for ep in excluded)
+        rest = order.least(limit, lambda ep: ep in held or ep not in members or ep in excluded)
+    mean = total / size if size > 0 else 0.0
     chosen = sorted((*held, *rest), key=position)
     candidates = tuple(Candidate(ep, held.get(ep, 0), load_of(ep) or 0.0) for ep in chosen)
     return candidates, mean

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from loadaware.fleet.health import EndpointHealth, HealthOptions
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import Decision, RequestLifecycle
 from loadaware.load.order import LoadOrder
@@ -63,22 +64,26 @@ def test_pruned_candidates_rank_as_the_full_pool(policy_name: str) -> None:
         matches = random_matches(rng, eps, prompt)  # holders outside the pool too: they must not count
         limit = 1 + rng.randrange(6)
         beta = rng.choice((0.0, 0.5, 1.0, 3.0))
+        excluded = frozenset(rng.sample(pool, rng.choice((0, 0, 1, 3))))  # engines failing their requests
+        eligible = tuple(ep for ep in pool if ep not in excluded)
         order = LoadOrder()
         for ep in eps:
             order.set(ep, loads[ep])
         position = {ep: i for i, ep in enumerate(eps)}.__getitem__
-        pruned, mean = pruned_candidates(order, pool, frozenset(pool), whole, matches, prompt, limit, position)
-        assert mean == pytest.approx(sum(loads[ep] for ep in pool) / len(pool))
+        pruned, mean = pruned_candidates(order, pool, frozenset(pool), whole, matches, prompt, limit, position,
+                                         excluded)
+        assert mean == pytest.approx(sum(loads[ep] for ep in eligible) / len(eligible))
         policy = make_policy(policy_name, beta)
         choice = policy.choose(prompt, pruned, mean)
         assert choice is not None
         got = [pruned[i].endpoint for i in ranked(choice, pruned, limit)]
-        want, want_scores = full_ranking(policy_name, beta, pool, loads, matches, prompt, limit)
+        want, want_scores = full_ranking(policy_name, beta, eligible, loads, matches, prompt, limit)
         assert got == want, f"case {case}: pool of {len(pool)}, limit {limit}, beta {beta}"
         for c, score in zip(pruned, choice.scores):
             assert score == pytest.approx(want_scores[c.endpoint], abs=1e-12), f"case {case}: {c.endpoint}"
         # Proportional to the holders plus the few least loaded, not to the pool.
-        assert len(pruned) <= len([ep for ep in pool if matches.get(ep, 0) > 0]) + limit
+        assert len(pruned) <= len([ep for ep in eligible if matches.get(ep, 0) > 0]) + limit
+        assert not excluded & {c.endpoint for c in pruned}
 
 
 def test_the_load_order_follows_updates_and_ties_break_lexically() -> None:
@@ -114,9 +119,9 @@ class Fixed:
 
 @pytest.mark.parametrize("policy_name", sorted(PRUNABLE))
 def test_the_decider_with_a_load_order_decides_as_without(policy_name: str) -> None:
-    """Two deciders on one tracker, registry and source, one pruning (ranking=the tracker), one scoring every
-    endpoint: every decision ranks the same endpoints, while counts, scrapes (fresh and stale) and fleet changes
-    move the loads under them."""
+    """Two deciders on one tracker, registry, health and source, one pruning (ranking=the tracker), one scoring
+    every endpoint: every decision ranks the same endpoints, while counts, scrapes (fresh and stale), fleet
+    changes and engines failing (ejected, then probing) move the loads and the pool under them."""
     rng = random.Random(f"decider-{policy_name}")
     now = [1000.0]
     tracker = LoadTracker(stale_s=2.0, clock=lambda: now[0])
@@ -129,9 +134,12 @@ def test_the_decider_with_a_load_order_decides_as_without(policy_name: str) -> N
     lifecycle.subscribe(tracker)
     source = Fixed()
     policy = make_policy(policy_name, 1.0)
-    pruning = Decider(policy, registry, tracker, lifecycle, prefix_source=source, fallbacks=3, ranking=tracker)
+    health = EndpointHealth(HealthOptions(failures_to_eject=1, base_ejection_s=2.0), clock=lambda: now[0])
+    registry.on_removed(health.forget)
+    pruning = Decider(policy, registry, tracker, lifecycle, prefix_source=source, fallbacks=3, ranking=tracker,
+                      health=health)
     full = Decider(make_policy(policy_name, 1.0), registry, tracker, RequestLifecycle(), prefix_source=source,
-                   fallbacks=3)
+                   fallbacks=3, health=health)
     open_decisions: list[Decision] = []
     prompt = list(range(160))
 
@@ -146,6 +154,10 @@ def test_the_decider_with_a_load_order_decides_as_without(policy_name: str) -> N
             elif roll < 0.18:
                 kept = [ep for ep in eps if rng.random() < 0.9]
                 registry.set(kept or eps)
+            elif roll < 0.25:
+                health.failed(rng.choice(registry.snapshot()), "http_5xx")  # ejected until its backoff ends
+            elif roll < 0.28:
+                health.succeeded(rng.choice(registry.snapshot()))
             elif roll < 0.4 and open_decisions:
                 lifecycle.ended(open_decisions.pop(rng.randrange(len(open_decisions))))
             source.answer = random_matches(rng, registry.snapshot(), 160)
@@ -153,7 +165,8 @@ def test_the_decider_with_a_load_order_decides_as_without(policy_name: str) -> N
             want = await full.decide(request, f"full-{step}", count=False)
             got = await pruning.decide(request, f"pruned-{step}")
             assert got.ranked == want.ranked, f"step {step}"
-            assert got.pool_size == len(registry.snapshot())
+            assert got.pool_size == want.pool_size == len(full.candidates(None, None, []))
+            assert got.reasons == want.reasons
             open_decisions.append(got)
 
     asyncio.run(run())
