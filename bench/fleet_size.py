@@ -202,11 +202,11 @@ def route_once(stub: ext_grpc.ExternalProcessorStub, request_id: str, payload: b
 
     def requests() -> Iterator[ext_pb.ProcessingRequest]:
         yield headers_message(request_id)
-        replies.get(timeout=10)
+        replies.get(timeout=120)
         yield ext_pb.ProcessingRequest(request_body=ext_pb.HttpBody(body=payload, end_of_stream=True))
-        replies.get(timeout=10)
+        replies.get(timeout=120)
 
-    for reply in stub.Process(requests(), timeout=10):
+    for reply in stub.Process(requests(), timeout=120):
         replies.put(reply)
 
 
@@ -220,7 +220,7 @@ def timed(call: Callable[[], object], n: int) -> list[float]:
 
 
 def http_get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=120) as resp:
+    with urllib.request.urlopen(url, timeout=600) as resp:
         return bytes(resp.read())
 
 
@@ -291,8 +291,8 @@ async def measure_size(n: int, reps: dict[str, int]) -> dict[str, Any]:
             with grpc.insecure_channel(admin) as channel:
                 stub = pb_grpc.RouterStub(channel)
                 request = pb.ExplainRequest(raw_body=body(3, 3).decode())
-                stub.Explain(request, timeout=60)
-                return timed(lambda: stub.Explain(request, timeout=60), reps["explain"])
+                stub.Explain(request, timeout=300)
+                return timed(lambda: stub.Explain(request, timeout=300), reps["explain"])
 
         for op, client in (("grpc_decide", grpc_decisions), ("explain", explains),
                            ("metrics", lambda: timed(lambda: http_get(metrics_url), reps["metrics"])),
@@ -330,8 +330,10 @@ def run_baseline(ref: str, quick: bool, sizes: Sequence[int]) -> dict[str, Any]:
         shutil.copy(Path(__file__), Path(tmp) / "bench" / "fleet_size.py")
         args = [sys.executable, "-m", "bench.fleet_size", "--json", "--sizes", ",".join(map(str, sizes))]
         env = {**os.environ, "PYTHONPATH": tmp}
-        done = subprocess.run(args + (["--quick"] if quick else []), cwd=tmp, env=env, check=True,
-                              capture_output=True, text=True)
+        done = subprocess.run(args + (["--quick"] if quick else []), cwd=tmp, env=env, capture_output=True,
+                              text=True)
+        if done.returncode:
+            raise RuntimeError(f"the baseline run failed:\n{done.stderr[-4000:]}")
         result: dict[str, Any] = json.loads(done.stdout)
         result["ref"] = ref
         return result
