@@ -3,8 +3,9 @@
 Why the pause: at 10,000 endpoints /metrics and /debug/state build hundreds of thousands of short-lived
 containers (samples, label dicts, rows). They live until the page is done, so the collector promotes them
 and then runs full collections over the whole heap, each holding the GIL (and so the event loop) for
-100-400 ms: measured with `python -m bench.fleet_size`. They form no cycles, so reference counting frees
-them when the render returns; the collector resumes when the last concurrent render ends.
+180-400 ms at 10,000 endpoints (timed with a `gc.callbacks` hook, as `bench/fleet_size.py` counts them).
+They form no cycles, so reference counting frees them when the render returns; the collector resumes when
+the last concurrent render ends.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def _render(fn: Callable[[], T]) -> T:
 
 def dumps_in_pieces(value: Any) -> str:
     """json.dumps(value), made of many small dumps: the C encoder holds the GIL for a whole call (a
-    10,000-row /debug/state is ~100 ms of it), so a big document encoded at once in a worker thread would stall
+    10,000-row /debug/state is ~150 ms of it), so a big document encoded at once in a worker thread would stall
     the event loop's thread as long; between small calls the GIL changes hands."""
     if isinstance(value, dict) and len(value) > PIECE_ITEMS:
         return "{" + ", ".join(f"{json.dumps(str(k))}: {dumps_in_pieces(v)}" for k, v in value.items()) + "}"
