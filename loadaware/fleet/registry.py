@@ -50,6 +50,7 @@ class EndpointRegistry:
         self._endpoints: tuple[str, ...] = ()
         self._members: frozenset[str] = frozenset()
         self._positions: dict[str, int] | None = None  # built when first asked, per set
+        self._lexical: tuple[str, ...] | None = None  # likewise
         self._listeners: list[FleetListener] = []
         self.version = 0
         self.ready = False  # True once a first endpoint set has arrived (even an empty one from a file)
@@ -71,7 +72,7 @@ class EndpointRegistry:
         members = frozenset(new)
         removed = [ep for ep in self._endpoints if ep not in members]
         added = [ep for ep in new if ep not in self._members]
-        self._endpoints, self._members, self._positions = new, members, None
+        self._endpoints, self._members, self._positions, self._lexical = new, members, None, None
         self.version += 1
         self.ready = self.ready or not initial or bool(new)
         for endpoint in removed:
@@ -110,6 +111,12 @@ class EndpointRegistry:
         if self._positions is None:
             self._positions = {ep: i for i, ep in enumerate(self._endpoints)}
         return self._positions.get(endpoint, len(self._endpoints))
+
+    def lexical(self) -> tuple[str, ...]:
+        """The endpoints in lexical order (round robin's), sorted once per set."""
+        if self._lexical is None:
+            self._lexical = tuple(sorted(self._endpoints))
+        return self._lexical
 
     def __contains__(self, endpoint: object) -> bool:
         return endpoint in self._members

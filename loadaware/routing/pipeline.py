@@ -16,9 +16,9 @@ from loadaware.fleet.members import member_set
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import Decision, RequestLifecycle
 from loadaware.load.order import LoadOrder
-from loadaware.policies import Candidate, Policy, ranked
+from loadaware.policies import Candidate, Choice, Policy, RoundRobin, ranked
 from loadaware.prefix.source import PrefixSource, PrefixUnavailable, SaltedTokens
-from loadaware.routing.pruning import MIN_POOL, PRUNABLE, pruned_candidates
+from loadaware.routing.pruning import MIN_POOL, PRUNABLE, pruned_candidates, round_robin_candidates
 from loadaware.routing.request import InferenceRequest
 
 log = logging.getLogger(__name__)
@@ -176,15 +176,37 @@ class Decider:
         if not endpoints:
             return self._empty(request_id, subset, len(tokens), stages, started, count, model)
         n_tokens = len(tokens)
-        candidates, mean = self._scored(endpoints, excluded, matches, n_tokens)
-        choice = self.policy.choose(n_tokens, candidates, mean)
-        assert choice is not None  # candidates is non-empty here
+        turn = self._round_robin_turn(endpoints, excluded)
+        if turn is not None:
+            candidates, choice = turn
+            mean = None
+        else:
+            candidates, mean = self._scored(endpoints, excluded, matches, n_tokens)
+            picked = self.policy.choose(n_tokens, candidates, mean)
+            assert picked is not None  # candidates is non-empty here
+            choice = picked
         stages["score"] = time.perf_counter() - t
         # Failing engines left out is news, not a lost helper: the decision still used every signal.
         outcome = "fallback_load_only" if reasons and reasons != [ALL_FAILING] else "routed"
         order = tuple(candidates[i].endpoint for i in ranked(choice, candidates, 1 + self.fallbacks))
         return self._finish(request_id, order, outcome, reasons, n_tokens, candidates, choice.scores, stages,
                             started, count, tokens, len(endpoints) - len(excluded), mean)
+
+    def _round_robin_turn(self, endpoints: tuple[str, ...], excluded: frozenset[str]
+                          ) -> tuple[tuple[Candidate, ...], Choice] | None:
+        """Round robin over a large, whole fleet: the endpoint at the turn's place in the lexical order, and
+        the least-loaded others as its fallbacks (routing/pruning.py). None: score the pool as usual."""
+        policy = self.policy
+        if (self.ranking is None or not isinstance(policy, RoundRobin) or excluded or len(endpoints) < MIN_POOL
+                or endpoints is not self.registry.snapshot()):
+            return None
+        order = self.ranking.ordered()
+        if len(order) != len(endpoints):
+            return None
+        lexical = self.registry.lexical()
+        pick = lexical[policy.turn(len(lexical))]
+        candidates, index, scores = round_robin_candidates(order, pick, 1 + self.fallbacks, self.registry.position)
+        return candidates, Choice(index, scores)
 
     def _scored(self, endpoints: tuple[str, ...], excluded: frozenset[str], matches: dict[str, int], n_tokens: int
                 ) -> tuple[tuple[Candidate, ...], float | None]:

@@ -48,3 +48,14 @@ def pruned_candidates(order: LoadOrder, pool: tuple[str, ...], members: Collecti
     chosen = sorted((*held, *rest), key=position)
     candidates = tuple(Candidate(ep, held.get(ep, 0), load_of(ep) or 0.0) for ep in chosen)
     return candidates, mean
+
+
+def round_robin_candidates(order: LoadOrder, pick: str, limit: int, position: Callable[[str], int]
+                           ) -> tuple[tuple[Candidate, ...], int, tuple[float, ...]]:
+    """Round robin over the whole fleet: the endpoint whose turn it is (found in the fleet's lexical order)
+    scores 1 and every other 0, so its fallbacks are the least-loaded others (ties: lexical), as over the full
+    pool. Returns (candidates in pool order, the pick's index, the scores)."""
+    chosen = sorted((pick, *order.least(limit - 1, pick.__eq__)), key=position)
+    candidates = tuple(Candidate(ep, 0, order.load(ep) or 0.0) for ep in chosen)
+    index = chosen.index(pick)
+    return candidates, index, tuple(1.0 if i == index else 0.0 for i in range(len(chosen)))

@@ -117,11 +117,12 @@ class Fixed:
         return {ep: n for ep, n in self.answer.items() if ep in endpoints}
 
 
-@pytest.mark.parametrize("policy_name", sorted(PRUNABLE))
+@pytest.mark.parametrize("policy_name", sorted(PRUNABLE | {"roundrobin"}))
 def test_the_decider_with_a_load_order_decides_as_without(policy_name: str) -> None:
     """Two deciders on one tracker, registry, health and source, one pruning (ranking=the tracker), one scoring
     every endpoint: every decision ranks the same endpoints, while counts, scrapes (fresh and stale), fleet
-    changes and engines failing (ejected, then probing) move the loads and the pool under them."""
+    changes and engines failing (ejected, then probing) move the loads and the pool under them. Round robin
+    takes its own path (the turn's endpoint in the fleet's lexical order, the least loaded after it)."""
     rng = random.Random(f"decider-{policy_name}")
     now = [1000.0]
     tracker = LoadTracker(stale_s=2.0, clock=lambda: now[0])
