@@ -130,7 +130,8 @@ class ApproxIndex:
         return list(self._engines)
 
     def approx_bytes(self) -> int:
-        return sum(len(g.blocks) for g in self._engines.values()) * BYTES_PER_APPROX_BLOCK
+        # A copy of the engines: /metrics and /debug/state read this from a worker thread.
+        return sum(len(g.blocks) for g in list(self._engines.values())) * BYTES_PER_APPROX_BLOCK
 
 
 class ApproxPrefixSource:

@@ -362,7 +362,7 @@ class KvEventsFeeds:
 
     def refresh_gauges(self) -> None:
         m = self.metrics
-        for endpoint, feeds in self.feeds.items():
+        for endpoint, feeds in list(self.feeds.items()):  # a copy: /metrics renders in a worker thread
             m.kv_index_blocks.labels(endpoint).set(sum(f.router.blocks(self.index) for f in feeds))
         m.kv_index_bytes.set(self.index.approx_bytes())
         m.kv_index_limit.set(self.index.max_blocks)
@@ -378,7 +378,7 @@ class KvEventsFeeds:
                     "idle_s": round(now - f.last_event_at, 3) if f.last_event_at else None}
 
         engines: dict[str, object] = {}
-        for ep, feeds in self.feeds.items():
+        for ep, feeds in list(self.feeds.items()):  # a copy: /debug/state is built in a worker thread
             engines[ep] = one(feeds[0]) if len(feeds) == 1 and feeds[0].rank == 0 else \
                 {"ranks": {str(f.rank): one(f) for f in feeds}}
         return {"engines": engines,
