@@ -79,9 +79,11 @@ class DebugHttp(HttpSite):
         except ValueError:
             raise web.HTTPBadRequest(text="n must be an integer") from None
         decisions = self.recent(n)  # the ring keeps each decision's ranked head only: a few candidates each
-        text = await off_loop(lambda: json.dumps([d.as_dict() for d in decisions], indent=1))
-        return web.Response(text=text, content_type="application/json")
+        body = await off_loop(lambda: json.dumps([d.as_dict() for d in decisions], indent=1).encode())
+        return web.Response(body=body, content_type="application/json", charset="utf-8")
 
     async def _state(self, _request: web.Request) -> web.Response:
         state = await self.state()
-        return web.Response(text=await off_loop(lambda: dumps_in_pieces(state)), content_type="application/json")
+        # Encoded to bytes in the thread too: a 10,000-row page is megabytes of text.
+        body = await off_loop(lambda: dumps_in_pieces(state).encode())
+        return web.Response(body=body, content_type="application/json", charset="utf-8")
