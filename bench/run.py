@@ -21,6 +21,7 @@ from typing import Any
 
 from . import extproc_fuzz as fuzz_bench
 from . import extproc_inprocess as extproc_bench
+from . import fleet_size as fleet_size_bench
 from . import kv_events as kv_events_bench
 from . import scrape_parse as scrape_parse_bench
 from .cases import BenchConfig, CaseResults, as_dict, run_decision, run_transport
@@ -34,7 +35,7 @@ from .transport_floor import floor_table, run_floor
 
 REPO = Path(__file__).resolve().parents[1]
 CASES = ("transport", "decision", "steps", "kv_events", "scrape_parse", "extproc_inprocess", "picker", "table",
-         "floor", "fuzz")
+         "floor", "fuzz", "fleet_size")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -121,6 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fuzz_result: dict[str, Any] | None = None
     table_rows: list[dict[str, Any]] | None = None
     floor_rows: list[dict[str, Any]] | None = None
+    fleet_result: dict[str, Any] | None = None
     try:
         if "transport" in cfg.cases:
             run_transport(cfg, results)
@@ -140,6 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             floor_rows = run_floor(cfg, results)
         if "fuzz" in cfg.cases:  # in-process and loopback gRPC: random conversations, the invariants checked
             fuzz_result = fuzz_bench.run(args.quick, args.fuzz_cases)
+        if "fleet_size" in cfg.cases:  # in-process: 100 / 1,000 / 10,000 static endpoints, the event loop's lag
+            fleet_result = fleet_size_bench.run(args.quick)
     except Exception as exc:  # still print and save what was measured
         error = f"{type(exc).__name__}: {exc}"
         logging.exception("benchmark aborted")
@@ -151,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
            "picker": {case: picker_figures(results, case) for case, _, _ in PICKER_PROMPTS.values()},
            "table": None if table_rows is None else {
                "config": table_config(cfg, arms_by_name(cfg.table_arms)), "rows": table_rows},
-           "floor": floor_rows, "fuzz": fuzz_result}
+           "floor": floor_rows, "fuzz": fuzz_result, "fleet_size": fleet_result}
     out_json = cfg.out_dir / "results.json"
     out_json.write_text(json.dumps(doc, indent=2, default=str))
 
@@ -182,6 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parts.append(floor_table(floor_rows))
     if fuzz_result is not None:
         parts.append(fuzz_bench.table(fuzz_result))
+    if fleet_result is not None:
+        parts.append(fleet_size_bench.table(fleet_result))
     parts.append(summary_table(summ, cfg.rate))
     if error:
         parts.append(f"**Run aborted early:** {error}\n")

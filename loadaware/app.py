@@ -18,6 +18,7 @@ import grpc
 
 from loadaware.api.admin import admin_server, is_loopback
 from loadaware.api.debug_http import DebugHttp, MetricsHttp
+from loadaware.api.offloop import off_loop
 from loadaware.api.servicer import RouterServicer
 from loadaware.config import Settings
 from loadaware.extproc.conversation import StreamOptions
@@ -31,7 +32,7 @@ from loadaware.fleet.discovery.metrics import DiscoveryMetrics
 from loadaware.fleet.health import EndpointHealth, HealthOptions
 from loadaware.fleet.models import EndpointModels
 from loadaware.fleet.models_poller import ModelsPoller
-from loadaware.fleet.registry import EndpointRegistry
+from loadaware.fleet.registry import EndpointRegistry, FleetEvents
 from loadaware.lifecycle import RequestLifecycle
 from loadaware.load.scraper import MetricsScraper
 from loadaware.load.tracker import LoadTracker
@@ -54,7 +55,6 @@ log = logging.getLogger(__name__)
 
 ENVOY_ADMIN_TIMEOUT_S = 2.0
 GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # request bodies arrive whole in BUFFERED mode
-FLEET_POLL_S = 0.2
 # Without these the sidecar cannot decide well (or at all): readiness drops while one keeps failing.
 REQUIRED_TASKS = ("scraper", "endpoints-file", "readiness")
 
@@ -120,7 +120,7 @@ class Sidecar:
             on_change=self._health_changed)
         self.decider = Decider(make_policy(s.policy, s.loadaware_beta), self.registry, self.loads, self.lifecycle,
                                encoder, self.prefixes.source, fallbacks=s.fallback_endpoints,
-                               health=self.endpoint_health, models=self.models)
+                               health=self.endpoint_health, models=self.models, ranking=self.loads)
         # Who hears about each request: counts first (a later listener failing must not leak one).
         self.recent = RecentDecisions()
         self.lifecycle.subscribe(self.loads)
@@ -141,8 +141,13 @@ class Sidecar:
         self.file_watcher = EndpointsFileWatcher(s.endpoints_file, self.registry) if s.endpoints_file else None
         if self.file_watcher:
             self.file_watcher.poll()  # the first set is in before the first stream
-        self.registry.on_removed(self._endpoint_removed)
-        self.registry.on_removed(lambda _ep: self._endpoints_changed())
+        # Fleet changes arrive as events (fleet/registry.py): nobody polls the registry.
+        self.registry.subscribe(FleetEvents(self._endpoint_added, self._endpoint_removed, self._endpoints_changed))
+        if self.prefixes.kv_feeds is not None:
+            self.registry.subscribe(self.prefixes.kv_feeds)
+        for endpoint in self.registry.snapshot():  # the set before the subscription (flags, the file's first)
+            self.loads.join(endpoint)
+        self.bridge.set_endpoints(self.registry.snapshot())
         self.catalog, self._discovery_tasks = self._discovery(s)
         self.api = RouterServicer(s.policy, s.loadaware_beta, s.describe, self.decider, self.registry,
                                   self.loads, self.bridge, self.catalog, self.ready, health=self.endpoint_health,
@@ -209,6 +214,9 @@ class Sidecar:
         log.warning("endpoint %s is now %s%s", endpoint, state, f" ({reason})" if reason else "")
         self.metrics.routing_state_changed(endpoint, state, reason)
 
+    def _endpoint_added(self, endpoint: str) -> None:
+        self.loads.join(endpoint)
+
     def _endpoint_removed(self, endpoint: str) -> None:
         self.loads.drop(endpoint)
         self.endpoint_health.forget(endpoint)
@@ -217,19 +225,10 @@ class Sidecar:
         if self.models is not None:
             self.models.forget(endpoint)
 
-    def _endpoints_changed(self) -> None:
-        self.bridge.set_endpoints(self.registry.snapshot())
+    def _endpoints_changed(self, endpoints: tuple[str, ...]) -> None:
+        self.bridge.set_endpoints(endpoints)
         if self.resolver:
             self.resolver.request_full()
-
-    async def _track_additions(self) -> None:
-        """Endpoint additions are seen by polling the registry version (removals notify at once)."""
-        version = self.registry.version
-        while True:
-            await asyncio.sleep(FLEET_POLL_S)
-            if self.registry.version != version:
-                version = self.registry.version
-                self._endpoints_changed()
 
     # ---- readiness ----
     def ready(self) -> bool:
@@ -259,14 +258,26 @@ class Sidecar:
         return self.scraper.rounds >= self._fleet_round
 
     # ---- what /metrics and /debug/state show ----
-    def _render_metrics(self) -> bytes:
+    async def _render_metrics(self) -> bytes:
+        """Off the event loop, in a thread (docs/architecture.md, "Fleet size"): what it reads is either copied
+        atomically (dict copies, the registry's tuple) or a single lookup. An endpoint that leaves meanwhile
+        may get a series back from the thread: it is forgotten again once the thread is done."""
+        fleet = self.registry.snapshot()
+        text = await off_loop(lambda: self._render_metrics_now(fleet))
+        if self.registry.snapshot() is not fleet:
+            for endpoint in fleet:
+                if endpoint not in self.registry:
+                    self.metrics.forget_endpoint(endpoint)
+        return text
+
+    def _render_metrics_now(self, fleet: tuple[str, ...]) -> bytes:
         self.prefixes.refresh_gauges()
-        for endpoint in self.registry.snapshot():  # every endpoint has a state series, not only those that changed
+        for endpoint in fleet:  # every endpoint has a state series, not only those that changed
             self.metrics.routing_state_now(endpoint, self.endpoint_health.state(endpoint))
         if self.tokenizer is not None:
             pieces = self.tokenizer.tokenizer.pieces
             self.metrics.tokenizer_pieces_seen(pieces.hits, pieces.misses, pieces.enabled)
-        return self.metrics.render(self.loads.snapshot, self.registry.snapshot())
+        return self.metrics.render(self.loads.snapshot, fleet)
 
     def _pool_loads(self) -> list[PodLoad]:
         rows = []
@@ -277,7 +288,11 @@ class Sidecar:
                                                                                   st.kv_usage))
         return rows
 
-    def _state(self) -> dict[str, Any]:
+    async def _state(self) -> dict[str, Any]:
+        """Built in a thread, as /metrics is: one row per endpoint is a lot of work at 10,000."""
+        return await off_loop(self._state_now)
+
+    def _state_now(self) -> dict[str, Any]:
         endpoints = self.registry.snapshot()
         loads = self.loads.loads(endpoints) if endpoints else []
         models = self.models.state(endpoints) if self.models is not None else {}  # None: unknown, serves any
@@ -323,7 +338,7 @@ class Sidecar:
         if self.resolver:
             tasks.append(("lmcache-instances", self.resolver.run))
         tasks += self.prefixes.tasks()
-        tasks += [("endpoint-additions", self._track_additions), ("readiness", self.health.run)]
+        tasks += [("readiness", self.health.run)]
         self.supervisor.start([TaskSpec(name, run, required=is_required(name)) for name, run in tasks])
         log.info("serving ext_proc on %s (port %s), debug API on %s, policy=%s beta=%s endpoints=%s lmcache=%s "
                  "tokenizer=%s", s.listen, self.bound_port, s.admin_listen or "off", s.policy, s.loadaware_beta,

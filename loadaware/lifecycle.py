@@ -52,6 +52,8 @@ class Decision:
     outcome: str  # routed | fallback_load_only | no_endpoints | no_eligible_endpoints | unknown_model
     reasons: tuple[str, ...]
     prompt_tokens: int
+    # The endpoints scored: the pool, or in a large pool those that could rank (routing/pruning.py). The
+    # recent-decisions ring, the last listener, trims them to the ranked head when it records the decision.
     candidates: tuple[Candidate, ...]
     scores: tuple[float, ...]
     stages: dict[str, float]
@@ -61,6 +63,10 @@ class Decision:
     # serves); dropped at the end and never rendered: a token list is the prompt's text.
     tokens: Sequence[int] | None = None
     ranked: tuple[str, ...] = ()  # the choice, then the fallbacks a proxy's retries walk, best first
+    # How many endpoints the decision chose among; `candidates` may be fewer (the ones that could rank, see
+    # routing/pruning.py), and then `mean_load` is the pool's mean load (None: the candidates' own).
+    pool_size: int = 0
+    mean_load: float | None = None
     served: str | None = None  # the engine that served, once known; starts as the choice
     served_reported: bool = False  # the proxy said who served (else a response is the proxy's own)
     status: int | None = None  # the response's HTTP status, once its headers came back

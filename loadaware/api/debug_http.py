@@ -7,6 +7,9 @@
 /debug/decisions renders decisions without prompt text or token ids (Decision.as_dict carries neither), but
 which engines were credited with a prefix, and when, is still a hint about other tenants' traffic: hence a
 listener of its own, not the metrics port.
+
+Each page is rendered off the event loop (docs/architecture.md, "Fleet size"): at 10,000 endpoints /metrics
+is tens of thousands of series, and a decision waiting on the loop meanwhile would wait for all of them.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
+from loadaware.api.offloop import dumps_in_pieces, off_loop
 from loadaware.fleet.addresses import parse_hostport
 from loadaware.lifecycle import Decision
 
@@ -53,18 +57,19 @@ class HttpSite:
 class MetricsHttp(HttpSite):
     """/metrics only: what Prometheus scrapes, and nothing about individual requests."""
 
-    def __init__(self, render_metrics: Callable[[], bytes]) -> None:
+    def __init__(self, render_metrics: Callable[[], Awaitable[bytes]]) -> None:
         super().__init__([("/metrics", self._metrics)])
-        self.render_metrics = render_metrics
+        self.render_metrics = render_metrics  # renders off the loop itself (the app knows what is safe where)
 
     async def _metrics(self, _request: web.Request) -> web.Response:
-        return web.Response(body=self.render_metrics(), content_type="text/plain", charset="utf-8")
+        return web.Response(body=await self.render_metrics(), content_type="text/plain", charset="utf-8")
 
 
 class DebugHttp(HttpSite):
     """/debug/decisions (the last N decisions, no prompt text) and /debug/state (fleet, loads, feeds)."""
 
-    def __init__(self, recent: Callable[[int], list[Decision]], state: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, recent: Callable[[int], list[Decision]],
+                 state: Callable[[], Awaitable[dict[str, Any]]]) -> None:
         super().__init__([("/debug/decisions", self._decisions), ("/debug/state", self._state)])
         self.recent = recent
         self.state = state
@@ -74,8 +79,12 @@ class DebugHttp(HttpSite):
             n = int(request.query.get("n", str(DEFAULT_DECISIONS)))
         except ValueError:
             raise web.HTTPBadRequest(text="n must be an integer") from None
-        items = [d.as_dict() for d in self.recent(n)]
-        return web.json_response(items, dumps=lambda o: json.dumps(o, indent=1))
+        decisions = self.recent(n)  # the ring keeps each decision's ranked head only: a few candidates each
+        body = await off_loop(lambda: json.dumps([d.as_dict() for d in decisions], indent=1).encode())
+        return web.Response(body=body, content_type="application/json", charset="utf-8")
 
     async def _state(self, _request: web.Request) -> web.Response:
-        return web.json_response(self.state())
+        state = await self.state()
+        # Encoded to bytes in the thread too: a 10,000-row page is megabytes of text.
+        body = await off_loop(lambda: dumps_in_pieces(state).encode())
+        return web.Response(body=body, content_type="application/json", charset="utf-8")

@@ -69,11 +69,14 @@ def explanation(decision: Decision, policy: Policy, beta: float, kind: str,
                 models_for: ModelsFor = no_models) -> pb.ExplainResponse:
     candidates = decision.candidates
     loads = [c.load for c in candidates]
-    rel = relative_loads(loads) if loads else []
+    # A large pool's decision scores only the endpoints that could rank (routing/pruning.py): its mean load
+    # is the pool's, carried on the decision.
+    mean = decision.mean_load if decision.mean_load is not None else mean_load(loads)
+    rel = relative_loads(loads, mean) if loads else []
     out = pb.ExplainResponse(
         outcome=decision.outcome, endpoint=decision.endpoint or "", reasons=list(decision.reasons),
         policy=policy.name, beta=beta if policy.name == "loadaware" else 0.0, formula=policy.formula, kind=kind,
-        prompt_tokens=decision.prompt_tokens, mean_load=mean_load(loads), model=model or "",
+        prompt_tokens=decision.prompt_tokens, mean_load=mean, model=model or "",
         stages_ms={k: round(v * 1e3, 3) for k, v in decision.stages.items()}, excluded=list(excluded))
     for c, score, r in zip(candidates, decision.scores, rel):
         out.endpoints.append(pb.EndpointScore(

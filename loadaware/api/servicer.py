@@ -75,11 +75,20 @@ class RouterServicer(pb_grpc.RouterServicer):
         decider.policy = copy.copy(self.decider.policy)
         decision = await decider.decide(parsed, f"explain-{uuid.uuid4().hex[:12]}", count=False,
                                         parse_s=time.perf_counter() - t)
-        considered = {c.endpoint for c in decision.candidates}
-        excluded = [ep for ep in decider.endpoints(None, parsed.model) if ep not in considered] if considered else []
+        excluded = self._excluded(decider, parsed.model, decision.pool_size) if decision.candidates else []
         return explain.explanation(decision, decider.policy, self.beta, kind, self.bridge.instance_for,
                                    self.loads.count, self._stats(), self.health.state, excluded, parsed.model,
                                    self._models_for)
+
+    @staticmethod
+    def _excluded(decider: Decider, model: str | None, chosen_among: int) -> list[str]:
+        """The model's pool less what the decision chose among: the engines failing their requests. The
+        candidates alone cannot say (a large pool's decision scores only those that could rank)."""
+        pool = decider.endpoints(None, model)
+        if chosen_among >= len(pool):
+            return []
+        eligible = set(decider.candidates(None, model, []))
+        return [ep for ep in pool if ep not in eligible]
 
     async def ListEndpoints(self, request: pb.ListEndpointsRequest,
                             context: grpc.aio.ServicerContext) -> pb.ListEndpointsResponse:

@@ -8,6 +8,7 @@ per request; serializing the same reply again each time would add to it).
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Callable
 
 from envoy.config.core.v3 import base_pb2
@@ -21,7 +22,7 @@ Mode = processing_mode_pb2.ProcessingMode
 # The Endpoint Picker Protocol's dynamic-metadata namespace: the proxy's override_host reads the destination
 # from it (before the header), and reports the endpoint that served under the same namespace.
 LB_NAMESPACE = "envoy.lb"
-ROUTE_CACHE_LIMIT = 4096  # bounded even if discovery churns through many endpoints
+ROUTE_CACHE_LIMIT = 4096  # an LRU: bounded whatever discovery churns through, the lists in use kept
 # Re-emitted request bodies go back in pieces of at most this size (well under gRPC's 4 MiB message cap).
 STREAMED_PIECE_BYTES = 64 * 1024
 
@@ -53,8 +54,8 @@ class Replies:
             request_trailers=pb.TrailersResponse()).SerializeToString()
         self.response_trailers_continue = pb.ProcessingResponse(
             response_trailers=pb.TrailersResponse()).SerializeToString()
-        self._route_body: dict[tuple[str, ...], bytes] = {}
-        self._route_headers: dict[tuple[str, ...], bytes] = {}
+        self._route_body: OrderedDict[tuple[str, ...], bytes] = OrderedDict()
+        self._route_headers: OrderedDict[tuple[str, ...], bytes] = OrderedDict()
 
     def _set(self, value: str) -> pb.HeaderMutation:
         return pb.HeaderMutation(set_headers=[base_pb2.HeaderValueOption(
@@ -77,14 +78,18 @@ class Replies:
             request_headers=pb.HeadersResponse(response=pb.CommonResponse(header_mutation=m)),
             dynamic_metadata=md))
 
-    def _cached(self, cache: dict[tuple[str, ...], bytes], ranked: tuple[str, ...],
+    def _cached(self, cache: OrderedDict[tuple[str, ...], bytes], ranked: tuple[str, ...],
                 build: Callable[[pb.HeaderMutation, struct_pb2.Struct], pb.ProcessingResponse]) -> bytes:
+        # An LRU: the ranked lists in use change with the fleet and its loads; a full cache keeps the recent ones.
         cached = cache.get(ranked)
-        if cached is None:
+        if cached is not None:
+            cache.move_to_end(ranked)
+        else:
             value = ",".join(ranked)
             cached = build(self._set(value), self._metadata(value)).SerializeToString()
-            if len(cache) < ROUTE_CACHE_LIMIT:
-                cache[ranked] = cached
+            cache[ranked] = cached
+            if len(cache) > ROUTE_CACHE_LIMIT:
+                cache.popitem(last=False)
         return cached
 
     @staticmethod

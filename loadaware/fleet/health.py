@@ -101,6 +101,7 @@ class EndpointHealth:
         self.on_change = on_change
         self._records: dict[str, EndpointRecord] = {}
         self._out = 0  # endpoints not healthy: the hot path skips all work while it is 0
+        self._out_set: set[str] = set()  # ... and which they are, so a large fleet's check visits only them
 
     # ---- what the pipeline asks ----
     def eligible(self, endpoints: tuple[str, ...]) -> tuple[str, ...]:
@@ -112,20 +113,33 @@ class EndpointHealth:
             return endpoints
         now = self.clock()
         records = self._records
-        out = [i for i, ep in enumerate(endpoints) if not self._admits(records.get(ep), now)]
+        out = frozenset(ep for ep in endpoints if not self._admits(records.get(ep), now))
         if not out:
             return endpoints
-        limit = self._max_out(len(endpoints))
-        if len(out) > limit:
-            # Readmit the ones due back soonest (an unreachable one last: it is not due until a scrape answers).
-            def due(i: int) -> tuple[bool, float, str]:
-                record = records[endpoints[i]]
-                return record.unreachable, record.until, endpoints[i]
-            out = sorted(out, key=due)[len(out) - limit:] if limit else []
-            if not out:
-                return endpoints
-        left_out = set(out)
-        return tuple(ep for i, ep in enumerate(endpoints) if i not in left_out)
+        left_out = self.capped(out, len(endpoints))
+        return tuple(ep for ep in endpoints if ep not in left_out)
+
+    def not_admitted(self) -> set[str]:
+        """The endpoints `eligible` would leave out now, before the cap, visiting only those not healthy (a large
+        fleet's decision asks this instead of filtering every endpoint, then `capped`: routing/pipeline.py)."""
+        if not self._out:
+            return set()
+        now = self.clock()
+        records = self._records
+        return {ep for ep in list(self._out_set) if not self._admits(records.get(ep), now)}
+
+    def capped(self, out: frozenset[str], candidates: int) -> frozenset[str]:
+        """`out` within the cap of `candidates`: past it, the ones due back soonest are admitted again (an
+        unreachable one last: it is not due until a scrape answers)."""
+        limit = self._max_out(candidates)
+        if len(out) <= limit:
+            return out
+        records = self._records
+
+        def due(ep: str) -> tuple[bool, float, str]:
+            record = records[ep]
+            return record.unreachable, record.until, ep
+        return frozenset(sorted(out, key=due)[len(out) - limit:])
 
     def _max_out(self, candidates: int) -> int:
         """Envoy's rule: at most this share of hosts ejected, but at least one host can be."""
@@ -241,6 +255,10 @@ class EndpointHealth:
         was_out = record.state != HEALTHY
         record.state, record.reason = state, reason
         self._out += (state != HEALTHY) - was_out
+        if state != HEALTHY:
+            self._out_set.add(endpoint)
+        else:
+            self._out_set.discard(endpoint)
         if self.on_change is not None:
             self.on_change(endpoint, state, reason)
 
@@ -249,6 +267,7 @@ class EndpointHealth:
         record = self._records.pop(endpoint, None)
         if record is not None and record.state != HEALTHY:
             self._out -= 1
+        self._out_set.discard(endpoint)
 
     def state(self, endpoint: str) -> str:
         record = self._records.get(endpoint)

@@ -49,13 +49,32 @@ class EndpointModels:
         self.stale_s = stale_s  # a failing endpoint keeps its last good list this long, then counts as unknown
         self.clock = clock
         self._known: dict[str, tuple[ServedModels, float]] = {}
+        # model id -> the known endpoints listing it, so a pool every known engine serves is found without
+        # visiting the fleet (docs/architecture.md, "Fleet size")
+        self._serving: dict[str, set[str]] = {}
 
     def record(self, endpoint: str, models: ServedModels) -> None:
-        self._known[endpoint] = (models, self.clock())
+        self._unindex(endpoint)
+        now = self.clock()
+        self._known[endpoint] = (models, now)
+        for model in models.ids:
+            self._serving.setdefault(model, set()).add(endpoint)
 
     def forget(self, endpoint: str) -> None:
         """The endpoint left the fleet (EndpointRegistry.on_removed): a returning one is fetched afresh."""
+        self._unindex(endpoint)
         self._known.pop(endpoint, None)
+
+    def _unindex(self, endpoint: str) -> None:
+        entry = self._known.get(endpoint)
+        if entry is None:
+            return
+        for model in entry[0].ids:
+            serving = self._serving.get(model)
+            if serving is not None:
+                serving.discard(endpoint)
+                if not serving:
+                    del self._serving[model]
 
     def models_of(self, endpoint: str, now: float | None = None) -> ServedModels | None:
         """None: unknown (never fetched, or the last good list is stale)."""
@@ -67,7 +86,13 @@ class EndpointModels:
 
     def pool(self, model: str, endpoints: Iterable[str]) -> tuple[str, ...] | None:
         """The endpoints that may serve `model`, in the given order: those listing it, and those whose list is
-        unknown (fail open). None when no endpoint's list is known: no filtering is possible."""
+        unknown (fail open). None when no endpoint's list is known: no filtering is possible. When every known
+        list names `model` (fresh or stale: a stale one counts as unknown, which serves anything too), that is
+        all of `endpoints`, found without visiting them."""
+        if not self._known:
+            return None
+        if len(self._serving.get(model, ())) == len(self._known):
+            return endpoints if isinstance(endpoints, tuple) else tuple(endpoints)
         now = self.clock()
         out: list[str] = []
         any_known = False

@@ -1,4 +1,8 @@
-"""Scrapes every engine's /metrics concurrently on an interval, each call time-boxed."""
+"""Scrapes every engine's /metrics on an interval, each call time-boxed.
+
+At most SCRAPE_CONCURRENCY scrapes are in flight at once, and a fleet larger than that is spread over
+SPREAD_SHARE of the interval (engine i starts at i/N of it), so 10,000 engines are neither 10,000 sockets
+at once nor one burst of parsing that holds the event loop (docs/architecture.md, "Fleet size")."""
 
 from __future__ import annotations
 
@@ -16,6 +20,9 @@ from loadaware.load.vllm_metrics import parse_vllm_gauges
 from loadaware.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+SCRAPE_CONCURRENCY = 64
+SPREAD_SHARE = 0.8  # of the interval: the rest is slack for the last scrapes' time-outs
 
 
 class MetricsScraper:
@@ -37,17 +44,17 @@ class MetricsScraper:
         try:
             text = (await get_body(self._session, endpoint, self.path, self.timeout_s)).decode("utf-8", "replace")
         except TimeoutError:
-            self.metrics.scrape_failure(endpoint, "timeout")
+            self._failed(endpoint, "timeout")
             self._unreachable(endpoint)
             return False
         except aiohttp.ClientConnectionError as exc:  # refused, reset, closed mid-answer
             log.debug("scrape of %s failed: %s", endpoint, exc)
-            self.metrics.scrape_failure(endpoint, "connect")
+            self._failed(endpoint, "connect")
             self._unreachable(endpoint)
             return False
         except Exception as exc:  # noqa: BLE001 - any failure only costs this endpoint's refinement
             log.debug("scrape of %s failed: %s", endpoint, exc)
-            self.metrics.scrape_failure(endpoint, "error")
+            self._failed(endpoint, "error")
             if self.health is not None:
                 self.health.scrape_ok(endpoint)  # it answered: reachable, whatever the answer
             return False
@@ -55,9 +62,9 @@ class MetricsScraper:
             self.health.scrape_ok(endpoint)
         gauges = parse_vllm_gauges(text)
         if "running" not in gauges:
-            self.metrics.scrape_failure(endpoint, "no_vllm_metrics")
+            self._failed(endpoint, "no_vllm_metrics")
             return False
-        if endpoint not in self.registry.snapshot():
+        if endpoint not in self.registry:
             return False  # vanished while we waited
         stats = EngineStats(gauges.get("running", 0.0), gauges.get("waiting", 0.0), gauges.get("kv_usage"),
                             time.monotonic())
@@ -65,15 +72,48 @@ class MetricsScraper:
         self.metrics.scraped(endpoint, stats.running, stats.waiting, stats.kv_usage)
         return True
 
+    def _failed(self, endpoint: str, reason: str) -> None:
+        if endpoint in self.registry:  # a departed endpoint's series are gone: do not bring one back
+            self.metrics.scrape_failure(endpoint, reason)
+
     def _unreachable(self, endpoint: str) -> None:
-        if self.health is not None and endpoint in self.registry.snapshot():
+        if self.health is not None and endpoint in self.registry:
             self.health.scrape_failed(endpoint)
 
     async def scrape_all(self) -> None:
         endpoints = self.registry.snapshot()
-        if endpoints:
-            await asyncio.gather(*(self.scrape_one(ep) for ep in endpoints))
+        if len(endpoints) <= SCRAPE_CONCURRENCY:
+            if endpoints:
+                await asyncio.gather(*(self.scrape_one(ep) for ep in endpoints))
+        else:
+            await self._paced(endpoints)
         self.rounds += 1
+
+    async def _paced(self, endpoints: tuple[str, ...]) -> None:
+        gate = asyncio.Semaphore(SCRAPE_CONCURRENCY)
+        running: set[asyncio.Task[bool]] = set()
+        started = time.monotonic()
+        step = self.interval_s * SPREAD_SHARE / len(endpoints)
+
+        async def one(endpoint: str) -> bool:
+            try:
+                return await self.scrape_one(endpoint)
+            finally:
+                gate.release()
+
+        for i, endpoint in enumerate(endpoints):
+            wait = started + i * step - time.monotonic()
+            if wait > 0.002:  # sleep only when it is worth a wake-up: the rest start together
+                await asyncio.sleep(wait)
+            await gate.acquire()
+            if endpoint not in self.registry:
+                gate.release()
+                continue  # left while the round was under way
+            task = asyncio.create_task(one(endpoint))
+            running.add(task)
+            task.add_done_callback(running.discard)
+        if running:
+            await asyncio.gather(*running)
 
     async def run(self) -> None:
         self._session = aiohttp.ClientSession(

@@ -13,16 +13,21 @@ yet: without this a burst decided on one snapshot herds onto one engine) minus o
 counted which have ended since (without this a finished request weighs until the next scrape). The scrape
 sees traffic of other gateway replicas too; a stale scrape is ignored.
 
-The tracker listens to the request lifecycle (decided, served, ended); nothing else edits its state.
+The tracker listens to the request lifecycle (decided, served, ended); nothing else edits its state. It
+also keeps every fleet endpoint's load in a `LoadOrder` (joined when discovery adds it), so a decision finds
+the least-loaded endpoints and the fleet's mean load without visiting every endpoint; a scrape going stale
+reorders its endpoint when the next question is asked.
 """
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from loadaware.lifecycle import Decision
+from loadaware.load.order import LoadOrder
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,11 +51,16 @@ class LoadTracker:
         self.stale_s = stale_s
         self.clock = clock
         self._counts: dict[str, int] = {}
+        # endpoint -> its generation: a number never handed out before, so a lease from before the endpoint
+        # left (and came back) never matches, and a departed endpoint's entry can go
         self._generation: dict[str, int] = {}
+        self._generations = 0
         self._stats: dict[str, EngineStats] = {}
         self._snapshot_epoch: dict[str, int] = {}
         self._started_after: dict[str, int] = {}
         self._ended_after: dict[str, int] = {}
+        self._order = LoadOrder()  # fleet members only (join / drop)
+        self._scraped_at: list[tuple[float, str]] = []  # (stats.at, endpoint): when each scrape goes stale
 
     # ---- the request lifecycle ----
     def on_decided(self, decision: Decision) -> None:
@@ -71,14 +81,15 @@ class LoadTracker:
     def acquire(self, endpoint: str) -> Lease:
         self._counts[endpoint] = self._counts.get(endpoint, 0) + 1
         self._started_after[endpoint] = self._started_after.get(endpoint, 0) + 1
-        return Lease(endpoint, self._generation.get(endpoint, 0), self._snapshot_epoch.get(endpoint, 0))
+        self._reorder(endpoint)
+        return Lease(endpoint, self._generation_of(endpoint), self._snapshot_epoch.get(endpoint, 0))
 
     def release(self, lease: Lease | None) -> None:
         if lease is None or lease.released:
             return
         lease.released = True
         ep = lease.endpoint
-        if self._generation.get(ep, 0) != lease.generation:
+        if self._generation.get(ep) != lease.generation:
             return  # the endpoint was dropped (and maybe re-added) since: its counts were already reset
         count = self._counts.get(ep, 0)
         if count > 0:
@@ -87,6 +98,7 @@ class LoadTracker:
             self._started_after[ep] = max(0, self._started_after.get(ep, 0) - 1)
         else:
             self._ended_after[ep] = self._ended_after.get(ep, 0) + 1
+        self._reorder(ep)
 
     def count(self, endpoint: str) -> int:
         return self._counts.get(endpoint, 0)
@@ -104,6 +116,12 @@ class LoadTracker:
         self._snapshot_epoch[endpoint] = self._snapshot_epoch.get(endpoint, 0) + 1
         self._started_after[endpoint] = 0
         self._ended_after[endpoint] = 0
+        heapq.heappush(self._scraped_at, (stats.at, endpoint))
+        if len(self._scraped_at) > 2 * len(self._stats) + 64:  # departed endpoints' entries: rebuild
+            self._scraped_at = [(st.at, ep) for ep, st in self._stats.items()]
+            heapq.heapify(self._scraped_at)
+        self._expire(self.clock())
+        self._reorder(endpoint)
 
     def stats(self, endpoint: str) -> EngineStats | None:
         return self._stats.get(endpoint)
@@ -139,8 +157,39 @@ class LoadTracker:
         self._started_after.pop(endpoint, None)
         self._ended_after.pop(endpoint, None)
         self._stats.pop(endpoint, None)
-        self._generation[endpoint] = self._generation.get(endpoint, 0) + 1
+        self._snapshot_epoch.pop(endpoint, None)
+        self._generation.pop(endpoint, None)  # outstanding leases carry a number it will never have again
+        self._order.discard(endpoint)
 
     def clear(self) -> None:
         for endpoint in list(self._counts):
             self.drop(endpoint)
+
+    def _generation_of(self, endpoint: str) -> int:
+        generation = self._generation.get(endpoint)
+        if generation is None:
+            self._generations += 1
+            generation = self._generation[endpoint] = self._generations
+        return generation
+
+    # ---- the load order (fleet members) ----
+    def join(self, endpoint: str) -> None:
+        """Discovery added `endpoint`: it enters the order at its load (0 unless counts arrived first)."""
+        self._order.set(endpoint, self.load(endpoint, self.clock()))
+
+    def ordered(self, now: float | None = None) -> LoadOrder:
+        """The fleet's loads in order, as of `now` (scrapes that went stale since are reordered first)."""
+        self._expire(self.clock() if now is None else now)
+        return self._order
+
+    def _reorder(self, endpoint: str) -> None:
+        if endpoint in self._order:
+            self._order.set(endpoint, self.load(endpoint, self.clock()))
+
+    def _expire(self, now: float) -> None:
+        heap = self._scraped_at
+        while heap and now - heap[0][0] > self.stale_s:
+            at, endpoint = heapq.heappop(heap)
+            stats = self._stats.get(endpoint)
+            if stats is not None and stats.at == at:  # not refreshed since: its load is its own count now
+                self._reorder(endpoint)

@@ -32,8 +32,10 @@ class Policy(Protocol):
         """The scoring rule in words, as Explain shows it."""
         ...
 
-    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:
-        """Pick one candidate; None only for an empty fleet."""
+    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate],
+               mean_load: float | None = None) -> Choice | None:
+        """Pick one candidate; None only for an empty fleet. `mean_load`: the pool's mean load when the
+        candidates are only part of the pool (routing/pruning.py); None: the candidates are the pool."""
         ...
 
 

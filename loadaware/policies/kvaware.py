@@ -15,7 +15,8 @@ class KvAware:
     formula: ClassVar[str] = "score(i) = matched_tokens(i); when nobody matches, score(i) = -load(i)"
     uses_prefix: bool = True
 
-    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:
+    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate],
+               mean_load: float | None = None) -> Choice | None:
         if not candidates:
             return None
         if any(c.matched_tokens > 0 for c in candidates):

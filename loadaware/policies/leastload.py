@@ -15,7 +15,8 @@ class LeastLoad:
     formula: ClassVar[str] = "score(i) = -load(i)"
     uses_prefix: bool = False
 
-    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:
+    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate],
+               mean_load: float | None = None) -> Choice | None:
         if not candidates:
             return None
         scores = [-c.load for c in candidates]

@@ -27,15 +27,17 @@ def mean_load(loads: Sequence[float]) -> float:
     return sum(loads) / len(loads) if loads else 0.0
 
 
-def relative_loads(loads: Sequence[float]) -> list[float]:
-    mean = mean_load(loads)
+def relative_loads(loads: Sequence[float], mean: float | None = None) -> list[float]:
+    """`mean`: the pool's mean load when `loads` are only part of the pool; None: their own mean."""
+    mean = mean_load(loads) if mean is None else mean
     # The clamp keeps a near-idle fleet (mean < 1) from turning one extra request into a huge penalty.
     scale = max(1.0, mean)
     return [(load - mean) / scale for load in loads]
 
 
-def loadaware_scores(prompt_tokens: int, candidates: Sequence[Candidate], beta: float) -> list[float]:
-    rel = relative_loads([c.load for c in candidates])
+def loadaware_scores(prompt_tokens: int, candidates: Sequence[Candidate], beta: float,
+                     mean: float | None = None) -> list[float]:
+    rel = relative_loads([c.load for c in candidates], mean)
     return [benefit(c.matched_tokens, prompt_tokens) - beta * r for c, r in zip(candidates, rel)]
 
 
@@ -47,8 +49,9 @@ class LoadAware:
                               "relative_load(i) = (load(i) - mean_load) / max(1, mean_load)")
     uses_prefix: bool = True
 
-    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:
+    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate],
+               mean_load: float | None = None) -> Choice | None:
         if not candidates:
             return None
-        scores = loadaware_scores(prompt_tokens, candidates, self.beta)
+        scores = loadaware_scores(prompt_tokens, candidates, self.beta, mean_load)
         return Choice(argmax_with_tiebreak(scores, candidates), tuple(scores))

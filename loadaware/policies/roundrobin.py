@@ -16,11 +16,18 @@ class RoundRobin:
     uses_prefix: bool = False
     _next: int = field(default=0, repr=False)
 
-    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:
+    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate],
+               mean_load: float | None = None) -> Choice | None:
         if not candidates:
             return None
         order = sorted(range(len(candidates)), key=lambda i: candidates[i].endpoint)
-        pick = order[self._next % len(order)]
-        self._next += 1
+        pick = order[self.turn(len(order))]
         scores = tuple(1.0 if i == pick else 0.0 for i in range(len(candidates)))
         return Choice(pick, scores)
+
+    def turn(self, n: int) -> int:
+        """The next turn's position in the lexical order of `n` endpoints (a large pool's decision picks the
+        endpoint at it without scoring the others: routing/pruning.py)."""
+        position = self._next % n
+        self._next += 1
+        return position

@@ -23,6 +23,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+from loadaware.fleet.members import member_set
 from loadaware.lifecycle import Decision, previewing
 from loadaware.prefix.blocks import SlotTable, block_keys, unhold, walk
 from loadaware.prefix.source import salt_of
@@ -105,9 +106,18 @@ class ApproxIndex:
         return len(guess.blocks)
 
     def match(self, keys: Sequence[int], endpoints: Sequence[str]) -> dict[str, int]:
+        engines = self._engines
+        if len(engines) < len(endpoints):
+            # Fewer guessed engines than endpoints asked about (a large fleet): walk them all and keep the
+            # asked ones. Each engine's match is its own, so the others' presence changes nothing.
+            if not keys:
+                return {}
+            members = member_set(endpoints)
+            found = walk(self._holders, self._slots.names, self._slots.every_bit(), keys, self.block_size)
+            return {ep: n for ep, n in found.items() if ep in members}
         alive = 0
         for name in endpoints:
-            guess = self._engines.get(name)
+            guess = engines.get(name)
             if guess is not None and guess.blocks:
                 alive |= guess.bit
         return walk(self._holders, self._slots.names, alive, keys, self.block_size)
@@ -120,7 +130,8 @@ class ApproxIndex:
         return list(self._engines)
 
     def approx_bytes(self) -> int:
-        return sum(len(g.blocks) for g in self._engines.values()) * BYTES_PER_APPROX_BLOCK
+        # A copy of the engines: /metrics and /debug/state read this from a worker thread.
+        return sum(len(g.blocks) for g in list(self._engines.values())) * BYTES_PER_APPROX_BLOCK
 
 
 class ApproxPrefixSource:

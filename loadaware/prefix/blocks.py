@@ -26,7 +26,8 @@ usable as is by a discrete-event experiment.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
@@ -45,6 +46,8 @@ _MEDIUM_BITS = {None: MEDIUM_GPU, "GPU": MEDIUM_GPU, "gpu": MEDIUM_GPU, "CPU": M
 # entry (a dict slot + the key int + the mask int). Reported, not enforced: the bound is in blocks.
 BYTES_PER_ENGINE_BLOCK = 255
 BYTES_PER_HELD_KEY = 130
+# Keys unheld per slice of a deferred drop: ~0.3 µs each, so a slice stays well under 10 ms of the loop.
+SWEEP_SLICE_KEYS = 16_384
 
 
 def medium_bit(medium: str | None) -> int:
@@ -135,12 +138,28 @@ class SlotTable:
             self.names[slot] = name
         return bit
 
+    def every_bit(self) -> int:
+        """A mask of every slot ever handed out. A walk may start from it: a free slot is held by no key, so
+        it drops out at the first block, as does an engine that holds nothing."""
+        return (1 << self._next) - 1
+
     def release(self, name: str) -> None:
+        slot = self.retire(name)
+        if slot is not None:
+            self.free(slot)
+
+    def retire(self, name: str) -> int | None:
+        """Unname `name`'s slot without freeing it (its bit is still in some masks); `name` may get a new
+        slot meanwhile. Returns the slot, to `free` once no mask holds its bit."""
         bit = self._bits.pop(name, None)
-        if bit is not None:
-            slot = bit.bit_length() - 1
-            del self.names[slot]
-            self._free.append(slot)
+        if bit is None:
+            return None
+        slot = bit.bit_length() - 1
+        del self.names[slot]
+        return slot
+
+    def free(self, slot: int) -> None:
+        self._free.append(slot)
 
 
 def unhold(holders: dict[int, int], key: int, bit: int) -> None:
@@ -187,6 +206,12 @@ class BlockIndex:
         self._slots = SlotTable()
         self.total_blocks = 0
         self.evictions = 0
+        # Dropped engines' keys still to unhold, slot by slot: (slot, bit, keys left). While a slot waits here
+        # no live engine has its bit, so no walk is credited by what is left of it.
+        self._retired: deque[tuple[int, int, Iterator[int]]] = deque()
+        # Set by whoever drives `sweep` (the KV-event feeds, on the event loop): drops are then deferred and
+        # done in slices. None: a drop unholds everything at once (pure use, the experiment).
+        self.on_retired: Callable[[], None] | None = None
 
     # ---- engines ----
     def _engine(self, name: str) -> _Engine:
@@ -213,9 +238,9 @@ class BlockIndex:
         if engine is None:
             return 0
         n = len(engine.blocks)
-        holders, bit = self._holders, engine.bit
-        for key in engine.refs:
-            unhold(holders, key, bit)
+        if engine.refs:
+            self._retire(engine)
+            engine.bit = self._slots.bit(name)  # a fresh slot: the old bit's masks are unheld meanwhile
         engine.blocks = {}
         engine.refs = {}
         self.total_blocks -= n
@@ -227,6 +252,33 @@ class BlockIndex:
         if self._engines.pop(name, None) is not None:
             self._slots.release(name)
         return n
+
+    def _retire(self, engine: _Engine) -> None:
+        slot = self._slots.retire(engine.name)
+        assert slot is not None
+        self._retired.append((slot, engine.bit, iter(engine.refs)))
+        if self.on_retired is None:
+            while self.sweep(SWEEP_SLICE_KEYS):
+                pass
+        else:
+            self.on_retired()
+
+    def sweep(self, max_keys: int = SWEEP_SLICE_KEYS) -> bool:
+        """Unhold up to `max_keys` keys of dropped engines, freeing each slot when its keys are done. Returns
+        True while some remain (the caller yields to the loop between slices)."""
+        holders = self._holders
+        budget = max_keys
+        while self._retired and budget > 0:
+            slot, bit, keys = self._retired[0]
+            done = 0
+            for key in islice(keys, budget):
+                unhold(holders, key, bit)
+                done += 1
+            budget -= done
+            if budget > 0:  # the iterator ran out before the budget did: this slot is clean
+                self._retired.popleft()
+                self._slots.free(slot)
+        return bool(self._retired)
 
     # ---- events ----
     def store(self, name: str, block_hashes: Sequence[EngineHash], parent_hash: EngineHash | None,

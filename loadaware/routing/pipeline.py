@@ -16,10 +16,13 @@ import logging
 import time
 from typing import Protocol
 
+from loadaware.fleet.members import member_set
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import Decision, RequestLifecycle, preview
-from loadaware.policies import Candidate, Choice, Policy, ranked
+from loadaware.load.order import LoadOrder
+from loadaware.policies import Candidate, Choice, Policy, RoundRobin, ranked
 from loadaware.prefix.source import PrefixSource, PrefixUnavailable, SaltedTokens
+from loadaware.routing.pruning import MIN_POOL, PRUNABLE, pruned_candidates, round_robin_candidates
 from loadaware.routing.request import InferenceRequest
 from loadaware.telemetry.faults import RateLimitedLog, describe
 
@@ -33,8 +36,16 @@ class Loads(Protocol):
     def loads(self, endpoints: tuple[str, ...]) -> list[float]: ...
 
 
+class Ranking(Protocol):
+    def ordered(self) -> LoadOrder: ...
+
+
 class Eligibility(Protocol):
     def eligible(self, endpoints: tuple[str, ...]) -> tuple[str, ...]: ...
+
+    def not_admitted(self) -> set[str]: ...
+
+    def capped(self, out: frozenset[str], candidates: int) -> frozenset[str]: ...
 
 
 class ModelPools(Protocol):
@@ -51,8 +62,8 @@ class PromptEncoder(Protocol):
 class Decider:
     def __init__(self, policy: Policy, registry: EndpointRegistry, loads: Loads, lifecycle: RequestLifecycle,
                  tokenizer: PromptEncoder | None = None, prefix_source: PrefixSource | None = None,
-                 fallbacks: int = 0, health: Eligibility | None = None, models: ModelPools | None = None
-                 ) -> None:
+                 fallbacks: int = 0, health: Eligibility | None = None, models: ModelPools | None = None,
+                 ranking: Ranking | None = None) -> None:
         self.policy = policy
         self.health = health  # engines failing their requests are left out (fleet/health.py)
         self.models = models  # which engines serve which model (None: model awareness off)
@@ -62,6 +73,9 @@ class Decider:
         self.lifecycle = lifecycle
         self.tokenizer = tokenizer
         self.prefix_source = prefix_source
+        # The fleet's loads in order (load/tracker.py): a large pool scores only its prefix holders and its few
+        # least-loaded endpoints (routing/pruning.py says why the choice is the same). None: score them all.
+        self.ranking = ranking
 
     async def prompt_tokens(self, request: InferenceRequest) -> list[int]:
         """Token ids as the engine will see them; raises on tokenizer failure or timeout."""
@@ -109,6 +123,29 @@ class Decider:
             reasons.append(ALL_FAILING)
         return endpoints
 
+    def _pool(self, subset: frozenset[str] | None, model: str | None, reasons: list[str]
+              ) -> tuple[tuple[str, ...], frozenset[str]]:
+        """What `candidates` says, as (endpoints, excluded): a large pool is not filtered one endpoint at a
+        time; the few engines failing their requests come back as a set to leave out (empty for a small pool,
+        which is filtered, and when failing open)."""
+        endpoints = self.endpoints(subset, model)
+        if self.health is None or len(endpoints) < MIN_POOL:
+            return self.candidates(subset, model, reasons) if self.health is not None else endpoints, frozenset()
+        try:
+            out = self.health.not_admitted()
+            if not out:
+                return endpoints, frozenset()
+            members = member_set(endpoints)
+            excluded = self.health.capped(frozenset(ep for ep in out if ep in members), len(endpoints))
+        except Exception as exc:  # noqa: BLE001 - a failing health tracker leaves nobody out (fail open)
+            _degraded(reasons, "health_error", exc)
+            return endpoints, frozenset()
+        if len(excluded) < len(endpoints):
+            return endpoints, excluded
+        if ALL_FAILING not in reasons:
+            reasons.append(ALL_FAILING)
+        return endpoints, frozenset()
+
     async def prefix_matches(self, tokens: list[int], endpoints: tuple[str, ...], reasons: list[str],
                              salt: str | None = None) -> dict[str, int]:
         if self.prefix_source is None:
@@ -146,7 +183,7 @@ class Decider:
         tokens: list[int] = []
         matches: dict[str, int] = {}
         model = request.model if request is not None else None
-        endpoints = self.candidates(subset, model, reasons)
+        endpoints, _ = self._pool(subset, model, reasons)  # who to ask about the prefix (the excluded too: cheaper)
         if not endpoints:
             return self._empty(request_id, subset, 0, stages, started, count, model)
         if request is None or not request.has_prompt:
@@ -172,31 +209,32 @@ class Decider:
                 stages["lookup"] = time.perf_counter() - t
         # Fresh snapshot after the awaits: an endpoint may have left meanwhile. From here on, no await.
         t = time.perf_counter()
-        endpoints = self.candidates(subset, model, reasons)
+        endpoints, excluded = self._pool(subset, model, reasons)
         if not endpoints:
             return self._empty(request_id, subset, len(tokens), stages, started, count, model)
-        try:
-            loads = self.loads.loads(endpoints)
-        except Exception as exc:  # noqa: BLE001 - no load signal: the policy sees every engine idle
-            _degraded(reasons, "loads_error", exc)
-            loads = [0.0] * len(endpoints)
         n_tokens = len(tokens)
-        candidates = tuple(Candidate(ep, min(matches.get(ep, 0), n_tokens), load)
-                           for ep, load in zip(endpoints, loads))
+        mean: float | None = None
         try:
-            choice = self.policy.choose(n_tokens, candidates)
-            if choice is None:
-                raise ValueError("the policy chose nobody among candidates")
+            turn = self._round_robin_turn(endpoints, excluded)
+            if turn is not None:
+                candidates, choice = turn
+            else:
+                candidates, mean = self._scored(endpoints, excluded, matches, n_tokens, reasons)
+                picked = self.policy.choose(n_tokens, candidates, mean)
+                if picked is None:
+                    raise ValueError("the policy chose nobody among candidates")
+                choice = picked
             order = tuple(candidates[i].endpoint for i in ranked(choice, candidates, 1 + self.fallbacks))
         except Exception as exc:  # noqa: BLE001 - a failing policy: the least-loaded candidate instead
             _degraded(reasons, "policy_error", exc)
+            candidates, mean = self._plain(endpoints, excluded, matches, n_tokens, reasons), None
             choice = least_loaded(candidates)
             order = tuple(candidates[i].endpoint for i in ranked(choice, candidates, 1 + self.fallbacks))
         stages["score"] = time.perf_counter() - t
         # Failing engines left out is news, not a lost helper: the decision still used every signal.
         outcome = "fallback_load_only" if reasons and reasons != [ALL_FAILING] else "routed"
         return self._finish(request_id, order, outcome, reasons, n_tokens, candidates, choice.scores, stages,
-                            started, count, tokens, model)
+                            started, count, tokens, model, len(endpoints) - len(excluded), mean)
 
     def _last_resort(self, request_id: str, reasons: list[str], count: bool) -> Decision:
         """The first endpoint of the fleet, named when something unforeseen failed mid-decision."""
@@ -208,6 +246,48 @@ class Decider:
         order = fleet[:1 + self.fallbacks]
         return self._finish(request_id, order, "fallback_load_only" if order else "no_endpoints", reasons, 0,
                             (), (), {}, started, count)
+
+    def _round_robin_turn(self, endpoints: tuple[str, ...], excluded: frozenset[str]
+                          ) -> tuple[tuple[Candidate, ...], Choice] | None:
+        """Round robin over a large, whole fleet: the endpoint at the turn's place in the lexical order, and
+        the least-loaded others as its fallbacks (routing/pruning.py). None: score the pool as usual."""
+        policy = self.policy
+        if (self.ranking is None or not isinstance(policy, RoundRobin) or excluded or len(endpoints) < MIN_POOL
+                or endpoints is not self.registry.snapshot()):
+            return None
+        order = self.ranking.ordered()
+        if len(order) != len(endpoints):
+            return None
+        lexical = self.registry.lexical()
+        pick = lexical[policy.turn(len(lexical))]
+        candidates, index, scores = round_robin_candidates(order, pick, 1 + self.fallbacks, self.registry.position)
+        return candidates, Choice(index, scores)
+
+    def _scored(self, endpoints: tuple[str, ...], excluded: frozenset[str], matches: dict[str, int], n_tokens: int,
+                reasons: list[str]) -> tuple[tuple[Candidate, ...], float | None]:
+        """The candidates to score (the pool is `endpoints` less `excluded`) and, when pruned, the pool's mean
+        load (None: the candidates are the pool)."""
+        if self.ranking is not None and self.policy.name in PRUNABLE and len(endpoints) >= MIN_POOL:
+            order = self.ranking.ordered()
+            fleet = self.registry.snapshot()
+            if len(order) == len(fleet):  # the order holds exactly the fleet (joined and dropped with it)
+                whole = endpoints is fleet
+                members = self.registry.members() if whole else frozenset(endpoints)
+                return pruned_candidates(order, endpoints, members, whole, matches, n_tokens, 1 + self.fallbacks,
+                                         self.registry.position, excluded)
+        return self._plain(endpoints, excluded, matches, n_tokens, reasons), None
+
+    def _plain(self, endpoints: tuple[str, ...], excluded: frozenset[str], matches: dict[str, int], n_tokens: int,
+               reasons: list[str]) -> tuple[Candidate, ...]:
+        """Every endpoint of the pool less `excluded`, with its load (none known: all idle, and said so)."""
+        if excluded:
+            endpoints = tuple(ep for ep in endpoints if ep not in excluded)
+        try:
+            loads = self.loads.loads(endpoints)
+        except Exception as exc:  # noqa: BLE001 - no load signal: the policy sees every engine idle
+            _degraded(reasons, "loads_error", exc)
+            loads = [0.0] * len(endpoints)
+        return tuple(Candidate(ep, min(matches.get(ep, 0), n_tokens), load) for ep, load in zip(endpoints, loads))
 
     def _empty(self, request_id: str, subset: frozenset[str] | None, n_tokens: int, stages: dict[str, float],
                started: float, count: bool, model: str | None = None) -> Decision:
@@ -222,10 +302,11 @@ class Decider:
 
     def _finish(self, request_id: str, order: tuple[str, ...], outcome: str, reasons: list[str], n_tokens: int,
                 candidates: tuple[Candidate, ...], scores: tuple[float, ...], stages: dict[str, float],
-                started: float, count: bool, tokens: list[int] | None = None, model: str | None = None) -> Decision:
+                started: float, count: bool, tokens: list[int] | None = None, model: str | None = None,
+                pool_size: int = 0, mean_load: float | None = None) -> Decision:
         decision = Decision(request_id, order[0] if order else None, outcome, tuple(reasons), n_tokens, candidates,
                             scores, stages, time.perf_counter() - started, tokens=tokens or None, ranked=order,
-                            model=model)
+                            model=model, pool_size=pool_size or len(candidates), mean_load=mean_load)
         if count:  # Explain decides without counting: nothing hears about it
             self.lifecycle.decided(decision)
         return decision

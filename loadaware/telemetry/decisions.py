@@ -10,6 +10,7 @@ import time
 from collections import deque
 
 from loadaware.lifecycle import Decision
+from loadaware.policies import Choice, ranked
 from loadaware.telemetry.metrics import Metrics
 
 log = logging.getLogger("loadaware.routing")
@@ -67,13 +68,24 @@ class DecisionLog:
         pass
 
 
+# Candidates a recorded decision keeps: its ranked head (the choice and its fallbacks come first in it).
+RING_CANDIDATES = 16
+
+
 class RecentDecisions:
-    """The last N decisions for /debug/decisions (bounded; rendered without prompt tokens)."""
+    """The last N decisions for /debug/decisions (bounded; rendered without prompt tokens). Each keeps only
+    its ranked head of candidates: at 10,000 endpoints 256 full candidate lists would be ~250 MB, and the
+    page could not be rendered in reasonable time."""
 
     def __init__(self, size: int = 256) -> None:
         self.items: deque[Decision] = deque(maxlen=size)
 
     def on_decided(self, decision: Decision) -> None:
+        # The ring is the last listener (app.py): nobody reads the full candidate list after it.
+        if len(decision.candidates) > RING_CANDIDATES and decision.endpoint is not None:
+            keep = ranked_head(decision)
+            decision.candidates = tuple(decision.candidates[i] for i in keep)
+            decision.scores = tuple(decision.scores[i] for i in keep)
         self.items.append(decision)
 
     def on_served(self, decision: Decision, previous: str | None) -> None:
@@ -84,3 +96,14 @@ class RecentDecisions:
 
     def last(self, n: int) -> list[Decision]:
         return list(self.items)[-n:] if n > 0 else []
+
+
+def ranked_head(decision: Decision) -> tuple[int, ...]:
+    """Indexes of RING_CANDIDATES candidates: the decision's ranked list (the choice and its fallbacks),
+    then the next best, ranked as the policies rank them."""
+    where = {c.endpoint: i for i, c in enumerate(decision.candidates)}
+    head = [where[ep] for ep in decision.ranked if ep in where]
+    taken = set(head)
+    best = ranked(Choice(head[0] if head else 0, decision.scores), decision.candidates, RING_CANDIDATES + len(head))
+    head += [i for i in best if i not in taken][:RING_CANDIDATES - len(head)]
+    return tuple(head)

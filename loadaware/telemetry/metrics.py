@@ -5,6 +5,7 @@ Label children are cached: the hot path pays a dictionary lookup and an incremen
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -69,6 +70,13 @@ class Metrics:
                                              "last good list is kept until stale)", ["endpoint", "reason"],
                                              registry=r)
         self._model_labels: dict[str, frozenset[str]] = {}
+        # What the per-endpoint gauges set at render time show now, so a render at 10,000 endpoints only
+        # touches the series that changed (set from the render thread; forget_endpoint clears them).
+        self._state_shown: dict[str, str] = {}
+        self._inflight_shown: dict[str, int] = {}
+        # Counter series an endpoint has besides its gauges, so its departure removes them all
+        # (endpoint -> (metric, label values)).
+        self._endpoint_series: dict[str, set[tuple[Counter, tuple[str, ...]]]] = {}
         self._decision_children: dict[tuple[str, str], Counter] = {}
         self._response_children: dict[tuple[str, int], Counter] = {}
         self._fallback_children: dict[str, Counter] = {}
@@ -127,6 +135,7 @@ class Metrics:
         child = self._decision_children.get(key)
         if child is None:
             child = self._decision_children[key] = self.decisions.labels(self.policy, endpoint, outcome)
+            self._series(endpoint, self.decisions, (self.policy, endpoint, outcome))
         child.inc()
 
     def fallback(self, reason: str) -> None:
@@ -149,6 +158,7 @@ class Metrics:
         child = self._response_children.get(key)
         if child is None:
             child = self._response_children[key] = self.responses.labels(endpoint, f"{status // 100}xx")
+            self._series(endpoint, self.responses, (endpoint, f"{status // 100}xx"))
         child.inc()
 
     # ---- background ----
@@ -156,10 +166,14 @@ class Metrics:
         self.routing_state_now(endpoint, state)
         if state == "ejected":
             self.ejections.labels(endpoint, reason).inc()
+            self._series(endpoint, self.ejections, (endpoint, reason))
 
     def routing_state_now(self, endpoint: str, state: str) -> None:
+        if self._state_shown.get(endpoint) == state:
+            return
         for known in ROUTING_STATES:
             self.routing_state.labels(endpoint, known).set(1 if known == state else 0)
+        self._state_shown[endpoint] = state
 
     def scraped(self, endpoint: str, running: float, waiting: float, kv_usage: float | None) -> None:
         self.scraped_running.labels(endpoint).set(running)
@@ -169,6 +183,7 @@ class Metrics:
 
     def scrape_failure(self, endpoint: str, reason: str) -> None:
         self.scrape_failures.labels(endpoint, reason).inc()
+        self._series(endpoint, self.scrape_failures, (endpoint, reason))
 
     def models_seen(self, endpoint: str, models: frozenset[str]) -> None:
         """The endpoint's model list now; labels of models it no longer lists are removed."""
@@ -180,10 +195,16 @@ class Metrics:
 
     def models_fetch_failure(self, endpoint: str, reason: str) -> None:
         self.models_fetch_failures.labels(endpoint, reason).inc()
+        self._series(endpoint, self.models_fetch_failures, (endpoint, reason))
+
+    def _series(self, endpoint: str, metric: Counter, labels: tuple[str, ...]) -> None:
+        self._endpoint_series.setdefault(endpoint, set()).add((metric, labels))
 
     def forget_endpoint(self, endpoint: str) -> None:
         self.models_seen(endpoint, frozenset())
         self._model_labels.pop(endpoint, None)
+        self._state_shown.pop(endpoint, None)
+        self._inflight_shown.pop(endpoint, None)
         for gauge in (self.inflight, self.scraped_running, self.scraped_waiting, self.scraped_kv,
                       self.kv_connected, self.kv_index_blocks, self.approx_blocks):
             try:
@@ -195,9 +216,18 @@ class Metrics:
                 self.routing_state.remove(endpoint, state)
             except KeyError:
                 pass
-        for key in [k for k in self._response_children if k[0] == endpoint]:
-            del self._response_children[key]
-            self.responses.remove(endpoint, f"{key[1]}xx")
+        for metric, labels in self._endpoint_series.pop(endpoint, ()):
+            with contextlib.suppress(KeyError):
+                metric.remove(*labels)
+            if metric is self.decisions:
+                self._decision_children.pop((endpoint, labels[2]), None)
+            elif metric is self.responses:
+                self._response_children.pop((endpoint, int(labels[1][:-2])), None)
+        for path in ("live", "replay"):  # the KV-event feeds' own series
+            with contextlib.suppress(KeyError):
+                self.kv_batches.remove(endpoint, path)
+        with contextlib.suppress(KeyError):
+            self.kv_gaps.remove(endpoint)
 
     def tokenizer_pieces_seen(self, hits: int, misses: int, enabled: bool) -> None:
         self.tokenizer_pieces.labels("hits").set(hits)
@@ -207,8 +237,12 @@ class Metrics:
     def render(self, inflight_snapshot: Callable[[], dict[str, int]], endpoints: tuple[str, ...]) -> bytes:
         """Exposition text; gauges that are cheap to compute on demand are set here, not per request."""
         counts = inflight_snapshot()
+        shown = self._inflight_shown
         for endpoint in endpoints:
-            self.inflight.labels(endpoint).set(counts.get(endpoint, 0))
+            count = counts.get(endpoint, 0)
+            if shown.get(endpoint) != count:
+                self.inflight.labels(endpoint).set(count)
+                shown[endpoint] = count
         self.endpoints.set(len(endpoints))
         if self._lookup_seen:
             self.match_fraction.set(self._lookup_matched / self._lookup_seen)

@@ -52,7 +52,7 @@ class Rig:
         self.index = BlockIndex()
         self.metrics = Metrics("loadaware")
         self.feeds = KvEventsFeeds(self.index, self.metrics, lambda: self.endpoints, self.explicit, 0, 0,
-                                   replay_timeout_s=1.0, poll_s=0.05)
+                                   replay_timeout_s=1.0)
         self.source = KvEventsPrefixSource(self.index, self.feeds)
         self.task: asyncio.Task[None] | None = None
 
@@ -183,7 +183,7 @@ async def test_late_joiner_replays_the_history() -> None:
     ep = "127.0.0.38:8000"
     feeds = KvEventsFeeds(index, metrics, lambda: (ep,),
                           {ep: FeedAddress(f"tcp://127.0.0.38:{pub.port}", f"tcp://127.0.0.38:{pub.replay_port}")},
-                          0, 0, poll_s=0.05)
+                          0, 0)
     task = asyncio.create_task(feeds.run())
     try:
         source = KvEventsPrefixSource(index, feeds)
@@ -206,7 +206,8 @@ async def test_vanished_and_removed_engines_lose_their_credit() -> None:
         await wait_until_async(lambda: r.source.lookup(PROMPT, r.endpoints) == {b: 320},
                                message="the vanished engine's credit dropped")
         assert value(r.metrics.kv_resets, "vanished") >= 1 and a not in r.feeds.covered(r.endpoints)
-        r.endpoints = (a,)  # b leaves the fleet
+        r.endpoints = (a,)  # b leaves the fleet (the registry's event)
+        r.feeds.on_changed(r.endpoints)
         await wait_until_async(lambda: b not in r.feeds.feeds, message="the departed engine's feed removed")
         assert r.index.blocks(b) == 0 and value(r.metrics.kv_resets, "removed") == 1
 
@@ -244,7 +245,7 @@ async def test_simulated_engines_publish_and_every_holder_is_credited(hash_forma
                     for e in fleet.engines}
         endpoints = tuple(explicit)
         index, metrics = BlockIndex(), Metrics("loadaware")
-        feeds = KvEventsFeeds(index, metrics, lambda: endpoints, explicit, 0, 0, poll_s=0.05)
+        feeds = KvEventsFeeds(index, metrics, lambda: endpoints, explicit, 0, 0)
         task = asyncio.create_task(feeds.run())
         source = KvEventsPrefixSource(index, feeds)
         try:
@@ -292,7 +293,7 @@ async def test_hybrid_model_credits_only_its_full_attention_groups() -> None:
     ep = "127.0.0.60:8000"
     index, metrics = BlockIndex(), Metrics("loadaware")
     feeds = KvEventsFeeds(index, metrics, lambda: (ep,), {ep: FeedAddress(
-        f"tcp://127.0.0.60:{pub.port}", f"tcp://127.0.0.60:{pub.replay_port}")}, 0, 0, poll_s=0.05)
+        f"tcp://127.0.0.60:{pub.port}", f"tcp://127.0.0.60:{pub.replay_port}")}, 0, 0)
     source = KvEventsPrefixSource(index, feeds)
     task = asyncio.create_task(feeds.run())
     try:
@@ -352,7 +353,7 @@ async def test_data_parallel_engine_is_credited_with_the_minimum_over_its_ranks(
         pubs.append(pub)
     ep = f"{ip}:8000"
     index, metrics = BlockIndex(), Metrics("loadaware")
-    feeds = KvEventsFeeds(index, metrics, lambda: (ep,), {}, pub_port, replay_port, poll_s=0.05, dp_ranks=2)
+    feeds = KvEventsFeeds(index, metrics, lambda: (ep,), {}, pub_port, replay_port, dp_ranks=2)
     source = KvEventsPrefixSource(index, feeds)
     task = asyncio.create_task(feeds.run())
     try:
@@ -388,7 +389,7 @@ async def test_feeds_subscribe_and_replay_over_ipv6() -> None:
     explicit = parse_feed_map(",".join(f"{ep}=[::1]:{p.port}/{p.replay_port}" for ep, p in zip(endpoints, pubs)))
     assert explicit[endpoints[0]].pub == f"tcp://[::1]:{pubs[0].port}"
     index, metrics = BlockIndex(), Metrics("loadaware")
-    feeds = KvEventsFeeds(index, metrics, lambda: endpoints, explicit, 0, 0, replay_timeout_s=1.0, poll_s=0.05)
+    feeds = KvEventsFeeds(index, metrics, lambda: endpoints, explicit, 0, 0, replay_timeout_s=1.0)
     source = KvEventsPrefixSource(index, feeds)
     task = asyncio.create_task(feeds.run())
     try:

@@ -135,7 +135,8 @@ class RaisingPolicy:
     uses_prefix = True
     formula = "raises"
 
-    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:
+    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate], mean_load: float | None = None
+               ) -> Choice | None:
         raise ZeroDivisionError("policy bug")
 
 

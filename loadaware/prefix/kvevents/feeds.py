@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -245,7 +246,7 @@ class KvEventsFeeds:
 
     def __init__(self, index: BlockIndex, metrics: Metrics, endpoints: Callable[[], tuple[str, ...]],
                  explicit: Mapping[str, FeedAddress], pub_port: int, replay_port: int, topic: str = "",
-                 replay_timeout_s: float = 2.0, poll_s: float = 0.2, dp_ranks: int = 1) -> None:
+                 replay_timeout_s: float = 2.0, dp_ranks: int = 1) -> None:
         if dp_ranks < 1:
             raise ValueError("dp_ranks must be >= 1")
         self.index = index
@@ -256,7 +257,6 @@ class KvEventsFeeds:
         self.replay_port = replay_port
         self.topic = topic
         self.replay_timeout_s = replay_timeout_s
-        self.poll_s = poll_s
         self.dp_ranks = tuple(range(dp_ranks))
         self.ctx = zmq.asyncio.Context()
         self.feeds: dict[str, list[EngineFeed]] = {}  # endpoint -> one feed per data-parallel rank
@@ -264,6 +264,21 @@ class KvEventsFeeds:
         # (several ranks, several credited groups): what the hot path reads
         self.split: dict[str, tuple[str, ...]] = {}
         self._tasks: dict[str, list[asyncio.Task[None]]] = {}
+        self._fleet_changed = asyncio.Event()  # the registry's `changed` event: run() syncs the feeds
+        # A dropped or cleared engine's keys are unheld in slices between other work (blocks.py, sweep): a
+        # 1M-block engine at once would hold the event loop for ~0.35 s.
+        self._sweep_wanted = asyncio.Event()
+        index.on_retired = self._sweep_wanted.set
+
+    # ---- the registry's events (run() starts and stops the feeds) ----
+    def on_added(self, endpoint: str) -> None:
+        pass
+
+    def on_removed(self, endpoint: str) -> None:
+        pass
+
+    def on_changed(self, endpoints: tuple[str, ...]) -> None:
+        self._fleet_changed.set()
 
     def sync_endpoints(self, endpoints: Sequence[str]) -> None:
         wanted = set(endpoints)
@@ -314,8 +329,11 @@ class KvEventsFeeds:
     def remove(self, endpoint: str) -> None:
         feeds = self.feeds.pop(endpoint, None)
         self.split.pop(endpoint, None)
+        names = [f.endpoint for f in feeds or ()]
         for task in self._tasks.pop(endpoint, []):
             task.cancel()
+            # A cancelled feed marks itself disconnected on its way out: that series goes after it.
+            task.add_done_callback(functools.partial(self._series_after, endpoint, names))
         dropped = self.index.drop(endpoint)
         for feed in feeds or ():
             dropped += feed.router.drop(self.index)
@@ -323,6 +341,16 @@ class KvEventsFeeds:
             self.metrics.kv_resets.labels("removed").inc()
             if dropped:
                 self.metrics.kv_event_blocks.labels("cleared").inc(dropped)
+
+    def _series_after(self, endpoint: str, names: Sequence[str], _task: asyncio.Task[None]) -> None:
+        if endpoint in self.feeds:
+            return  # back meanwhile: its new feeds own these series
+        for name in names:
+            with contextlib.suppress(KeyError):
+                self.metrics.kv_connected.remove(name)
+            for path in ("live", "replay"):
+                with contextlib.suppress(KeyError):
+                    self.metrics.kv_batches.remove(name, path)
 
     def covered(self, endpoints: Sequence[str]) -> set[str]:
         """Endpoints whose feeds (every rank's) are live and caught up: the index speaks for them."""
@@ -340,7 +368,7 @@ class KvEventsFeeds:
 
     def refresh_gauges(self) -> None:
         m = self.metrics
-        for endpoint, feeds in self.feeds.items():
+        for endpoint, feeds in list(self.feeds.items()):  # a copy: /metrics renders in a worker thread
             m.kv_index_blocks.labels(endpoint).set(sum(f.router.blocks(self.index) for f in feeds))
         m.kv_index_bytes.set(self.index.approx_bytes())
         m.kv_index_limit.set(self.index.max_blocks)
@@ -356,7 +384,7 @@ class KvEventsFeeds:
                     "idle_s": round(now - f.last_event_at, 3) if f.last_event_at else None}
 
         engines: dict[str, object] = {}
-        for ep, feeds in self.feeds.items():
+        for ep, feeds in list(self.feeds.items()):  # a copy: /debug/state is built in a worker thread
             engines[ep] = one(feeds[0]) if len(feeds) == 1 and feeds[0].rank == 0 else \
                 {"ranks": {str(f.rank): one(f) for f in feeds}}
         return {"engines": engines,
@@ -364,12 +392,22 @@ class KvEventsFeeds:
                 "approx_bytes": self.index.approx_bytes(), "max_blocks": self.index.max_blocks,
                 "evictions": self.index.evictions}
 
+    async def _sweep(self) -> None:
+        while True:
+            await self._sweep_wanted.wait()
+            self._sweep_wanted.clear()
+            while self.index.sweep():
+                await asyncio.sleep(0)
+
     async def run(self) -> None:
+        sweeper = asyncio.create_task(self._sweep(), name="kv-index-sweep")
         try:
             while True:
+                self._fleet_changed.clear()
                 self.sync_endpoints(self.endpoints())
-                await asyncio.sleep(self.poll_s)
+                await self._fleet_changed.wait()
         finally:
+            sweeper.cancel()
             for endpoint in list(self.feeds):
                 self.remove(endpoint)
             await asyncio.gather(*(t for ts in self._tasks.values() for t in ts), return_exceptions=True)

@@ -1,0 +1,61 @@
+"""The candidates a decision needs to score, when the fleet is large: the endpoints that hold some of the
+prompt, plus the few least-loaded of the rest (docs/architecture.md, "Fleet size").
+
+Why that is enough, for the policies in PRUNABLE: an endpoint that holds nothing of the prompt scores by its
+load alone (loadaware: -beta * relative_load, kvaware: 0 when anyone matches, else -load; leastload: -load),
+and ties among such endpoints break on the lower load, then the lexically smaller name. So among them the
+ranking is (load, endpoint) ascending, and the choice plus its `limit - 1` fallbacks can include at most
+`limit` of them: the first `limit` in that order. Every holder is scored as before; loadaware's mean load is
+the whole pool's (the load order's running sum), not the pruned set's. The candidates keep the pool's order,
+so ties closer than the policies' float tolerance resolve as they do over the full set.
+`tests/unit/test_pruning.py` checks the choice and the ranked fallbacks against the full set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+
+from loadaware.load.order import LoadOrder
+from loadaware.policies import Candidate
+
+PRUNABLE = frozenset({"loadaware", "kvaware", "leastload"})
+# Below this many endpoints scoring them all costs less than choosing which to score.
+MIN_POOL = 64
+
+
+def pruned_candidates(order: LoadOrder, pool: tuple[str, ...], members: Collection[str], whole_fleet: bool,
+                      matches: Mapping[str, int], prompt_tokens: int, limit: int,
+                      position: Callable[[str], int], excluded: Collection[str] = frozenset()
+                      ) -> tuple[tuple[Candidate, ...], float]:
+    """(candidates in pool order, the pool's mean load). The pool is `pool` less `excluded` (engines failing
+    their requests, a few); `members`: `pool` as a set; `whole_fleet`: `pool` is every endpoint of the load
+    order (the common case: its running sum, less the excluded, is the pool's)."""
+    held = {ep: min(n, prompt_tokens) for ep, n in matches.items()
+            if n > 0 and ep in members and ep not in excluded}
+    load_of = order.load
+    size = len(pool) - len(excluded)
+    if whole_fleet:
+        total = order.total - sum(load_of(ep) or 0.0 for ep in excluded)
+        rest = order.least(limit, lambda ep: ep in held or ep in excluded) if excluded else \
+            order.least(limit, held.__contains__)
+    else:
+        total = 0.0
+        for ep in pool:
+            total += load_of(ep) or 0.0
+        total -= sum(load_of(ep) or 0.0 for ep in excluded)
+        rest = order.least(limit, lambda ep: ep in held or ep not in members or ep in excluded)
+    mean = total / size if size > 0 else 0.0
+    chosen = sorted((*held, *rest), key=position)
+    candidates = tuple(Candidate(ep, held.get(ep, 0), load_of(ep) or 0.0) for ep in chosen)
+    return candidates, mean
+
+
+def round_robin_candidates(order: LoadOrder, pick: str, limit: int, position: Callable[[str], int]
+                           ) -> tuple[tuple[Candidate, ...], int, tuple[float, ...]]:
+    """Round robin over the whole fleet: the endpoint whose turn it is (found in the fleet's lexical order)
+    scores 1 and every other 0, so its fallbacks are the least-loaded others (ties: lexical), as over the full
+    pool. Returns (candidates in pool order, the pick's index, the scores)."""
+    chosen = sorted((pick, *order.least(limit - 1, pick.__eq__)), key=position)
+    candidates = tuple(Candidate(ep, 0, order.load(ep) or 0.0) for ep in chosen)
+    index = chosen.index(pick)
+    return candidates, index, tuple(1.0 if i == index else 0.0 for i in range(len(chosen)))
