@@ -36,10 +36,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from experiment.peers import PEER_POLICIES
 from experiment.records import EngineSample, RequestRecord, RunRecords
 from experiment.workload import Request, Workload
 from loadaware.load.tracker import EngineStats, Lease, LoadTracker
-from experiment.peers import PEER_POLICIES
 from loadaware.policies import POLICY_NAMES, Policy, make_policy
 from loadaware.policies.base import Candidate
 from loadaware.policies.ttft_model import TtftModel
@@ -236,8 +236,9 @@ class Simulation:
         self.arm = arm
         self.config = config
         self.seed = seed
-        self.svc = svc = config.service
+        self.svc = config.service
         self.policy = arm.make()
+        self._gauges = getattr(self.policy, "uses_gauges", False)  # KV usage costs a walk over the batch
         self.engines = [_Engine(config.endpoint(i), i, config.service_of(i)) for i in range(config.engines)]
         self.endpoints = tuple(e.name for e in self.engines)
         self.now = 0.0
@@ -339,7 +340,8 @@ class Simulation:
         learned = m.observations > 0
         return Candidate(e.name, matched, load, prefill_tokens=float(e.prefill_tokens),
                          uncached_tokens=float(e.uncached_tokens), decode_batch=float(e.decoding),
-                         waiting=float(len(e.waiting)), kv_usage=self._kv_usage(e), kv_blocks=float(len(e.kv_refs)),
+                         waiting=float(len(e.waiting)), kv_usage=self._kv_usage(e) if self._gauges else None,
+                         kv_blocks=float(len(e.kv_refs)),
                          routed_tokens=float(len(e.routed) * self.svc.block_size),
                          ttft_base_s=m.base_s if learned else None,
                          ttft_per_token_s=m.per_token_s if learned else None,

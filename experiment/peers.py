@@ -73,7 +73,8 @@ class DynamoLinear:
         incoming = math.ceil(prompt_tokens / BLOCK_TOKENS)
         costs = []
         for c in candidates:
-            prefill = c.prefill_tokens / BLOCK_TOKENS + incoming - self.overlap_credit * (c.matched_tokens // BLOCK_TOKENS)
+            overlap = self.overlap_credit * (c.matched_tokens // BLOCK_TOKENS)
+            prefill = c.prefill_tokens / BLOCK_TOKENS + incoming - overlap
             costs.append(self.prefill_load_scale * max(prefill, 0.0) + c.kv_blocks + incoming)
         return _lowest_cost(costs, candidates)
 
@@ -107,6 +108,7 @@ class LlmdBlend:
     formula: ClassVar[str] = ("score(i) = 3 x hit(i) + 2 x (max_q - q(i)) / (max_q - min_q) + 2 x (1 - kv_usage(i)); "
                               "highest wins")
     uses_prefix: bool = True
+    uses_gauges: ClassVar[bool] = True  # reads kv_usage
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:
         if not candidates:
