@@ -19,6 +19,14 @@ from loadaware.policies.ttft_model import TtftPrior
 @dataclass
 class Predictive:
     prior: TtftPrior = field(default_factory=TtftPrior)
+    k_batch: float = 0.0
+    k_wait: float = 0.0
+    k_bal: float = 0.0
+    k_lmetric: float = 0.0
+    k_lrel: float = 0.0
+    k_kv: float = 0.0
+    k_miss: float = 0.0
+    uses_gauges: bool = False
     name: str = "predictive"
     formula: ClassVar[str] = ("cost(i) = base(i) + per_token(i) x (prefill_tokens(i) + uncached(i)) + per_running(i) "
                               "x load(i), each endpoint's learned TTFT model; lowest wins")
@@ -27,12 +35,24 @@ class Predictive:
     def costs(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> list[float]:
         p = self.prior
         out = []
+        loads = [c.load for c in candidates]
+        mean = sum(loads) / len(loads)
+        scale = max(1.0, mean)
+        dmean = max(1.0, sum(c.decode_batch for c in candidates) / len(candidates))
         for c in candidates:
             base = p.base_s if c.ttft_base_s is None else c.ttft_base_s
             per_token = p.per_token_s if c.ttft_per_token_s is None else c.ttft_per_token_s
             per_running = p.per_running_s if c.ttft_per_running_s is None else c.ttft_per_running_s
             uncached = max(0, prompt_tokens - c.matched_tokens)
-            out.append(base + per_token * (c.prefill_tokens + uncached) + per_running * c.load)
+            ahead = c.prefill_tokens + uncached
+            cost = base + per_token * ahead + (1 + self.k_batch) * per_running * c.load
+            cost += self.k_wait * c.waiting * per_running
+            cost += self.k_bal * per_token * prompt_tokens * (c.load - mean) / scale
+            cost += self.k_lmetric * per_token * ahead * c.decode_batch
+            cost += self.k_lrel * per_token * ahead * c.decode_batch / dmean
+            cost += self.k_kv * (c.kv_usage or 0.0) * per_token * c.matched_tokens
+            cost += self.k_miss * per_token * uncached
+            out.append(cost)
         return out
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:

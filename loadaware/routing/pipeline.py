@@ -14,6 +14,7 @@ from typing import Protocol
 
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import Decision, RequestLifecycle
+from loadaware.load.signals import SignalTracker
 from loadaware.policies import Candidate, Policy, ranked
 from loadaware.prefix.source import PrefixSource, PrefixUnavailable, SaltedTokens
 from loadaware.routing.request import InferenceRequest
@@ -45,9 +46,10 @@ class PromptEncoder(Protocol):
 class Decider:
     def __init__(self, policy: Policy, registry: EndpointRegistry, loads: Loads, lifecycle: RequestLifecycle,
                  tokenizer: PromptEncoder | None = None, prefix_source: PrefixSource | None = None,
-                 fallbacks: int = 0, health: Eligibility | None = None, models: ModelPools | None = None
-                 ) -> None:
+                 fallbacks: int = 0, health: Eligibility | None = None, models: ModelPools | None = None,
+                 signals: SignalTracker | None = None) -> None:
         self.policy = policy
+        self.signals = signals  # per-endpoint token signals (load/signals.py); None: candidates carry none
         self.health = health  # engines failing their requests are left out (fleet/health.py)
         self.models = models  # which engines serve which model (None: model awareness off)
         self.fallbacks = fallbacks  # next-best endpoints named after the choice, for the proxy's retries
@@ -146,8 +148,12 @@ class Decider:
             return self._empty(request_id, subset, len(tokens), stages, started, count, model)
         loads = self.loads.loads(endpoints)
         n_tokens = len(tokens)
-        candidates = tuple(Candidate(ep, min(matches.get(ep, 0), n_tokens), load)
-                           for ep, load in zip(endpoints, loads))
+        if self.signals is None:
+            candidates = tuple(Candidate(ep, min(matches.get(ep, 0), n_tokens), load)
+                               for ep, load in zip(endpoints, loads))
+        else:
+            candidates = tuple(self.signalled(ep, min(matches.get(ep, 0), n_tokens), load)
+                               for ep, load in zip(endpoints, loads))
         choice = self.policy.choose(n_tokens, candidates)
         assert choice is not None  # candidates is non-empty here
         stages["score"] = time.perf_counter() - t
@@ -156,6 +162,31 @@ class Decider:
         order = tuple(candidates[i].endpoint for i in ranked(choice, candidates, 1 + self.fallbacks))
         return self._finish(request_id, order, outcome, reasons, n_tokens, candidates, choice.scores, stages,
                             started, count, tokens)
+
+    def signalled(self, ep: str, matched: int, load: float) -> Candidate:
+        """A candidate with the endpoint's token signals: own counts, the scrape's waiting queue and KV usage
+        (when fresh), the decode batch (scraped running plus own decisions since, else own count), and the
+        endpoint's learned TTFT model."""
+        assert self.signals is not None
+        sig = self.signals.get(ep)
+        fresh = getattr(self.loads, "fresh_stats", None)
+        stats = fresh(ep) if fresh is not None else None
+        if sig is None and stats is None:
+            return Candidate(ep, matched, load)
+        decoding = float(sig.decoding) if sig is not None else 0.0
+        waiting, kv = 0.0, None
+        if stats is not None:
+            waiting, kv = stats.waiting, stats.kv_usage
+            correction = getattr(self.loads, "snapshot_correction", None)
+            decoding = max(decoding, stats.running + (correction(ep) if correction is not None else 0))
+        if sig is None:
+            return Candidate(ep, matched, load, decode_batch=decoding, waiting=waiting, kv_usage=kv)
+        m = sig.model
+        learned = m.observations > 0
+        return Candidate(ep, matched, load, float(sig.prefill_tokens), float(sig.uncached_tokens), decoding, waiting,
+                         kv, ttft_base_s=m.base_s if learned else None,
+                         ttft_per_token_s=m.per_token_s if learned else None,
+                         ttft_per_running_s=m.per_running_s if learned else None)
 
     def _empty(self, request_id: str, subset: frozenset[str] | None, n_tokens: int, stages: dict[str, float],
                started: float, count: bool, model: str | None = None) -> Decision:
