@@ -69,7 +69,7 @@ PEER_SOURCES = (
 )
 METRICS = ("ttft_p95", "ttft_mean", "slo_miss")
 PEERS = tuple(a.name for a in PEER_ARMS)
-BASELINES = ("loadaware", "kvaware")  # the seed's default (beta 1.0) and the stock KV-aware router
+BASELINES = ("loadaware",)  # the seed's default (beta 1.0); kvaware decides as llmd-token does here
 
 
 def half_speed(svc: ServiceModel) -> ServiceModel:
@@ -186,8 +186,8 @@ def report(results: Mapping[str, Mapping[str, Sequence[SeedMetrics]]], ours: str
              f"`{ours}`. Every test is one-sided exact Wilcoxon of ours against the best peer at that point by "
              "that metric (α = 0.025; effect = median paired relative change, bootstrap 95% CI; bold = "
              "significant). Peers: " + ", ".join(f"`{p}`" for p in PEERS) + " (formulas and sources in "
-             "`experiment/peers.py` and below); baselines: `loadaware` (the seed's default, β = 1.0) and "
-             "`kvaware`.", ""]
+             "`experiment/peers.py` and below); baseline: `loadaware` (the seed's default, β = 1.0; `kvaware` is "
+             "left out: here it decides as `llmd-token` does, whose filter always keeps the holder).", ""]
     for metric, title in (("ttft_p95", "TTFT p95 (s)"), ("ttft_mean", "TTFT mean (s)"),
                           ("slo_miss", "SLO-miss share (TTFT > 150 ms)")):
         lines += [f"### {title}, median over seeds", "", "| point | " + " | ".join(arms) + " |",

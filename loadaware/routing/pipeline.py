@@ -50,6 +50,8 @@ class Decider:
                  signals: SignalTracker | None = None) -> None:
         self.policy = policy
         self.signals = signals  # per-endpoint token signals (load/signals.py); None: candidates carry none
+        self._fresh_stats = getattr(loads, "fresh_stats", None)  # bound once: the candidates are the hot path
+        self._correction = getattr(loads, "snapshot_correction", None)
         self.health = health  # engines failing their requests are left out (fleet/health.py)
         self.models = models  # which engines serve which model (None: model awareness off)
         self.fallbacks = fallbacks  # next-best endpoints named after the choice, for the proxy's retries
@@ -169,16 +171,15 @@ class Decider:
         endpoint's learned TTFT model."""
         assert self.signals is not None
         sig = self.signals.get(ep)
-        fresh = getattr(self.loads, "fresh_stats", None)
-        stats = fresh(ep) if fresh is not None else None
+        stats = self._fresh_stats(ep) if self._fresh_stats is not None else None
         if sig is None and stats is None:
             return Candidate(ep, matched, load)
         decoding = float(sig.decoding) if sig is not None else 0.0
         waiting, kv = 0.0, None
         if stats is not None:
             waiting, kv = stats.waiting, stats.kv_usage
-            correction = getattr(self.loads, "snapshot_correction", None)
-            decoding = max(decoding, stats.running + (correction(ep) if correction is not None else 0))
+            correction = self._correction(ep) if self._correction is not None else 0
+            decoding = max(decoding, stats.running + correction)
         if sig is None:
             return Candidate(ep, matched, load, decode_batch=decoding, waiting=waiting, kv_usage=kv)
         m = sig.model
