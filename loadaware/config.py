@@ -194,7 +194,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("inference_pool", "--inference-pool", "LOADAWARE_INFERENCE_POOL", "", parse_name,
             "inference-pool discovery: the InferencePool whose pods are the engines (in --k8s-namespace)"),
     Setting("policy", "--policy", "LOADAWARE_POLICY", "loadaware", parse_policy,
-            "loadaware | kvaware | roundrobin | leastload"),
+            "loadaware | kvaware | roundrobin | leastload | predictive"),
     Setting("loadaware_beta", "--loadaware-beta", "LOADAWARE_BETA", 1.0, parse_beta,
             "exchange rate between prefix benefit and relative load (>= 0)"),
     Setting("lmcache_url", "--lmcache-url", "LOADAWARE_LMCACHE_URL", "", parse_url,
