@@ -9,8 +9,18 @@ from pathlib import Path
 from experiment.calibration import CALIBRATED
 from experiment.des import FleetConfig, arm_by_name
 from experiment.des_run import Point
-from experiment.grid import (GRID_END, GRID_START, POINTS, GridPoint, against_best_peer, best_peer, half_speed, report,
-                             run_grid, write_doc)
+from experiment.grid import (
+    GRID_END,
+    GRID_START,
+    POINTS,
+    GridPoint,
+    against_best_peer,
+    best_peer,
+    half_speed,
+    report,
+    run_grid,
+    write_doc,
+)
 from experiment.metrics import SeedMetrics
 from experiment.workload import WorkloadSpec
 
