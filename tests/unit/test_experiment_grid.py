@@ -51,8 +51,7 @@ def test_tiny_grid_runs_paired_and_reuses_its_cached_workloads(tmp_path: Path) -
 
 
 def _m(arm: str, seed: int, p95: float, mean: float, slo: float) -> SeedMetrics:
-    base = SeedMetrics.__dataclass_fields__
-    values = {k: 0.0 for k in base}
+    values: dict[str, object] = {k: 0.0 for k in SeedMetrics.__dataclass_fields__}
     values.update(arm=arm, seed=seed, ttft_p95=p95, ttft_mean=mean, slo_miss=slo, ok=10, errors=0, sent=10)
     return SeedMetrics(**values)  # type: ignore[arg-type]
 
