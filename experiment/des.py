@@ -16,6 +16,11 @@ It runs the SAME engine model as the real-time simulated engines and the SAME de
   decision pipeline builds them; load is the sidecar's own `LoadTracker` in-flight count (taken at the
   decision, released when the response ends), optionally refined by the same tracker with engine scrapes
   every `router_scrape_interval_s` that arrive `router_scrape_lag_s` late.
+- peers: `experiment.peers`' published policies (LMetric, Dynamo, llm-d, SGLang) run as arms on the same
+  candidates, which also carry the router's own token signals (uncached tokens in flight until the first
+  token and until the end, decode batch, distinct KV blocks in flight, distinct blocks ever routed) and
+  each engine's TTFT model learned from its first tokens, as the sidecar's `loadaware.load.signals` tracks
+  them; `FleetConfig.engine_services` gives engines their own service models (a heterogeneous fleet).
 - prefix credit: "single" = stock LMCache 0.5.6 (`KVController.lookup`): the walk over 256-token chunks
   stops at the first chunk nobody holds and credits each chunk to the FIRST REGISTERED engine holding it
   (registration order = engine index), an engine's match being the end of its last credited chunk;
