@@ -8,7 +8,7 @@ LMCACHE_STAMP := $(LMCACHE_VENV)/.installed
 EXPERIMENT_STAMP := $(VENV)/.experiment-installed
 
 .PHONY: help install lmcache demo test test-unit lint bench profile proto proto-check k8s-config envoy-configs clean \
-	peers peers-best-effort experiment experiment-quick results
+	peers peers-best-effort experiment experiment-quick results grid
 
 help:
 	@echo "make demo   - Envoy + sidecar + simulated engines + LMCache controller on loopback, with traffic"
@@ -19,6 +19,7 @@ help:
 	@echo "make experiment-quick - the same, 3 seeds and the arms the targets are judged on (< 15 min)"
 	@echo "make results          - docs/results.md from the experiment's runs (+ the discrete-event mode)"
 	@echo "make monitor - the demo stack with a real Prometheus beside it on loopback (prints where to look)"
+	@echo "make grid             - the placement grid: ours vs the peers' policies at 8 points (DES, 20 seeds)"
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -126,7 +127,12 @@ results: $(EXPERIMENT_STAMP)
 	$(PY) -m experiment.realtime.crosscheck des --seeds 1-20 --out $(EXPERIMENT_DIR)/des-kvev
 	$(PY) -m experiment.results_doc --des $(EXPERIMENT_DIR)/des --des-kvev $(EXPERIMENT_DIR)/des-kvev \
 		--realtime $(EXPERIMENT_DIR)/realtime-reference --realtime-queueing $(EXPERIMENT_DIR)/realtime-queueing \
-		--notes docs/findings.md --out docs
+		--notes docs/findings.md --grid $(EXPERIMENT_DIR)/grid --out docs
+
+# The placement grid (experiment/grid.py): 8 operating points x 20 held-out seeds x ours, the baselines and the
+# peers' published policies in the discrete-event simulator; its table goes into docs/results.md.
+grid: $(EXPERIMENT_STAMP)
+	$(PY) -m experiment.grid --seeds 20 --out $(EXPERIMENT_DIR)/grid --doc docs/results.md
 
 # Monitoring: Debian's Prometheus 2.42 with promtool (the monitoring tests and `make monitor` run the binary on
 # 127.0.0.1 themselves). A temporary policy-rc.d stops the package's service from starting at install.

@@ -16,6 +16,11 @@ It runs the SAME engine model as the real-time simulated engines and the SAME de
   decision pipeline builds them; load is the sidecar's own `LoadTracker` in-flight count (taken at the
   decision, released when the response ends), optionally refined by the same tracker with engine scrapes
   every `router_scrape_interval_s` that arrive `router_scrape_lag_s` late.
+- peers: `experiment.peers`' published policies (LMetric, Dynamo, llm-d, SGLang) run as arms on the same
+  candidates, which also carry the router's own token signals (uncached tokens in flight until the first
+  token and until the end, decode batch, distinct KV blocks in flight, distinct blocks ever routed) and
+  each engine's TTFT model learned from its first tokens, as the sidecar's `loadaware.load.signals` tracks
+  them; `FleetConfig.engine_services` gives engines their own service models (a heterogeneous fleet).
 - prefix credit: "single" = stock LMCache 0.5.6 (`KVController.lookup`): the walk over 256-token chunks
   stops at the first chunk nobody holds and credits each chunk to the FIRST REGISTERED engine holding it
   (registration order = engine index), an engine's match being the end of its last credited chunk;
@@ -32,15 +37,17 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from experiment.peers import PEER_POLICIES
 from experiment.records import EngineSample, RequestRecord, RunRecords
 from experiment.workload import Request, Workload
 from loadaware.load.tracker import EngineStats, Lease, LoadTracker
-from loadaware.policies import Policy, make_policy
+from loadaware.policies import POLICY_NAMES, Policy, make_policy
 from loadaware.policies.base import Candidate
+from loadaware.policies.ttft_model import TtftModel
 from sim.lmcache_chunks import LMCACHE_CHUNK_SIZE, LMCacheStore, chunk_keys
 from sim.prefix_cache import Block, PrefixCache, block_key, iter_blocks
 from sim.service_model import ServiceModel, split_prompt
@@ -54,9 +61,10 @@ class Arm:
     name: str  # as in the reference's cells: kvaware, loadaware-b0.5, roundrobin, ...
     policy: str
     beta: float = 1.0
+    factory: Callable[[], Policy] | None = None  # a peer arm's policy (experiment.peers); None: make_policy
 
     def make(self) -> Policy:
-        return make_policy(self.policy, self.beta)
+        return self.factory() if self.factory is not None else make_policy(self.policy, self.beta)
 
 
 def loadaware(beta: float) -> Arm:
@@ -68,15 +76,19 @@ SIDECAR_ARMS: tuple[Arm, ...] = (
     Arm("kvaware", "kvaware"), loadaware(0.0), loadaware(0.5), loadaware(1.0), loadaware(2.0),
     Arm("roundrobin", "roundrobin"), Arm("leastload", "leastload"),
 )
-ARMS_BY_NAME = {a.name: a for a in SIDECAR_ARMS}
+PEER_ARMS: tuple[Arm, ...] = tuple(Arm(name, name, factory=cls) for name, cls in PEER_POLICIES.items())
+ARMS_BY_NAME = {a.name: a for a in SIDECAR_ARMS + PEER_ARMS}
 
 
 def arm_by_name(name: str) -> Arm:
-    """"kvaware", "roundrobin", "leastload", or "loadaware-b<beta>" for any beta."""
+    """Every sidecar `--policy` name (default parameters: "loadaware" is beta 1.0), "loadaware-b<beta>" for
+    any beta, and every peer arm of experiment.peers by its name."""
     if name in ARMS_BY_NAME:
         return ARMS_BY_NAME[name]
     if name.startswith("loadaware-b"):
         return loadaware(float(name.removeprefix("loadaware-b")))
+    if name in POLICY_NAMES:
+        return Arm(name, name)
     raise ValueError(f"unknown arm {name!r}")
 
 
@@ -91,12 +103,17 @@ class FleetConfig:
     router_scrape_lag_s: float = 0.0  # age of a scrape when the router applies it
     router_scrape_stale_s: float = 5.0  # the sidecar's --scrape-stale-s
     settle_s: float = 1.0  # idle gap between the drained warm-up and the first measured send
+    # Per-engine service models by engine index (a heterogeneous fleet); engines beyond it run `service`.
+    engine_services: tuple[ServiceModel, ...] = ()
 
     def __post_init__(self) -> None:
         if not 1 <= self.engines <= 4096:
             raise ValueError("engines must be in 1..4096")
         if self.sample_interval_s <= 0:
             raise ValueError("sample_interval_s must be > 0")
+
+    def service_of(self, i: int) -> ServiceModel:
+        return self.engine_services[i] if i < len(self.engine_services) else self.service
 
     def endpoint(self, i: int) -> str:
         # Zero-padded so the sidecar's lexical tie-breaks and round-robin order follow the engine index.
@@ -160,12 +177,25 @@ _ARRIVE, _LANE_DONE, _PREFILL_DONE, _TOKEN, _SAMPLE, _SCRAPE, _APPLY = range(7)
 
 
 class _Engine:
-    __slots__ = ("active", "cache", "hits", "index", "lane_free", "lmcache", "name", "queries", "running",
-                 "served", "waiting")
+    __slots__ = ("active", "cache", "chunk_s", "decoding", "hits", "index", "kv_refs", "lane_free", "lmcache",
+                 "name", "prefill_tokens", "queries", "routed", "running", "served", "step", "svc",
+                 "ttft_model", "uncached_tokens", "waiting")
 
     def __init__(self, name: str, index: int, svc: ServiceModel) -> None:
         self.name = name
         self.index = index
+        self.svc = svc
+        # decode_step_seconds for every batch size the scheduler allows (+1 for safety); a step that starts
+        # while prefill work is queued on the lane also carries up to one chunk of it (`_gap`).
+        self.step = [svc.decode_step_seconds(k) for k in range(svc.max_num_seqs + 2)]
+        self.chunk_s = svc.prefill_chunk_tokens / svc.prefill_tokens_per_s if svc.serialize_prefill else 0.0
+        # What the router tracks per engine from its own decisions and the response path (Candidate fields).
+        self.prefill_tokens = 0  # uncached tokens routed here, first token not yet out
+        self.uncached_tokens = 0  # uncached tokens of requests in flight here
+        self.decoding = 0  # requests in flight here past their first token
+        self.kv_refs: dict[int, int] = {}  # block key -> requests in flight here holding it
+        self.routed: set[int] = set()  # block keys ever routed here (an approximate radix tree)
+        self.ttft_model = TtftModel()
         self.cache = PrefixCache(svc.kv_capacity_blocks, svc.block_size)
         self.lmcache = LMCacheStore(svc.lmcache_capacity_chunks)
         self.lane_free = 0.0
@@ -178,7 +208,8 @@ class _Engine:
 
 
 class _Req:
-    __slots__ = ("engine", "last_t", "lease", "prefilled", "produced", "record", "sim")
+    __slots__ = ("ahead", "decided_t", "engine", "last_t", "lease", "prefilled", "produced", "record", "running_at",
+                 "sim", "uncached")
 
     def __init__(self, sim: SimRequest, record: RequestRecord | None) -> None:
         self.sim = sim
@@ -188,6 +219,10 @@ class _Req:
         self.produced = 0
         self.last_t = 0.0
         self.prefilled = False
+        self.uncached = 0  # prompt tokens the router saw as uncached on its engine at the decision
+        self.ahead = 0  # the router's tokens_ahead at the decision (its prefill queue + the request's own)
+        self.running_at = 0.0  # the router's load of the engine at the decision
+        self.decided_t = 0.0
 
 
 @dataclass
@@ -206,18 +241,15 @@ class Simulation:
         self.arm = arm
         self.config = config
         self.seed = seed
-        self.svc = svc = config.service
+        self.svc = config.service
         self.policy = arm.make()
-        self.engines = [_Engine(config.endpoint(i), i, svc) for i in range(config.engines)]
+        self._gauges = getattr(self.policy, "uses_gauges", False)  # KV usage costs a walk over the batch
+        self.engines = [_Engine(config.endpoint(i), i, config.service_of(i)) for i in range(config.engines)]
         self.endpoints = tuple(e.name for e in self.engines)
         self.now = 0.0
         self.loads = LoadTracker(config.router_scrape_stale_s, clock=lambda: self.now)
         self._heap: list[tuple[float, int, int, object]] = []
         self._seq = 0
-        # decode_step_seconds for every batch size the scheduler allows (+1 for safety); a step that starts
-        # while prefill work is queued on the lane also carries up to one chunk of it (`_gap`).
-        self._step = [svc.decode_step_seconds(k) for k in range(svc.max_num_seqs + 2)]
-        self._chunk_s = svc.prefill_chunk_tokens / svc.prefill_tokens_per_s if svc.serialize_prefill else 0.0
         self._open = 0  # requests sent and not finished
         self._pending = 0  # arrivals not yet processed
         self.samples: list[EngineSample] = []
@@ -236,7 +268,6 @@ class Simulation:
     def _loop(self) -> None:
         heap = self._heap
         pop, push = heapq.heappop, heapq.heappush
-        step, chunk_s = self._step, self._chunk_s
         while heap:
             t, _, kind, obj = pop(heap)
             self.now = t
@@ -251,7 +282,8 @@ class Simulation:
                     self._finish(r, t)
                 else:
                     e = r.engine
-                    gap = step[e.running]  # type: ignore[union-attr]
+                    gap = e.step[e.running]  # type: ignore[union-attr]
+                    chunk_s = e.chunk_s  # type: ignore[union-attr]
                     if chunk_s and e.lane_free > t:  # type: ignore[union-attr]
                         pending = e.lane_free - t  # type: ignore[union-attr]
                         gap += pending if pending < chunk_s else chunk_s
@@ -284,24 +316,69 @@ class Simulation:
         self._open += 1
         if r.record is not None:
             r.record.send_t = t
-        engine = self._decide(r.sim)
+        engine, matched = self._decide(r.sim)
         r.engine = engine
+        r.running_at = float(self.loads.count(engine.name))
         r.lease = self.loads.acquire(engine.name)  # counted at the decision, before the next one is scored
+        self._track_decided(engine, r, matched, t)
         if r.record is not None:
             r.record.engine = engine.name
-        if engine.running < self.svc.max_num_seqs and not engine.waiting:
+        if engine.running < engine.svc.max_num_seqs and not engine.waiting:
             self._admit(engine, r, t)
         else:
             engine.waiting.append(r)
 
-    def _decide(self, s: SimRequest) -> _Engine:
+    def _decide(self, s: SimRequest) -> tuple[_Engine, int]:
         matches = self._matches(s) if self.policy.uses_prefix else {}
         loads = self.loads.loads(self.endpoints)
-        candidates = tuple(Candidate(ep, min(matches.get(ep, 0), s.n_tokens), load)
-                           for ep, load in zip(self.endpoints, loads))
-        choice = self.policy.choose(s.n_tokens, candidates)
+        n = s.n_tokens
+        candidates = tuple(self._candidate(e, min(matches.get(e.name, 0), n), load)
+                           for e, load in zip(self.engines, loads))
+        choice = self.policy.choose(n, candidates)
         assert choice is not None
-        return self.engines[choice.index]
+        return self.engines[choice.index], candidates[choice.index].matched_tokens
+
+    def _candidate(self, e: _Engine, matched: int, load: float) -> Candidate:
+        """The engine as the router sees it: its own counts, the learned TTFT model, and the engine's gauges
+        as a fresh scrape would show them (waiting, KV usage: an idealised zero-lag scrape)."""
+        m = e.ttft_model
+        learned = m.observations > 0
+        return Candidate(e.name, matched, load, prefill_tokens=float(e.prefill_tokens),
+                         uncached_tokens=float(e.uncached_tokens), decode_batch=float(e.decoding),
+                         waiting=float(len(e.waiting)), kv_usage=self._kv_usage(e) if self._gauges else None,
+                         kv_blocks=float(len(e.kv_refs)),
+                         routed_tokens=float(len(e.routed) * self.svc.block_size),
+                         ttft_base_s=m.base_s if learned else None,
+                         ttft_per_token_s=m.per_token_s if learned else None,
+                         ttft_per_running_s=m.per_running_s if learned else None)
+
+    # ---- the router's own per-engine signals (what the sidecar tracks from decisions and responses) -----
+    def _track_decided(self, e: _Engine, r: _Req, matched: int, t: float) -> None:
+        r.uncached = max(0, r.sim.n_tokens - matched)
+        r.ahead = e.prefill_tokens + r.uncached
+        r.decided_t = t
+        e.prefill_tokens += r.uncached
+        e.uncached_tokens += r.uncached
+        refs = e.kv_refs
+        for k in r.sim.block_keys:
+            refs[k] = refs.get(k, 0) + 1
+        e.routed.update(r.sim.block_keys)
+
+    def _track_first_token(self, e: _Engine, r: _Req, t: float) -> None:
+        e.prefill_tokens -= r.uncached
+        e.decoding += 1
+        e.ttft_model.observe(r.ahead, r.running_at, t - r.decided_t)
+
+    def _track_ended(self, e: _Engine, r: _Req) -> None:
+        e.uncached_tokens -= r.uncached
+        e.decoding -= 1
+        refs = e.kv_refs
+        for k in r.sim.block_keys:
+            left = refs[k] - 1
+            if left:
+                refs[k] = left
+            else:
+                del refs[k]
 
     def _matches(self, s: SimRequest) -> dict[str, int]:
         chunks = s.chunks
@@ -328,7 +405,7 @@ class Simulation:
         return layout
 
     def _admit(self, e: _Engine, r: _Req, t: float) -> None:
-        svc, s = self.svc, r.sim
+        svc, s = e.svc, r.sim
         e.running += 1
         e.active.add(r)
         n = s.n_tokens
@@ -348,7 +425,7 @@ class Simulation:
     def _lane_done(self, r: _Req, t: float) -> None:
         e = r.engine
         assert e is not None
-        first = self.svc.first_token_seconds(e.running)
+        first = e.svc.first_token_seconds(e.running)
         if first:
             self._push(t + first, _PREFILL_DONE, r)
         else:
@@ -362,12 +439,13 @@ class Simulation:
         r.prefilled = True
         r.produced = 1
         r.last_t = t
+        self._track_first_token(e, r, t)
         if r.record is not None:
             r.record.first_token_t = t
         if s.max_tokens <= 1:
             self._finish(r, t)
         else:
-            self._push(t + self.svc.decode_step_seconds(e.running, e.lane_free - t if self._chunk_s else 0.0),
+            self._push(t + e.svc.decode_step_seconds(e.running, e.lane_free - t if e.chunk_s else 0.0),
                        _TOKEN, r)
 
     def _finish(self, r: _Req, t: float) -> None:
@@ -376,6 +454,7 @@ class Simulation:
         e.active.discard(r)
         e.served += 1
         self.loads.release(r.lease)
+        self._track_ended(e, r)
         self._open -= 1
         rec = r.record
         if rec is not None:
@@ -398,12 +477,12 @@ class Simulation:
 
     # ---- observation ---------------------------------------------------------------------------------
     def _kv_usage(self, e: _Engine) -> float:
-        bs = self.svc.block_size
+        bs = e.svc.block_size
         private = 0
         for r in e.active:
             n = r.sim.n_tokens
             private += math.ceil(((n % bs) + r.produced) / bs) if r.prefilled else math.ceil(n / bs)
-        return min(1.0, (len(e.cache) + private) / max(1, self.svc.kv_capacity_blocks))
+        return min(1.0, (len(e.cache) + private) / max(1, e.svc.kv_capacity_blocks))
 
     def _sample(self, t: float) -> None:
         if self.samples and self.samples[-1].t == t:

@@ -69,6 +69,13 @@ class WorkloadSpec:
     warmup_mode: Literal["drained", "continuous"] = "drained"
     corpus_seed: int = 0
     model: str = "tiny-model"
+    # Multi-turn chat (turns > 1; simulator workloads): each conversation opens on a Zipf-drawn shared prefix
+    # (its system prompt) and sends `turns` requests, each the whole history so far (prefix, every earlier
+    # user message and reply) plus a new `suffix_tokens` user message; conversations start at rate / turns,
+    # each next turn `turn_gap_s` + Exp(`think_s`) after the previous one was sent.
+    turns: int = 1
+    turn_gap_s: float = 6.0
+    think_s: float = 4.0
 
     def __post_init__(self) -> None:
         if self.n_prefixes < 1 or self.n_requests < 0 or self.max_tokens < 1:
@@ -302,8 +309,68 @@ def build(spec: WorkloadSpec, seed: int, tokenizer_dir: str | Path = DEFAULT_TOK
                        spec.api, spec.model, wave)
 
     warmup = tuple(make("warmup", i, p, t, wave) for i, (wave, p, t) in enumerate(warm))
-    requests = tuple(make("measure", i, int(p), t) for i, (p, t) in enumerate(zip(ranks, times)))
+    if spec.turns > 1:
+        pre, requests = _conversations(spec, seed, texts, prefixes, prefix_ids, suffix_text_tokens, chat)
+        warmup += tuple(replace(r, index=len(warmup) + r.index) for r in pre)
+    else:
+        requests = tuple(make("measure", i, int(p), t) for i, (p, t) in enumerate(zip(ranks, times)))
     return Workload(spec, seed, warmup, requests, prefix_ids)
+
+
+def _conversations(spec: WorkloadSpec, seed: int, texts: _Texts, prefixes: tuple[str, ...],
+                   prefix_ids: tuple[tuple[int, ...], ...], user_tokens: int,
+                   chat: bool) -> tuple[tuple[Request, ...], tuple[Request, ...]]:
+    """(earlier turns, measured requests) of a multi-turn workload (see WorkloadSpec.turns).
+
+    Conversations start at rate / turns, so in steady state requests arrive at `rate`. The measured window
+    starts once that steady state is reached (the span of a whole conversation); the earlier turns of the
+    conversations it sees are sent as one more drained warm-up wave, so a conversation in progress finds its
+    history where the router put it. A body is one completions prompt holding the whole conversation (its
+    token ids are the pieces' ids joined)."""
+    ramp = (spec.turns - 1) * (spec.turn_gap_s + spec.think_s)
+    n_conv = math.ceil((ramp + spec.n_requests / spec.rate) * spec.rate / spec.turns * 1.2) + spec.turns
+    ranks = prefix_sequence(spec, seed, n_conv)
+    starts = arrival_times(spec, n_conv, np.random.default_rng([seed, _STREAM_ARRIVAL]), rate=spec.rate / spec.turns)
+    grng = np.random.default_rng([seed, _STREAM_ARRIVAL, 1])
+    srng = np.random.default_rng([seed, _STREAM_SUFFIX])
+    plan: list[tuple[float, int, int]] = []  # (send time, conversation, turn)
+    for c, start in enumerate(starts):
+        at = float(start)
+        for k in range(spec.turns):
+            plan.append((at, c, k))
+            at += spec.turn_gap_s + float(grng.exponential(spec.think_s))
+    plan.sort()
+    window = [x for x in plan if x[0] >= ramp][: spec.n_requests]
+    last_turn: dict[int, int] = {}
+    for _, c, k in window:
+        last_turn[c] = max(k, last_turn.get(c, -1))
+    built: dict[tuple[int, int], tuple[str, tuple[int, ...]]] = {}
+    for c in sorted(last_turn):
+        rank = int(ranks[c])
+        history, ids = "", prefix_ids[rank]
+        for k in range(last_turn[c] + 1):
+            user = texts.fit("", user_tokens, srng, tail=f" (q c{seed}.{c}.{k})")
+            history += user
+            ids = ids + tuple(_encode_unique(texts, user, chat))
+            built[(c, k)] = (history, ids)
+            reply = texts.fit("", spec.max_tokens, srng)  # the assistant's answer, as the next turn resends it
+            history += reply
+            ids = ids + tuple(_encode_unique(texts, reply, False))
+    in_window = {(c, k) for _, c, k in window}
+    earlier = sorted((at, c, k) for at, c, k in plan if c in last_turn and k < last_turn[c] and (c, k) not in in_window)
+    wrng = np.random.default_rng([seed, _STREAM_WARMUP, 1])
+    pace = arrival_times(replace(spec, arrival="poisson"), len(earlier), wrng, rate=spec.warmup_rate or spec.rate)
+
+    def req(phase: Literal["warmup", "measure"], i: int, at: float, c: int, k: int, wave: int) -> Request:
+        history, ids = built[(c, k)]
+        rank = int(ranks[c])
+        return Request(i, phase, at, rank, ids, prefixes[rank], history, spec.max_tokens, spec.api, spec.model, wave)
+
+    t0 = window[0][0] if window else 0.0
+    pre = tuple(req("warmup", i, float(t), c, k, spec.warmup_passes)
+                for i, (t, (_, c, k)) in enumerate(zip(pace, earlier)))
+    measured = tuple(req("measure", i, at - t0, c, k, 0) for i, (at, c, k) in enumerate(window))
+    return pre, measured
 
 
 @functools.lru_cache(maxsize=8)

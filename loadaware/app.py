@@ -35,6 +35,7 @@ from loadaware.fleet.models_poller import ModelsPoller
 from loadaware.fleet.registry import EndpointRegistry, FleetEvents
 from loadaware.lifecycle import RequestLifecycle
 from loadaware.load.scraper import MetricsScraper
+from loadaware.load.signals import SignalTracker
 from loadaware.load.tracker import LoadTracker
 from loadaware.policies import make_policy
 from loadaware.prefix.lmcache.bridge import InstanceBridge
@@ -118,12 +119,17 @@ class Sidecar:
             HealthOptions(s.eject_after_failures, s.ejection_base_s, s.ejection_max_s, s.unreachable_after_scrapes,
                           s.max_ejection_percent),
             on_change=self._health_changed)
+        # Token-level signals per endpoint (uncached tokens in flight, decode batch, observed TTFT).
+        self.signals = SignalTracker()
         self.decider = Decider(make_policy(s.policy, s.loadaware_beta), self.registry, self.loads, self.lifecycle,
                                encoder, self.prefixes.source, fallbacks=s.fallback_endpoints,
-                               health=self.endpoint_health, models=self.models, ranking=self.loads)
+                               health=self.endpoint_health, models=self.models, ranking=self.loads,
+                               signals=self.signals)
         # Who hears about each request: counts first (a later listener failing must not leak one).
         self.recent = RecentDecisions()
         self.lifecycle.subscribe(self.loads)
+        self.lifecycle.subscribe(self.signals)
+        self.lifecycle.subscribe_progress(self.signals)
         if self.prefixes.approx is not None:
             self.lifecycle.subscribe(self.prefixes.approx)
         self.lifecycle.subscribe(self.endpoint_health)
@@ -151,7 +157,7 @@ class Sidecar:
         self.catalog, self._discovery_tasks = self._discovery(s)
         self.api = RouterServicer(s.policy, s.loadaware_beta, s.describe, self.decider, self.registry,
                                   self.loads, self.bridge, self.catalog, self.ready, health=self.endpoint_health,
-                                  models=self.models)
+                                  models=self.models, signals=self.signals)
         # The scrape round that must finish before readiness (see _scraped_since_fleet).
         self._fleet_round: int | None = 1 if self.registry.snapshot() else None
         self.extproc = ExtProcServicer(self.decider, self.lifecycle, self.metrics, s.destination_header,
@@ -219,6 +225,7 @@ class Sidecar:
 
     def _endpoint_removed(self, endpoint: str) -> None:
         self.loads.drop(endpoint)
+        self.signals.drop(endpoint)
         self.endpoint_health.forget(endpoint)
         self.prefixes.endpoint_removed(endpoint)
         self.metrics.forget_endpoint(endpoint)
@@ -277,6 +284,10 @@ class Sidecar:
         if self.tokenizer is not None:
             pieces = self.tokenizer.tokenizer.pieces
             self.metrics.tokenizer_pieces_seen(pieces.hits, pieces.misses, pieces.enabled)
+        for endpoint in fleet:
+            sig = self.signals.get(endpoint)
+            if sig is not None:
+                self.metrics.token_signals(endpoint, sig.prefill_tokens, sig.uncached_tokens, sig.decoding, sig.ttft_s)
         return self.metrics.render(self.loads.snapshot, fleet)
 
     def _pool_loads(self) -> list[PodLoad]:

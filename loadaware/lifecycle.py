@@ -72,6 +72,8 @@ class Decision:
     status: int | None = None  # the response's HTTP status, once its headers came back
     model: str | None = None  # the request body's `model`, when it names one
     lease: Any = None  # the load module's receipt for this request's in-flight count
+    signals: Any = None  # the token-signal tracker's receipt (loadaware.load.signals)
+    first_chunk: bool = False  # the response path has seen the first response body chunk
     ended: bool = False
 
     def __post_init__(self) -> None:
@@ -110,6 +112,12 @@ class OutcomeListener(Protocol):
 ListenerFailure = Callable[[str, object, Exception], None]
 
 
+class ProgressListener(Protocol):
+    def on_first_chunk(self, decision: Decision) -> None:
+        """The first response body chunk passed: the engine has prefilled the prompt."""
+        ...
+
+
 class RequestLifecycle:
     """Fans each event out to the listeners, in subscription order. Listeners run synchronously and must
     not block: `decided` runs on the hot path between the choice and the reply."""
@@ -119,6 +127,7 @@ class RequestLifecycle:
         self._outcome_listeners: list[OutcomeListener] = []
         # None: a traceback per failure; the sidecar counts them and logs them rate-limited instead
         self.on_failure = on_failure
+        self._progress_listeners: list[ProgressListener] = []
 
     def _failed(self, event: str, listener: object, exc: Exception) -> None:
         if self.on_failure is None:
@@ -128,6 +137,21 @@ class RequestLifecycle:
             self.on_failure(event, listener, exc)
         except Exception:  # noqa: BLE001 - the report of a failure must not become one
             pass
+
+    def subscribe_progress(self, listener: ProgressListener) -> None:
+        self._progress_listeners.append(listener)
+
+    def first_chunk(self, decision: Decision | None) -> None:
+        """Once per request, when the response path sees its first body chunk (only the full-duplex path sees
+        bodies); the caller checks `decision.first_chunk` first so later chunks cost one attribute read."""
+        if decision is None or decision.first_chunk or decision.ended:
+            return
+        decision.first_chunk = True
+        for listener in self._progress_listeners:
+            try:
+                listener.on_first_chunk(decision)
+            except Exception:
+                log.exception("progress listener %r failed on first_chunk", listener)
 
     def subscribe(self, listener: LifecycleListener) -> None:
         self._listeners.append(listener)

@@ -15,6 +15,7 @@ from loadaware.fleet.health import HealthView
 from loadaware.lifecycle import Decision
 from loadaware.load.tracker import EngineStats
 from loadaware.policies import Policy
+from loadaware.policies.base import Candidate
 from loadaware.policies.loadaware import benefit, mean_load, relative_loads
 
 ModelsFor = Callable[[str], list[str]]  # an endpoint's served models; [] when not known
@@ -56,6 +57,31 @@ def scraped(stats: EngineStats | None, now: float, stale_s: float) -> pb.Scraped
     return msg
 
 
+def token_signals(c: Candidate, observed_ttft_s: float | None = None) -> pb.TokenSignals:
+    """The candidate's token signals as the policy saw them (optional fields left out when unknown)."""
+    msg = pb.TokenSignals(prefill_tokens=c.prefill_tokens, uncached_tokens_in_flight=c.uncached_tokens,
+                          decode_batch=c.decode_batch)
+    if c.kv_usage is not None:
+        msg.kv_cache_usage = c.kv_usage
+    if observed_ttft_s is not None:
+        msg.observed_ttft_seconds = observed_ttft_s
+    if c.ttft_base_s is not None:
+        msg.ttft_base_seconds = c.ttft_base_s
+    if c.ttft_per_token_s is not None:
+        msg.ttft_per_token_seconds = c.ttft_per_token_s
+    if c.ttft_per_running_s is not None:
+        msg.ttft_per_running_seconds = c.ttft_per_running_s
+    return msg
+
+
+def no_ttft(endpoint: str) -> float | None:
+    return None
+
+
+def no_signals(endpoint: str) -> pb.TokenSignals | None:
+    return None
+
+
 def routing_health(view: HealthView) -> pb.RoutingHealth:
     return pb.RoutingHealth(state=view.state, reason=view.reason, consecutive_failures=view.consecutive_failures,
                             ejections=view.ejections, ejected_for_seconds=view.ejected_for_s,
@@ -66,7 +92,8 @@ def explanation(decision: Decision, policy: Policy, beta: float, kind: str,
                 instance_for: Callable[[str], str | None], inflight: Callable[[str], int],
                 stats_for: Callable[[str], pb.ScrapedLoad | None], routing_state: Callable[[str], str],
                 excluded: Sequence[str] = (), model: str | None = None,
-                models_for: ModelsFor = no_models) -> pb.ExplainResponse:
+                models_for: ModelsFor = no_models,
+                observed_ttft: Callable[[str], float | None] = no_ttft) -> pb.ExplainResponse:
     candidates = decision.candidates
     loads = [c.load for c in candidates]
     # A large pool's decision scores only the endpoints that could rank (routing/pruning.py): its mean load
@@ -84,14 +111,15 @@ def explanation(decision: Decision, policy: Policy, beta: float, kind: str,
             matched_tokens=c.matched_tokens, benefit=benefit(c.matched_tokens, decision.prompt_tokens),
             inflight=inflight(c.endpoint), scraped=stats_for(c.endpoint), load=c.load, relative_load=r,
             score=score, chosen=c.endpoint == decision.endpoint, routing_state=routing_state(c.endpoint),
-            models=models_for(c.endpoint)))
+            models=models_for(c.endpoint), signals=token_signals(c, observed_ttft(c.endpoint))))
     return out
 
 
 def endpoint_list(entries: Iterable[DiscoveredEndpoint], source: str, routable: Sequence[str],
                   loads: Sequence[float], instance_for: Callable[[str], str | None],
                   inflight: Callable[[str], int], stats_for: Callable[[str], pb.ScrapedLoad | None],
-                  health_of: Callable[[str], HealthView], models_for: ModelsFor = no_models) -> list[pb.Endpoint]:
+                  health_of: Callable[[str], HealthView], models_for: ModelsFor = no_models,
+                  signals_for: Callable[[str], pb.TokenSignals | None] = no_signals) -> list[pb.Endpoint]:
     load_of = dict(zip(routable, loads))
     members = set(routable)
     out = []
@@ -101,7 +129,8 @@ def endpoint_list(entries: Iterable[DiscoveredEndpoint], source: str, routable: 
             health_detail=e.detail, routable=e.endpoint in members, inflight=inflight(e.endpoint),
             load=load_of.get(e.endpoint, 0.0), last_scrape=stats_for(e.endpoint),
             lmcache_instance_id=instance_for(e.endpoint) or e.instance_id, pod=e.pod, zone=e.zone,
-            routing_health=routing_health(health_of(e.endpoint)), models=models_for(e.endpoint)))
+            routing_health=routing_health(health_of(e.endpoint)), models=models_for(e.endpoint),
+            signals=signals_for(e.endpoint)))
     return out
 
 

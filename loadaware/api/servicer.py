@@ -22,6 +22,7 @@ from loadaware.fleet.discovery.catalog import DiscoveryCatalog
 from loadaware.fleet.health import EndpointHealth
 from loadaware.fleet.models import EndpointModels
 from loadaware.fleet.registry import EndpointRegistry
+from loadaware.load.signals import SignalTracker
 from loadaware.load.tracker import LoadTracker
 from loadaware.prefix.lmcache.bridge import InstanceBridge
 from loadaware.routing.pipeline import Decider
@@ -35,7 +36,8 @@ class RouterServicer(pb_grpc.RouterServicer):
     def __init__(self, policy: str, beta: float, describe: Callable[[], list[dict[str, Any]]], decider: Decider,
                  registry: EndpointRegistry, loads: LoadTracker, bridge: InstanceBridge, catalog: DiscoveryCatalog,
                  ready: Callable[[], bool], health: EndpointHealth | None = None,
-                 models: EndpointModels | None = None) -> None:
+                 models: EndpointModels | None = None, signals: SignalTracker | None = None) -> None:
+        self.signals = signals
         self.policy = policy
         self.beta = beta
         self.describe = describe  # every setting with its origin (flag, env, default)
@@ -78,7 +80,7 @@ class RouterServicer(pb_grpc.RouterServicer):
         excluded = self._excluded(decider, parsed.model, decision.pool_size) if decision.candidates else []
         return explain.explanation(decision, decider.policy, self.beta, kind, self.bridge.instance_for,
                                    self.loads.count, self._stats(), self.health.state, excluded, parsed.model,
-                                   self._models_for)
+                                   self._models_for, self._observed_ttft)
 
     @staticmethod
     def _excluded(decider: Decider, model: str | None, chosen_among: int) -> list[str]:
@@ -96,9 +98,19 @@ class RouterServicer(pb_grpc.RouterServicer):
         loads = self.loads.loads(routable) if routable else []
         endpoints = explain.endpoint_list(self.catalog.entries(), self.catalog.source, routable, loads,
                                           self.bridge.instance_for, self.loads.count, self._stats(),
-                                          self.health.view, self._models_for)
+                                          self.health.view, self._models_for, self._signals_for)
         return pb.ListEndpointsResponse(endpoints=endpoints, discovery=self.catalog.source, ready=self.ready(),
                                         fleet_version=self.registry.version)
+
+    def _observed_ttft(self, endpoint: str) -> float | None:
+        sig = self.signals.get(endpoint) if self.signals is not None else None
+        return sig.ttft_s if sig is not None else None
+
+    def _signals_for(self, endpoint: str) -> pb.TokenSignals | None:
+        """The endpoint's token signals as the next decision would see them."""
+        if self.signals is None:
+            return None
+        return explain.token_signals(self.decider.signalled(endpoint, 0, 0.0), self._observed_ttft(endpoint))
 
     async def GetConfig(self, request: pb.GetConfigRequest, context: grpc.aio.ServicerContext) -> pb.GetConfigResponse:
         return pb.GetConfigResponse(settings=explain.settings_list(self.describe()))

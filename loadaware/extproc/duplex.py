@@ -45,6 +45,9 @@ class DuplexConversation(Conversation):
             if which == "response_body":  # the hottest message: one per streamed token chunk
                 chunk = msg.response_body
                 await write(streamed_response_body(chunk.body, chunk.end_of_stream))
+                decision = stream.decision
+                if decision is not None and not decision.first_chunk and chunk.body:
+                    self.lifecycle.first_chunk(decision)  # the engine has prefilled: token signals
                 if chunk.end_of_stream:
                     stream.response_done = True
             elif which == "request_headers":

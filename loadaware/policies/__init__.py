@@ -6,9 +6,10 @@ from loadaware.policies.base import Candidate, Choice, Policy, ranked
 from loadaware.policies.kvaware import KvAware
 from loadaware.policies.leastload import LeastLoad
 from loadaware.policies.loadaware import LoadAware
+from loadaware.policies.predictive import Predictive
 from loadaware.policies.roundrobin import RoundRobin
 
-POLICY_NAMES = ("loadaware", "kvaware", "roundrobin", "leastload")
+POLICY_NAMES = ("loadaware", "kvaware", "roundrobin", "leastload", "predictive")
 
 
 def make_policy(name: str, beta: float = 1.0) -> Policy:
@@ -20,6 +21,8 @@ def make_policy(name: str, beta: float = 1.0) -> Policy:
         return RoundRobin()
     if name == "leastload":
         return LeastLoad()
+    if name == "predictive":
+        return Predictive()
     raise ValueError(f"unknown policy {name!r}; expected one of {', '.join(POLICY_NAMES)}")
 
 
@@ -31,6 +34,7 @@ __all__ = [
     "LeastLoad",
     "LoadAware",
     "Policy",
+    "Predictive",
     "RoundRobin",
     "make_policy",
     "ranked",

@@ -15,6 +15,19 @@ class Candidate:
     endpoint: str
     matched_tokens: int  # prompt tokens this endpoint already holds (prefix match)
     load: float  # requests in flight on it (own count, refined by scraped metrics)
+    # Token-level signals (0 / None when the caller does not track them; the seed's policies ignore them).
+    prefill_tokens: float = 0.0  # uncached prompt tokens routed here whose first token has not come yet
+    uncached_tokens: float = 0.0  # uncached prompt tokens of every request in flight here (until it ends)
+    decode_batch: float = 0.0  # requests in flight here past their first token
+    waiting: float = 0.0  # scraped vllm:num_requests_waiting (0 without a fresh scrape)
+    kv_usage: float | None = None  # scraped vllm:kv_cache_usage_perc, 0..1
+    kv_blocks: float = 0.0  # distinct KV blocks held by the requests in flight here (router's own count)
+    routed_tokens: float = 0.0  # distinct prompt tokens ever routed here (an approximate radix tree's size)
+    # This endpoint's learned TTFT model (loadaware.policies.ttft_model): ttft ~ base + per_token x
+    # (prefill_tokens + uncached prompt) + per_running x load. None: not learned (the policy uses its prior).
+    ttft_base_s: float | None = None
+    ttft_per_token_s: float | None = None
+    ttft_per_running_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

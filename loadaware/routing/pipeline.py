@@ -20,6 +20,7 @@ from loadaware.fleet.members import member_set
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import Decision, RequestLifecycle, preview
 from loadaware.load.order import LoadOrder
+from loadaware.load.signals import SignalTracker
 from loadaware.policies import Candidate, Choice, Policy, RoundRobin, ranked
 from loadaware.prefix.source import PrefixSource, PrefixUnavailable, SaltedTokens
 from loadaware.routing.pruning import MIN_POOL, PRUNABLE, pruned_candidates, round_robin_candidates
@@ -63,8 +64,11 @@ class Decider:
     def __init__(self, policy: Policy, registry: EndpointRegistry, loads: Loads, lifecycle: RequestLifecycle,
                  tokenizer: PromptEncoder | None = None, prefix_source: PrefixSource | None = None,
                  fallbacks: int = 0, health: Eligibility | None = None, models: ModelPools | None = None,
-                 ranking: Ranking | None = None) -> None:
+                 ranking: Ranking | None = None, signals: SignalTracker | None = None) -> None:
         self.policy = policy
+        self.signals = signals  # per-endpoint token signals (load/signals.py); None: candidates carry none
+        self._fresh_stats = getattr(loads, "fresh_stats", None)  # bound once: the candidates are the hot path
+        self._correction = getattr(loads, "snapshot_correction", None)
         self.health = health  # engines failing their requests are left out (fleet/health.py)
         self.models = models  # which engines serve which model (None: model awareness off)
         self.fallbacks = fallbacks  # next-best endpoints named after the choice, for the proxy's retries
@@ -287,7 +291,34 @@ class Decider:
         except Exception as exc:  # noqa: BLE001 - no load signal: the policy sees every engine idle
             _degraded(reasons, "loads_error", exc)
             loads = [0.0] * len(endpoints)
+        if self.signals is not None:  # the token signals a policy like predictive reads (never pruned)
+            return tuple(self.signalled(ep, min(matches.get(ep, 0), n_tokens), load)
+                         for ep, load in zip(endpoints, loads))
         return tuple(Candidate(ep, min(matches.get(ep, 0), n_tokens), load) for ep, load in zip(endpoints, loads))
+
+    def signalled(self, ep: str, matched: int, load: float) -> Candidate:
+        """A candidate with the endpoint's token signals: own counts, the scrape's waiting queue and KV usage
+        (when fresh), the decode batch (scraped running plus own decisions since, else own count), and the
+        endpoint's learned TTFT model."""
+        assert self.signals is not None
+        sig = self.signals.get(ep)
+        stats = self._fresh_stats(ep) if self._fresh_stats is not None else None
+        if sig is None and stats is None:
+            return Candidate(ep, matched, load)
+        decoding = float(sig.decoding) if sig is not None else 0.0
+        waiting, kv = 0.0, None
+        if stats is not None:
+            waiting, kv = stats.waiting, stats.kv_usage
+            correction = self._correction(ep) if self._correction is not None else 0
+            decoding = max(decoding, stats.running + correction)
+        if sig is None:
+            return Candidate(ep, matched, load, decode_batch=decoding, waiting=waiting, kv_usage=kv)
+        m = sig.model
+        learned = m.observations > 0
+        return Candidate(ep, matched, load, float(sig.prefill_tokens), float(sig.uncached_tokens), decoding, waiting,
+                         kv, ttft_base_s=m.base_s if learned else None,
+                         ttft_per_token_s=m.per_token_s if learned else None,
+                         ttft_per_running_s=m.per_running_s if learned else None)
 
     def _empty(self, request_id: str, subset: frozenset[str] | None, n_tokens: int, stages: dict[str, float],
                started: float, count: bool, model: str | None = None) -> Decision:

@@ -63,6 +63,15 @@ class Metrics:
         self.ejections = Counter("loadaware_endpoint_ejections", "Endpoints taken out of rotation, by reason "
                                  "(http_5xx, timeout, passed_over, unreachable)", ["endpoint", "reason"],
                                  registry=r)
+        # Token-level signals per endpoint (loadaware/load/signals.py), set when /metrics is read.
+        self.signal_prefill = Gauge("loadaware_endpoint_prefill_tokens", "Uncached prompt tokens routed to the "
+                                    "endpoint whose first response chunk has not passed yet", ["endpoint"], registry=r)
+        self.signal_uncached = Gauge("loadaware_endpoint_uncached_tokens_in_flight", "Uncached prompt tokens of the "
+                                     "requests in flight on the endpoint", ["endpoint"], registry=r)
+        self.signal_decoding = Gauge("loadaware_endpoint_decoding_requests", "Own requests on the endpoint past "
+                                     "their first response chunk", ["endpoint"], registry=r)
+        self.signal_ttft = Gauge("loadaware_endpoint_observed_ttft_seconds", "Observed time to first response "
+                                 "chunk on the endpoint (EWMA)", ["endpoint"], registry=r)
         self.endpoint_models = Gauge("loadaware_endpoint_models", "1 for each model an endpoint serves (served "
                                      "names and LoRA adapters, from its /v1/models)", ["endpoint", "model"],
                                      registry=r)
@@ -206,7 +215,8 @@ class Metrics:
         self._state_shown.pop(endpoint, None)
         self._inflight_shown.pop(endpoint, None)
         for gauge in (self.inflight, self.scraped_running, self.scraped_waiting, self.scraped_kv,
-                      self.kv_connected, self.kv_index_blocks, self.approx_blocks):
+                      self.kv_connected, self.kv_index_blocks, self.approx_blocks, self.signal_prefill,
+                      self.signal_uncached, self.signal_decoding, self.signal_ttft):
             try:
                 gauge.remove(endpoint)
             except KeyError:
@@ -233,6 +243,14 @@ class Metrics:
         self.tokenizer_pieces.labels("hits").set(hits)
         self.tokenizer_pieces.labels("misses").set(misses)
         self.tokenizer_pieces.labels("enabled").set(1 if enabled else 0)
+
+    def token_signals(self, endpoint: str, prefill: float, uncached: float, decoding: float,
+                      ttft_s: float | None) -> None:
+        self.signal_prefill.labels(endpoint).set(prefill)
+        self.signal_uncached.labels(endpoint).set(uncached)
+        self.signal_decoding.labels(endpoint).set(decoding)
+        if ttft_s is not None:
+            self.signal_ttft.labels(endpoint).set(ttft_s)
 
     def render(self, inflight_snapshot: Callable[[], dict[str, int]], endpoints: tuple[str, ...]) -> bytes:
         """Exposition text; gauges that are cheap to compute on demand are set here, not per request."""

@@ -109,3 +109,27 @@ def test_invalid_specs_are_refused() -> None:
         WorkloadSpec(rate=0)
     with pytest.raises(ValueError):
         WorkloadSpec(arrival="mmpp", mmpp_high_factor=6, mmpp_high_share=0.2)
+
+
+def test_multi_turn_conversations_grow_and_their_earlier_turns_warm_up() -> None:
+    from dataclasses import replace as _replace
+
+    spec = _replace(WorkloadSpec(n_prefixes=4, n_requests=60, rate=20.0, max_tokens=8, suffix_tokens=20),
+                    turns=3, turn_gap_s=1.0, think_s=0.5)
+    w = build(spec, 1)
+    reqs = w.requests
+    assert len(reqs) == 60
+    assert [r.send_at for r in reqs] == sorted(r.send_at for r in reqs) and reqs[0].send_at == 0.0
+    by_history = sorted(list(reqs) + [r for r in w.warmup if r.wave == spec.warmup_passes],
+                        key=lambda r: len(r.token_ids))
+    grown = 0
+    for r in reqs:
+        shared = w.prefix_ids[r.prefix]
+        assert r.token_ids[: len(shared)] == shared  # every turn starts with its system prompt
+        # a later turn resends an earlier turn's whole prompt (and its reply) as its own prefix
+        if any(len(o.token_ids) < len(r.token_ids) and r.token_ids[: len(o.token_ids)] == o.token_ids
+               for o in by_history if o is not r):
+            grown += 1
+    assert grown > len(reqs) // 3
+    assert any(r.wave == spec.warmup_passes for r in w.warmup)  # conversations in progress warmed up
+    assert build(spec, 1).requests == reqs  # deterministic

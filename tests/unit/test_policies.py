@@ -135,3 +135,35 @@ def test_make_policy_rejects_unknown() -> None:
     with pytest.raises(ValueError, match="unknown policy"):
         make_policy("random")
     assert make_policy("loadaware", beta=0.5).beta == 0.5  # type: ignore[attr-defined]
+
+
+# ---- predictive (loadaware/policies/predictive.py) ------------------------------------------------------
+def test_predictive_keeps_a_hit_when_the_holder_is_not_backed_up() -> None:
+    p = make_policy("predictive")
+    cands = (Candidate("a", 1536, 20.0, decode_batch=20.0), Candidate("b", 0, 18.0, decode_batch=18.0))
+    choice = p.choose(1578, cands)
+    assert choice is not None and choice.index == 0
+
+
+def test_predictive_moves_off_a_holder_with_a_long_prefill_queue() -> None:
+    p = make_policy("predictive")
+    cands = (Candidate("a", 1536, 20.0, prefill_tokens=20_000, decode_batch=20.0),
+             Candidate("b", 0, 18.0, decode_batch=18.0))
+    choice = p.choose(1578, cands)
+    assert choice is not None and choice.index == 1
+
+
+def test_predictive_prices_tokens_at_each_engines_learned_speed() -> None:
+    # Same signals, but a learned a four times slower prefill: the same miss costs more there.
+    p = make_policy("predictive")
+    slow = Candidate("a", 0, 5.0, decode_batch=5.0, ttft_base_s=0.05, ttft_per_token_s=1e-3, ttft_per_running_s=0.0025)
+    fast = Candidate("b", 0, 5.0, decode_batch=5.0, ttft_base_s=0.05, ttft_per_token_s=2.5e-4,
+                     ttft_per_running_s=0.0025)
+    choice = p.choose(1000, (slow, fast))
+    assert choice is not None and choice.index == 1
+    costs = [-s for s in choice.scores]
+    assert costs[0] > 3 * costs[1] * 0.9  # the per-token terms dominate and scale with the learned speed
+
+
+def test_predictive_empty_fleet() -> None:
+    assert make_policy("predictive").choose(10, ()) is None

@@ -45,8 +45,28 @@ class ScrapedLoad(_message.Message):
     fresh: bool
     def __init__(self, running: _Optional[float] = ..., waiting: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., age_seconds: _Optional[float] = ..., fresh: _Optional[bool] = ...) -> None: ...
 
+class TokenSignals(_message.Message):
+    __slots__ = ("prefill_tokens", "uncached_tokens_in_flight", "decode_batch", "kv_cache_usage", "observed_ttft_seconds", "ttft_base_seconds", "ttft_per_token_seconds", "ttft_per_running_seconds")
+    PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    UNCACHED_TOKENS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    DECODE_BATCH_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_TTFT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_BASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_PER_TOKEN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_PER_RUNNING_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    prefill_tokens: float
+    uncached_tokens_in_flight: float
+    decode_batch: float
+    kv_cache_usage: float
+    observed_ttft_seconds: float
+    ttft_base_seconds: float
+    ttft_per_token_seconds: float
+    ttft_per_running_seconds: float
+    def __init__(self, prefill_tokens: _Optional[float] = ..., uncached_tokens_in_flight: _Optional[float] = ..., decode_batch: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., observed_ttft_seconds: _Optional[float] = ..., ttft_base_seconds: _Optional[float] = ..., ttft_per_token_seconds: _Optional[float] = ..., ttft_per_running_seconds: _Optional[float] = ...) -> None: ...
+
 class EndpointScore(_message.Message):
-    __slots__ = ("endpoint", "lmcache_instance_id", "matched_tokens", "benefit", "inflight", "scraped", "load", "relative_load", "score", "chosen", "models", "routing_state")
+    __slots__ = ("endpoint", "lmcache_instance_id", "matched_tokens", "benefit", "inflight", "scraped", "load", "relative_load", "score", "chosen", "models", "routing_state", "signals")
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     LMCACHE_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     MATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +79,7 @@ class EndpointScore(_message.Message):
     CHOSEN_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
     ROUTING_STATE_FIELD_NUMBER: _ClassVar[int]
+    SIGNALS_FIELD_NUMBER: _ClassVar[int]
     endpoint: str
     lmcache_instance_id: str
     matched_tokens: int
@@ -71,7 +92,8 @@ class EndpointScore(_message.Message):
     chosen: bool
     models: _containers.RepeatedScalarFieldContainer[str]
     routing_state: str
-    def __init__(self, endpoint: _Optional[str] = ..., lmcache_instance_id: _Optional[str] = ..., matched_tokens: _Optional[int] = ..., benefit: _Optional[float] = ..., inflight: _Optional[int] = ..., scraped: _Optional[_Union[ScrapedLoad, _Mapping]] = ..., load: _Optional[float] = ..., relative_load: _Optional[float] = ..., score: _Optional[float] = ..., chosen: _Optional[bool] = ..., models: _Optional[_Iterable[str]] = ..., routing_state: _Optional[str] = ...) -> None: ...
+    signals: TokenSignals
+    def __init__(self, endpoint: _Optional[str] = ..., lmcache_instance_id: _Optional[str] = ..., matched_tokens: _Optional[int] = ..., benefit: _Optional[float] = ..., inflight: _Optional[int] = ..., scraped: _Optional[_Union[ScrapedLoad, _Mapping]] = ..., load: _Optional[float] = ..., relative_load: _Optional[float] = ..., score: _Optional[float] = ..., chosen: _Optional[bool] = ..., models: _Optional[_Iterable[str]] = ..., routing_state: _Optional[str] = ..., signals: _Optional[_Union[TokenSignals, _Mapping]] = ...) -> None: ...
 
 class ExplainResponse(_message.Message):
     __slots__ = ("outcome", "endpoint", "reasons", "policy", "beta", "formula", "kind", "prompt_tokens", "mean_load", "endpoints", "stages_ms", "message", "model", "excluded")
@@ -117,7 +139,7 @@ class ListEndpointsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Endpoint(_message.Message):
-    __slots__ = ("endpoint", "source", "health", "health_detail", "routable", "inflight", "load", "last_scrape", "lmcache_instance_id", "pod", "zone", "models", "routing_health")
+    __slots__ = ("endpoint", "source", "health", "health_detail", "routable", "inflight", "load", "last_scrape", "lmcache_instance_id", "pod", "zone", "models", "routing_health", "signals")
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +153,7 @@ class Endpoint(_message.Message):
     ZONE_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
     ROUTING_HEALTH_FIELD_NUMBER: _ClassVar[int]
+    SIGNALS_FIELD_NUMBER: _ClassVar[int]
     endpoint: str
     source: str
     health: Health
@@ -144,7 +167,8 @@ class Endpoint(_message.Message):
     zone: str
     models: _containers.RepeatedScalarFieldContainer[str]
     routing_health: RoutingHealth
-    def __init__(self, endpoint: _Optional[str] = ..., source: _Optional[str] = ..., health: _Optional[_Union[Health, str]] = ..., health_detail: _Optional[str] = ..., routable: _Optional[bool] = ..., inflight: _Optional[int] = ..., load: _Optional[float] = ..., last_scrape: _Optional[_Union[ScrapedLoad, _Mapping]] = ..., lmcache_instance_id: _Optional[str] = ..., pod: _Optional[str] = ..., zone: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., routing_health: _Optional[_Union[RoutingHealth, _Mapping]] = ...) -> None: ...
+    signals: TokenSignals
+    def __init__(self, endpoint: _Optional[str] = ..., source: _Optional[str] = ..., health: _Optional[_Union[Health, str]] = ..., health_detail: _Optional[str] = ..., routable: _Optional[bool] = ..., inflight: _Optional[int] = ..., load: _Optional[float] = ..., last_scrape: _Optional[_Union[ScrapedLoad, _Mapping]] = ..., lmcache_instance_id: _Optional[str] = ..., pod: _Optional[str] = ..., zone: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., routing_health: _Optional[_Union[RoutingHealth, _Mapping]] = ..., signals: _Optional[_Union[TokenSignals, _Mapping]] = ...) -> None: ...
 
 class RoutingHealth(_message.Message):
     __slots__ = ("state", "reason", "consecutive_failures", "ejections", "ejected_for_seconds", "failures", "successes")

@@ -1,0 +1,108 @@
+"""Token-level signals per endpoint (loadaware.load.signals) through the real decision pipeline and
+request lifecycle: routed-minus-matched tokens counted at the decision, retired at the first response chunk
+or the end, moved by a retry, learned TTFT, and the candidates the policy then sees."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from loadaware.fleet.registry import EndpointRegistry
+from loadaware.lifecycle import RequestLifecycle
+from loadaware.load.signals import SignalTracker
+from loadaware.load.tracker import EngineStats, LoadTracker
+from loadaware.policies import make_policy
+from loadaware.routing.pipeline import Decider
+from loadaware.routing.request import InferenceRequest
+
+FLEET = ("127.0.0.2:8000", "127.0.0.3:8000")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Matches:
+    name = "fixed"
+
+    def __init__(self, answer: dict[str, int]) -> None:
+        self.answer = answer
+
+    async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...],
+                      salt: str | None = None) -> dict[str, int]:
+        return dict(self.answer)
+
+
+def rig(answer: dict[str, int], policy: str = "kvaware") -> tuple[Decider, SignalTracker, RequestLifecycle, Clock,
+                                                                   LoadTracker]:
+    clock = Clock()
+    loads = LoadTracker(stale_s=5, clock=clock)
+    signals = SignalTracker(clock=clock)
+    lifecycle = RequestLifecycle()
+    lifecycle.subscribe(loads)
+    lifecycle.subscribe(signals)
+    lifecycle.subscribe_progress(signals)
+    registry = EndpointRegistry(FLEET)
+    decider = Decider(make_policy(policy), registry, loads, lifecycle, prefix_source=Matches(answer), signals=signals)
+    return decider, signals, lifecycle, clock, loads
+
+
+def prompt(n: int) -> InferenceRequest:
+    return InferenceRequest("completions", prompt=list(range(n)), model="m")
+
+
+def test_uncached_tokens_are_counted_at_the_decision_and_retired_at_first_chunk_and_end() -> None:
+    decider, signals, lifecycle, clock, _ = rig({FLEET[0]: 600})
+    d = asyncio.run(decider.decide(prompt(1000), "r1"))
+    assert d.endpoint == FLEET[0]
+    s = signals.get(FLEET[0])
+    assert s is not None and (s.prefill_tokens, s.uncached_tokens, s.decoding) == (400, 400, 0)
+    clock.t += 0.25
+    lifecycle.first_chunk(d)
+    lifecycle.first_chunk(d)  # once per request, whatever the response path repeats
+    assert (s.prefill_tokens, s.uncached_tokens, s.decoding) == (0, 400, 1)
+    assert s.ttft_s == 0.25 and s.model.observations == 1
+    lifecycle.ended(d)
+    assert (s.prefill_tokens, s.uncached_tokens, s.decoding) == (0, 0, 0)
+
+
+def test_a_request_that_ends_without_a_first_chunk_retires_its_prefill() -> None:
+    decider, signals, lifecycle, _, _ = rig({})
+    d = asyncio.run(decider.decide(prompt(300), "r1"))
+    assert d.endpoint is not None
+    s = signals.get(d.endpoint)
+    assert s is not None and s.prefill_tokens == 300
+    lifecycle.ended(d)
+    assert (s.prefill_tokens, s.uncached_tokens, s.decoding, s.ttft_s) == (0, 0, 0, None)
+
+
+def test_a_retry_moves_the_counts_to_the_engine_that_served() -> None:
+    decider, signals, lifecycle, _, _ = rig({FLEET[0]: 600})
+    d = asyncio.run(decider.decide(prompt(1000), "r1"))
+    lifecycle.served(d, FLEET[1])
+    a, b = signals.get(FLEET[0]), signals.get(FLEET[1])
+    assert a is not None and b is not None
+    assert (a.prefill_tokens, a.uncached_tokens) == (0, 0)
+    assert (b.prefill_tokens, b.uncached_tokens) == (400, 400)
+    lifecycle.first_chunk(d)
+    lifecycle.ended(d)
+    assert (b.prefill_tokens, b.uncached_tokens, b.decoding) == (0, 0, 0)
+
+
+def test_the_next_decision_sees_the_signals_and_the_fresh_scrape() -> None:
+    decider, signals, _, clock, loads = rig({FLEET[0]: 600})
+    first = asyncio.run(decider.decide(prompt(1000), "r1"))
+    assert first.endpoint == FLEET[0]
+    loads.record(FLEET[1], EngineStats(running=7, waiting=2, kv_usage=0.4, at=clock.t))
+    second = asyncio.run(decider.decide(prompt(1000), "r2"))
+    by_ep = {c.endpoint: c for c in second.candidates}
+    held, other = by_ep[FLEET[0]], by_ep[FLEET[1]]
+    assert (held.prefill_tokens, held.uncached_tokens, held.decode_batch) == (400, 400, 0)
+    assert held.kv_usage is None and held.ttft_base_s is None  # no scrape, no first chunk yet
+    assert (other.waiting, other.kv_usage, other.decode_batch) == (2, 0.4, 7)
+    signals.drop(FLEET[0])
+    assert signals.get(FLEET[0]) is None

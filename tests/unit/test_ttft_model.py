@@ -1,0 +1,47 @@
+"""The online per-endpoint TTFT model: it recovers a linear law from noisy observations, forgets, and holds
+to its prior before it has seen anything."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from loadaware.policies.ttft_model import TtftModel, TtftPrior
+
+
+def test_prior_before_any_observation() -> None:
+    prior = TtftPrior()
+    m = TtftModel(prior)
+    assert m.observations == 0
+    assert m.base_s == pytest.approx(prior.base_s)
+    assert m.per_token_s == pytest.approx(prior.per_token_s)
+    assert m.per_running_s == pytest.approx(prior.per_running_s)
+
+
+def test_recovers_a_linear_law() -> None:
+    rng = random.Random(1)
+    m = TtftModel()
+    for _ in range(400):
+        tokens, running = rng.uniform(0, 4000), rng.uniform(0, 40)
+        m.observe(tokens, running, 0.03 + tokens / 2000 + 0.004 * running + rng.gauss(0, 0.005))
+    assert m.per_token_s == pytest.approx(1 / 2000, rel=0.05)
+    assert m.per_running_s == pytest.approx(0.004, rel=0.15)
+    assert m.predict(1000, 10) == pytest.approx(0.03 + 0.5 + 0.04, rel=0.05)
+
+
+def test_forgets_an_old_speed() -> None:
+    rng = random.Random(2)
+    m = TtftModel()
+    for slope in (1 / 4000, 1 / 1000):  # the engine slows down four-fold
+        for _ in range(300):
+            tokens = rng.uniform(0, 3000)
+            m.observe(tokens, 10, 0.02 + tokens * slope)
+    assert m.per_token_s == pytest.approx(1 / 1000, rel=0.05)
+
+
+def test_ignores_nonsense() -> None:
+    m = TtftModel()
+    m.observe(float("nan"), 1, 0.1)
+    m.observe(100, 1, -1.0)
+    assert m.observations == 0
