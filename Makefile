@@ -8,7 +8,7 @@ LMCACHE_STAMP := $(LMCACHE_VENV)/.installed
 EXPERIMENT_STAMP := $(VENV)/.experiment-installed
 
 .PHONY: help install lmcache demo test test-unit lint bench profile proto proto-check k8s-config envoy-configs clean \
-	peers peers-best-effort experiment experiment-quick results
+	peers peers-best-effort experiment experiment-quick results vllm
 
 help:
 	@echo "make demo   - Envoy + sidecar + simulated engines + LMCache controller on loopback, with traffic"
@@ -40,7 +40,7 @@ lmcache: $(LMCACHE_STAMP)
 demo: $(EXPERIMENT_STAMP) $(LMCACHE_STAMP)
 	$(PY) -m demo
 
-test: $(EXPERIMENT_STAMP) $(LMCACHE_STAMP) proto-check lint
+test: $(EXPERIMENT_STAMP) $(LMCACHE_STAMP) $(VLLM_STAMP) proto-check lint
 	$(PY) -m pytest -q -ra
 
 # Zero findings or the tests do not run: ruff (style, bugs), mypy (types), import-linter (layers).
@@ -147,4 +147,4 @@ $(VLLM_STAMP): tests/vllm/constraints.txt testkit/vllm_requires.py
 vllm: $(VLLM_STAMP)
 
 clean:
-	rm -rf $(VENV) $(LMCACHE_VENV) $(PEERS_VENV) build *.egg-info
+	rm -rf $(VENV) $(LMCACHE_VENV) $(PEERS_VENV) $(VLLM_VENV) build *.egg-info
