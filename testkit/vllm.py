@@ -93,7 +93,8 @@ class VllmEngine(ManagedProc):
                  port: int | None = None, block_size: int = 32, kv_events: KvEvents | None = None,
                  num_blocks: int | None = None, max_model_len: int = 2048, kv_cache_gib: int = 1,
                  model_dir: Path = MODEL_DIR, served_name: str = SERVED_MODEL,
-                 lora_modules: Mapping[str, Path] | None = None, extra_args: Sequence[str] = ()) -> None:
+                 lora_modules: Mapping[str, Path] | None = None, extra_args: Sequence[str] = (),
+                 env: Mapping[str, str] | None = None) -> None:
         if not available():
             raise ProcError(MISSING)
         self.name = name
@@ -115,11 +116,12 @@ class VllmEngine(ManagedProc):
             argv += ["--enable-lora", "--max-lora-rank", "8", "--lora-modules",
                      *(f"{n}={p}" for n, p in lora_modules.items())]
         argv += list(extra_args)
-        env = dict(os.environ)
-        env.update({"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        full_env = dict(os.environ)
+        full_env.update({"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
                     "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                     "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_LOGGING_LEVEL": "INFO"})
-        super().__init__(argv, log_dir, env=env, cwd=REPO)
+        full_env.update(env or {})
+        super().__init__(argv, log_dir, env=full_env, cwd=REPO)
 
     @property
     def endpoint(self) -> str:
