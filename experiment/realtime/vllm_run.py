@@ -32,7 +32,7 @@ from testkit.vllm_gateway import VllmGateway
 
 ARMS = {"kvaware": ("kvaware", 1.0), "loadaware-b1.0": ("loadaware", 1.0), "roundrobin": ("roundrobin", 1.0)}
 # The reference workload (128 prefixes of ~1,544 tokens, Zipf 0.9, 16 req/s, 64 tokens out), scaled down.
-SPEC = WorkloadSpec(n_prefixes=16, prefix_tokens=480, suffix_tokens=34, rate=2.0, n_requests=80, max_tokens=16,
+SPEC = WorkloadSpec(n_prefixes=16, prefix_tokens=480, suffix_tokens=34, rate=4.0, n_requests=100, max_tokens=32,
                     warmup_passes=1, warmup_rate=4.0, model=vllm.SERVED_MODEL)
 SAMPLE_S = 0.25
 
