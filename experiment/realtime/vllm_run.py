@@ -133,13 +133,32 @@ def table(rows: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def paired(rows: Sequence[dict[str, Any]], arm: str, base: str, metric: str) -> list[float]:
+    """Per seed: the relative change of `metric` from `base` to `arm` (negative = lower)."""
+    by = {(r["arm"], r["seed"]): r[metric] for r in rows}
+    return [round(by[(arm, s)] / by[(base, s)] - 1, 3) for s in sorted({r["seed"] for r in rows})
+            if (arm, s) in by and (base, s) in by and by[(base, s)]]
+
+
+def report(rows: Sequence[dict[str, Any]]) -> list[str]:
+    lines = table(rows)
+    for metric in ("imbalance", "hit_rate"):
+        change = paired(rows, "loadaware-b1.0", "kvaware", metric)
+        lines.append(f"- loadaware-b1.0 vs kvaware, {metric}, relative change per seed: {change}")
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiment.realtime.vllm_run", description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", default="1-2")
     ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument("--requests", type=int, default=SPEC.n_requests)
     ap.add_argument("--out", type=Path, default=REPO / "out" / "experiment" / "vllm")
+    ap.add_argument("--report", type=Path, nargs="*", help="only print the tables of these runs.json files")
     args = ap.parse_args(argv)
+    if args.report:
+        print("\n".join(report([r for path in args.report for r in json.loads(path.read_text())])))
+        return 0
     spec = replace(SPEC, n_requests=args.requests)
     if not vllm.available():
         print(vllm.MISSING)
@@ -169,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         for e in engines:
             e.stop()
-    print("\n".join(table(rows)))
+    print("\n".join(report(rows)))
     print(f"wall {time.monotonic() - t0:.0f} s")
     return 0
 
