@@ -119,16 +119,17 @@ def run_arm(arm: str, seed: int, engines: Sequence[VllmEngine], model_dir: Path,
 
 
 def table(rows: Sequence[dict[str, Any]]) -> list[str]:
-    lines = ["| arm | seeds | imbalance (median) | prefix hit rate (median) | requests per engine | latency p95 s |",
+    lines = ["| arm | seeds | imbalance (median) | prefix hit rate (median) | busier engine's share of requests "
+             "(median) | latency p95 s (median) |",
              "|---|---|---|---|---|---|"]
     for arm in ARMS:
         mine = [r for r in rows if r["arm"] == arm]
         if not mine:
             continue
-        shares = " / ".join(str(sum(r["served"][ep] for r in mine)) for ep in mine[0]["served"])
+        share = statistics.median(max(r["served"].values()) / max(1, sum(r["served"].values())) for r in mine)
         p95 = [r["latency_p95_s"] for r in mine if r["latency_p95_s"] is not None]
         lines.append(f"| {arm} | {len(mine)} | {statistics.median(r['imbalance'] for r in mine):.2f} | "
-                     f"{statistics.median(r['hit_rate'] for r in mine):.3f} | {shares} | "
+                     f"{statistics.median(r['hit_rate'] for r in mine):.3f} | {share:.2f} | "
                      f"{statistics.median(p95) if p95 else float('nan'):.2f} |")
     return lines
 
