@@ -9,6 +9,7 @@ vllm:prefix_cache_hits_total then counts), and a holder made busy by traffic tha
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -23,6 +24,7 @@ from testkit.procs import ProcError
 from testkit.vllm import VllmEngine
 from testkit.vllm_gateway import VllmGateway
 
+BUSY_S = 30.0  # how long the traffic from elsewhere keeps the holder busy at most
 WORDS = ("engine cache prefix token model latency load balance router gateway envoy cluster query answer "  # noqa: SIM905
          "document context summary question policy score matched prompt decode prefill batch").split()
 
@@ -83,9 +85,13 @@ class RealVllmStep:
         stop = threading.Event()
 
         def busy(seed: int) -> None:
+            # Long enough to outlast the decision below; the client's time-out ends it (vLLM aborts a request
+            # whose client went away), so the step does not wait for all of it.
+            body = {"model": vllm.SERVED_MODEL, "max_tokens": 1500, "ignore_eos": True,
+                    "prompt": [random.Random(seed).randrange(3, 2048) for _ in range(40)]}
             if not stop.is_set():
-                engine.post("/v1/completions", {"model": vllm.SERVED_MODEL, "max_tokens": 300, "ignore_eos": True,
-                                                "prompt": [random.Random(seed).randrange(3, 2048) for _ in range(40)]})
+                with contextlib.suppress(OSError, ProcError):
+                    engine.post("/v1/completions", body, timeout=BUSY_S)
 
         workers = [threading.Thread(target=busy, args=(i,), daemon=True) for i in range(4)]
         for w in workers:
@@ -100,7 +106,7 @@ class RealVllmStep:
         finally:
             stop.set()
             for w in workers:
-                w.join(300)
+                w.join(BUSY_S + 10)
         return "ok"
 
 
