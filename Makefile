@@ -18,6 +18,7 @@ help:
 	@echo "make experiment       - the reference experiment in real time, all arms + peers (SEEDS=1-20)"
 	@echo "make experiment-quick - the same, 3 seeds and the arms the targets are judged on (< 15 min)"
 	@echo "make results          - docs/results.md from the experiment's runs (+ the discrete-event mode)"
+	@echo "make vllm             - real vLLM for CPUs in .vllm-venv (tests/vllm, the demo's real-vLLM step)"
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
