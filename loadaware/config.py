@@ -23,6 +23,7 @@ from loadaware.fleet.addresses import (
     parse_feed_map,
     parse_hostport,
     parse_instance_map,
+    parse_topic_map,
 )
 from loadaware.policies import POLICY_NAMES
 
@@ -314,6 +315,13 @@ class Settings:
             "memory bound of the KV-events index, in blocks over all engines (~250-400 B each)")
     kv_events_replay_timeout_ms: float = setting(2000.0, parse_positive,
             "time box for one replay")
+    # The engines-connect pattern (prefix/kvevents/inbound.py): engines whose KV-events endpoint is this address.
+    kv_events_bind: str = setting("", parse_optional_hostport,
+            "HOST:PORT of a SUB socket the engines' KV-event publishers connect to (vLLM endpoint "
+            "tcp://<sidecar>:PORT, topic kv@<ip>@<model>); engines not in --kv-events-endpoints are fed only here")
+    kv_events_topic_map: Mapping[str, str] = setting({}, parse_topic_map,
+            "engines-connect: TOPIC=HOST:PORT,... names the endpoint publishing each topic (default: kv@<ip>@<model> "
+            "names the fleet's endpoint on <ip>)")
     approx_capacity_tokens: int = setting(100_000, parse_positive_int,
             "approximate source: each engine's prefix-cache capacity, in tokens")
     approx_ttl_s: float = setting(300.0, parse_positive,
@@ -399,6 +407,8 @@ def resolve(flags: Mapping[str, str | None], environ: Mapping[str, str] | None =
 def _check_combination(settings: Settings) -> None:
     if "lmcache" in settings.prefix_source and not settings.lmcache_url:
         raise ConfigError("--prefix-source: lmcache needs --lmcache-url")
+    if settings.kv_events_bind and "kv-events" not in settings.prefix_sources:
+        raise ConfigError("--kv-events-bind: the engines' KV events feed --prefix-source kv-events; add it")
     if not settings.listen:
         raise ConfigError("--listen: the gRPC server needs an address")
     _check_addresses(settings)

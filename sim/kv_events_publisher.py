@@ -55,13 +55,14 @@ class KvEventsPublisher:
     def __init__(self, ip: str, port: int, replay_port: int | None, block_size: int, topic: str = "",
                  medium: str = "GPU", hash_format: str = "int", buffer_steps: int = 10_000,
                  data_parallel_rank: int = 0, layout: str = "array",
-                 groups: Sequence[tuple[int, str, int | None]] | None = None) -> None:
+                 groups: Sequence[tuple[int, str, int | None]] | None = None, connect: str | None = None) -> None:
         if hash_format not in ("int", "bytes"):
             raise ValueError("hash_format must be 'int' or 'bytes'")
         if layout not in ("array", "map"):
             raise ValueError("layout must be 'array' or 'map'")
         self.layout = layout
         self.groups = tuple(groups) if groups else None
+        self.connect = connect  # vLLM's `endpoint: tcp://HOST:PORT`: connect the PUB to a subscriber that binds
         self.ip = ip
         self.port = port
         self.replay_port = replay_port
@@ -93,7 +94,9 @@ class KvEventsPublisher:
         pub.setsockopt(zmq.LINGER, 0)
         pub.setsockopt(zmq.SNDHWM, 100_000)
         pub.setsockopt(zmq.IPV6, 1)  # binds tcp://[::1]:port too
-        if self.port == 0:
+        if self.connect is not None:
+            pub.connect(self.connect)
+        elif self.port == 0:
             self.port = pub.bind_to_random_port(self._host_url)
         else:
             pub.bind(tcp_url(self.ip, self.port))

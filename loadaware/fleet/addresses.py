@@ -4,6 +4,7 @@
     endpoint list   ENDPOINT,ENDPOINT,...            (commas or newlines; duplicates dropped, order kept)
     instance map    INSTANCE_ID=ENDPOINT,...         (--lmcache-instance-map)
     feed map        ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT][@RANKS],...   (--kv-events-endpoints)
+    topic map       TOPIC=ENDPOINT,...               (--kv-events-topic-map: which engine publishes a topic)
                     RANKS = FIRST[-LAST]: the engine's data-parallel ranks, each publishing on the ports + rank
 
 An endpoint's canonical text is what Envoy writes for a host (`Address::asString`): `10.0.0.1:8000`, and
@@ -214,3 +215,8 @@ def parse_feed_address(text: str) -> FeedAddress:
 def parse_feed_map(text: str) -> dict[str, FeedAddress]:
     """`ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT],...` -> {endpoint: FeedAddress}."""
     return parse_map(text, parse_endpoint, parse_feed_address, "ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT][@RANKS]")
+
+
+def parse_topic_map(text: str) -> dict[str, str]:
+    """`TOPIC=HOST:PORT,...` -> {KV-event topic: endpoint} (engines that connect to --kv-events-bind)."""
+    return parse_map(text, str, parse_endpoint, "TOPIC=HOST:PORT")

@@ -13,6 +13,7 @@ from loadaware.prefix.blocks import BlockIndex
 from loadaware.prefix.combined import CombinedPrefixSource, Covered, Member
 from loadaware.prefix.counted import SourceLookups
 from loadaware.prefix.kvevents.feeds import KvEventsFeeds, KvEventsPrefixSource
+from loadaware.prefix.kvevents.inbound import InboundKvEvents
 from loadaware.prefix.source import PrefixSource
 from loadaware.telemetry.metrics import Metrics
 
@@ -32,6 +33,8 @@ class PrefixOptions:
     kv_events_topic: str = ""
     kv_events_replay_timeout_s: float = 2.0
     kv_events_dp_ranks: int = 1
+    kv_events_bind: str = ""  # HOST:PORT the engines connect to ("" = engines bind, the sidecar connects)
+    kv_events_topic_map: Mapping[str, str] = field(default_factory=dict)
     approx_capacity_tokens: int = 100_000
     approx_ttl_s: float = 300.0
 
@@ -42,6 +45,7 @@ class PrefixWiring:
         o = options
         self.names = o.names
         self.kv_feeds: KvEventsFeeds | None = None
+        self.kv_inbound: InboundKvEvents | None = None
         self.approx: ApproxPrefixSource | None = None
         exact: list[Member] = []
         lookups = SourceLookups(metrics.registry)  # each source's answers counted apart (its match fraction)
@@ -49,9 +53,14 @@ class PrefixWiring:
             exact.append(Member(lookups.wrap(lmcache), lmcache_covered or (lambda eps: set(eps))))
         if "kv-events" in self.names:
             index = BlockIndex(o.kv_events_max_blocks)
-            self.kv_feeds = KvEventsFeeds(index, metrics, endpoints, dict(o.kv_events_endpoints), o.kv_events_port,
+            # With a bind address the engines connect to us: only explicitly mapped engines are dialled.
+            pub_port = 0 if o.kv_events_bind else o.kv_events_port
+            self.kv_feeds = KvEventsFeeds(index, metrics, endpoints, dict(o.kv_events_endpoints), pub_port,
                                           o.kv_events_replay_port, o.kv_events_topic, o.kv_events_replay_timeout_s,
                                           dp_ranks=o.kv_events_dp_ranks)
+            if o.kv_events_bind:
+                self.kv_inbound = InboundKvEvents(self.kv_feeds, o.kv_events_bind, o.kv_events_topic_map,
+                                                  o.kv_events_replay_port, endpoints)
             kv = KvEventsPrefixSource(index, self.kv_feeds)
             exact.append(Member(lookups.wrap(kv), kv.covered))
         if "approx" in self.names:
@@ -75,6 +84,8 @@ class PrefixWiring:
         out: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = []
         if self.kv_feeds is not None:
             out.append(("kv-events", self.kv_feeds.run))
+        if self.kv_inbound is not None:
+            out.append(("kv-events-inbound", self.kv_inbound.run))
         if self.approx is not None:
             out.append(("approx-decay", self.approx.run))
         return out
@@ -94,7 +105,10 @@ class PrefixWiring:
     def state(self) -> dict[str, object]:
         out: dict[str, object] = {"sources": list(self.names)}
         if self.kv_feeds is not None:
-            out["kv_events"] = self.kv_feeds.state()
+            kv_events = self.kv_feeds.state()
+            if self.kv_inbound is not None:
+                kv_events["inbound"] = self.kv_inbound.state()
+            out["kv_events"] = kv_events
         if self.approx is not None:
             out["approx"] = self.approx.state()
         return out

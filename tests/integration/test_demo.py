@@ -34,7 +34,9 @@ def _python() -> str:
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
     log_dir: Path = tmp_path_factory.mktemp("demo-logs")
-    proc = subprocess.run([_python(), "-m", "demo", "--log-dir", str(log_dir), "--experiment-point", "tiny"], cwd=REPO,
+    # --no-vllm: the real-vLLM step is tested on the tier's engines (tests/vllm/test_demo_step.py)
+    proc = subprocess.run([_python(), "-m", "demo", "--log-dir", str(log_dir), "--experiment-point", "tiny",
+                           "--no-vllm"], cwd=REPO,
                           capture_output=True, text=True, timeout=TIMEOUT_S,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     if "still in use by another run" in proc.stdout:

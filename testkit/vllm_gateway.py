@@ -1,0 +1,116 @@
+"""Envoy + the sidecar in front of real vLLM engines (testkit/vllm.py), on free loopback ports: what the
+real-vLLM tier, the demo's real-vLLM step and the real-engine experiment route through.
+
+`mode` picks the shipped Envoy config: "sidecar" (envoy/envoy.yaml, BUFFERED) or "inference-pool"
+(envoy/envoy-inference-pool.yaml, the Endpoint Picker Protocol's FULL_DUPLEX_STREAMED). The config is the
+shipped one with its engines cluster set to the real engines and its listener, admin and sidecar ports free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import yaml
+
+from testkit import http
+from testkit.envoy import EnvoyProc
+from testkit.paths import REPO
+from testkit.ports import SIDECAR_PORT, free_ports
+from testkit.sidecar import SidecarProc
+from testkit.vllm import VllmEngine
+
+ENVOY_CONFIGS = {"sidecar": REPO / "envoy" / "envoy.yaml",
+                 "inference-pool": REPO / "envoy" / "envoy-inference-pool.yaml"}
+
+
+def envoy_config(base: Path, out: Path, engines: Sequence[str], sidecar_port: int) -> Path:
+    """The shipped config with its engines cluster = `engines` (HOST:PORT), on free listener/admin ports."""
+    config: dict[str, Any] = yaml.safe_load(base.read_text())
+    listen, admin = free_ports(2)
+    config["admin"]["address"]["socket_address"]["port_value"] = admin
+    config["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"] = listen
+    for cluster in config["static_resources"]["clusters"]:
+        endpoints = cluster["load_assignment"]["endpoints"][0]
+        if cluster["name"] == "engines":
+            endpoints["lb_endpoints"] = [
+                {"endpoint": {"address": {"socket_address": {"address": ep.rpartition(":")[0],
+                                                             "port_value": int(ep.rpartition(":")[2])}}}}
+                for ep in engines]
+            continue
+        for lb in endpoints["lb_endpoints"]:
+            address = lb["endpoint"]["address"]["socket_address"]
+            if address["port_value"] == SIDECAR_PORT:
+                address["port_value"] = sidecar_port
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(yaml.safe_dump(config, sort_keys=False))
+    return out
+
+
+class VllmGateway:
+    """The sidecar (KV events from every engine, bind pattern; the engines' own tokenizer) and Envoy."""
+
+    def __init__(self, engines: Sequence[VllmEngine], model_dir: Path, log_dir: str | os.PathLike[str], *,
+                 mode: str = "sidecar", policy: str = "loadaware", beta: float = 1.0,
+                 sidecar_args: Sequence[str] = ()) -> None:
+        self.engines = {e.endpoint: e for e in engines}
+        self.mode = mode
+        log_dir = Path(log_dir)
+        sidecar_port, metrics_port = free_ports(2)
+        feeds = ",".join(f"{e.endpoint}={e.kv_pub}" for e in engines)
+        self.sidecar = SidecarProc(
+            ["--listen", f"127.0.0.1:{sidecar_port}", "--endpoints", ",".join(self.engines),
+             "--tokenizer", str(model_dir), "--prefix-source", "kv-events", "--kv-events-port", "0",
+             "--kv-events-endpoints", feeds, "--metrics-listen", f"127.0.0.1:{metrics_port}",
+             "--policy", policy, "--loadaware-beta", str(beta), "--scrape-interval-s", "0.25", *sidecar_args],
+            log_dir=log_dir)
+        config = envoy_config(ENVOY_CONFIGS[mode], log_dir / f"envoy-{mode}.yaml", list(self.engines), sidecar_port)
+        self.envoy = EnvoyProc(config, log_dir)
+        self._exit = contextlib.ExitStack()
+
+    def start(self) -> Self:
+        try:
+            self._exit.enter_context(self.sidecar)
+            self._exit.enter_context(self.envoy)
+        except BaseException:
+            self._exit.close()
+            raise
+        return self
+
+    def stop(self) -> None:
+        self._exit.close()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def post(self, path: str, body: dict[str, Any], timeout: float = 300.0) -> tuple[int, dict[str, Any]]:
+        status, data = http.request("POST", self.envoy.url + path, json.dumps(body).encode(), timeout=timeout)
+        try:
+            parsed: dict[str, Any] = json.loads(data)
+        except ValueError:
+            parsed = {"raw": data[:300].decode(errors="replace")}
+        return status, parsed
+
+    def last_decision(self) -> dict[str, Any]:
+        items = self.sidecar.debug_json("/debug/decisions?n=1")
+        last: dict[str, Any] = items[-1] if items else {}
+        return last
+
+    def feeds(self) -> dict[str, Any]:
+        engines: dict[str, Any] = self.sidecar.debug_json("/debug/state")["prefix"]["kv_events"]["engines"]
+        return engines
+
+    def blocks(self, endpoint: str) -> int:
+        return int(self.feeds()[endpoint]["blocks"])
+
+    def connected(self) -> bool:
+        return all(f["connected"] for f in self.feeds().values())

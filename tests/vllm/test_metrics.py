@@ -1,0 +1,62 @@
+"""The metrics the sidecar scrapes, as this vLLM really exports them: the live page has the captured golden's
+shape (every vllm: family with its label names), which the parser's unit test reads
+(tests/unit/test_vllm_metrics_golden.py), and the load gauges move with real running requests."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from loadaware.load.vllm_metrics import parse_vllm_gauges
+from testkit.vllm import VllmEngine
+from tests.conftest import wait_until
+from tests.vllm.conftest import token_prompt
+
+GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32.0-metrics.txt"
+
+
+def shape(text: str) -> dict[str, set[str]]:
+    """vllm: sample name -> its label names (labels whose values vary, e.g. histogram buckets, kept as names)."""
+    out: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("vllm:"):
+                out.setdefault(sample.name, set()).update(sample.labels)
+    return out
+
+
+def test_live_page_has_the_goldens_shape(pair: tuple[VllmEngine, VllmEngine]) -> None:
+    a, b = pair
+    golden = shape(GOLDEN.read_text())
+    for engine in (a, b):
+        live = shape(engine.metrics_text())
+        assert live == golden
+        page = engine.metrics_text()
+        assert f'vllm:num_requests_running{{engine="0",model_name="{engine.served_name}"}}' in page
+
+
+def test_running_requests_show_in_the_scraped_gauges(pair: tuple[VllmEngine, VllmEngine]) -> None:
+    _, b = pair
+    stop = threading.Event()
+
+    def long_request(seed: int) -> None:
+        while not stop.is_set():
+            b.post("/v1/completions", {"model": b.served_name, "prompt": token_prompt(seed, 50), "max_tokens": 400,
+                                       "ignore_eos": True, "temperature": 0})
+            return
+
+    workers = [threading.Thread(target=long_request, args=(900 + i,)) for i in range(3)]
+    for w in workers:
+        w.start()
+    try:
+        def busy() -> dict[str, float] | None:
+            gauges = parse_vllm_gauges(b.metrics_text())
+            return gauges if gauges.get("running", 0) >= 2 else None
+        assert wait_until(busy, timeout=60, message="vLLM reports the running requests")["kv_usage"] > 0
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(120)
+    wait_until(lambda: parse_vllm_gauges(b.metrics_text()).get("running") == 0, timeout=60, message="drained")
