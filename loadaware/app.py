@@ -42,6 +42,7 @@ from loadaware.prefix.lmcache.source import LMCachePrefixSource
 from loadaware.prefix.wiring import PrefixOptions, PrefixWiring
 from loadaware.routing.pipeline import Decider, PromptEncoder
 from loadaware.telemetry.decisions import DecisionLog, DecisionMetrics, RecentDecisions
+from loadaware.telemetry.memory_snapshots import MemorySnapshots
 from loadaware.telemetry.metrics import Metrics
 from loadaware.tokenize.text_units import TextUnits
 from loadaware.tokenize.tokenizer import AsyncTokenizer, PromptTokenizer
@@ -71,6 +72,10 @@ def bind(flag: str, address: str, add_port: Callable[[], int], hint: str = "") -
 class Sidecar:
     def __init__(self, settings: Settings) -> None:
         self.settings = s = settings
+        self.memory_snapshots = MemorySnapshots(s.tracemalloc_dir, s.tracemalloc_interval_s) \
+            if s.tracemalloc_dir else None
+        if self.memory_snapshots is not None:
+            self.memory_snapshots.start_tracing()  # first, so everything built below is traced
         self.metrics = Metrics(s.policy)
         self.lifecycle = RequestLifecycle()
         self.registry = EndpointRegistry(s.endpoints)
@@ -279,6 +284,8 @@ class Sidecar:
             tasks.append(("lmcache-instances", self.resolver.run))
         tasks += self.prefixes.tasks()
         tasks += [("endpoint-additions", self._track_additions), ("readiness", self.health.run)]
+        if self.memory_snapshots is not None:
+            tasks.append(("memory-snapshots", self.memory_snapshots.run))
         self._tasks = [asyncio.create_task(run(), name=name) for name, run in tasks]
         log.info("serving ext_proc on %s (port %s), debug API on %s, policy=%s beta=%s endpoints=%s lmcache=%s "
                  "tokenizer=%s", s.listen, self.bound_port, s.admin_listen or "off", s.policy, s.loadaware_beta,

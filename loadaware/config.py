@@ -280,6 +280,11 @@ SETTINGS: tuple[Setting, ...] = (
             "approximate source: a guessed block not routed to for this long is forgotten"),
     Setting("log_level", "--log-level", "LOADAWARE_LOG_LEVEL", "INFO", parse_log_level,
             "debug logs every decision"),
+    # Diagnostics for memory growth (telemetry/memory_snapshots.py); off by default: tracing slows the sidecar.
+    Setting("tracemalloc_dir", "--tracemalloc-dir", "LOADAWARE_TRACEMALLOC_DIR", "", parse_path,
+            "trace allocations and write a tracemalloc snapshot and live-object counts into this folder"),
+    Setting("tracemalloc_interval_s", "--tracemalloc-interval-s", "LOADAWARE_TRACEMALLOC_INTERVAL_S", 60.0,
+            parse_positive, "period of the --tracemalloc-dir snapshots"),
 )
 
 SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
@@ -339,6 +344,8 @@ class Settings:
     approx_capacity_tokens: int = 100_000
     approx_ttl_s: float = 300.0
     log_level: str = "INFO"
+    tracemalloc_dir: str = ""
+    tracemalloc_interval_s: float = 60.0
     # where each value came from: "flag", "env" or "default"
     origins: Mapping[str, str] = field(default_factory=dict)
 
