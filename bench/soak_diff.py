@@ -34,7 +34,9 @@ def top_growth(first: Path, last: Path, top: int, frames: int = 6) -> list[str]:
                      f"(now {stat.size / 1024:.1f} KiB in {stat.count})")
         tb = list(stat.traceback)  # most recent call last
         own = [f for f in tb if "/loadaware/" in f.filename]
-        for frame in (own or tb)[-frames:]:
+        # Where it was allocated (innermost frames, often in a library), then the project's own frames.
+        shown = tb[-3:] + [f for f in own[-frames:] if f not in tb[-3:]]
+        for frame in shown:
             lines.append(f"      {frame.filename}:{frame.lineno}")
     return lines
 
@@ -47,6 +49,23 @@ def object_growth(first: Path, last: Path, top: int) -> list[str]:
     lines = [f"traced: {a['traced_bytes'] / 2**20:.1f} MiB -> {b['traced_bytes'] / 2**20:.1f} MiB "
              f"over {b['unix_time'] - a['unix_time']:.0f} s"]
     lines += [f"{d:+8d} {k} (now {ob.get(k, 0)})" for d, k in diffs[:top] if d > 0]
+    return lines
+
+
+def origin_growth(first: Path, last: Path, top: int) -> list[str]:
+    """Groups of live objects (type, allocation site, holder type) that grew the most, with samples."""
+    def load(path: Path) -> dict[tuple[str, str, str], dict[str, object]]:
+        meta = json.loads(path.with_suffix(".json").read_text())
+        return {(g["type"], g["allocated_at"], g["held_by"]): g for g in meta.get("origins", [])}
+
+    a, b = load(first), load(last)
+    rows = sorted(((int(g["count"]) - int(a.get(k, {}).get("count", 0)), k, g) for k, g in b.items()),
+                  key=lambda row: row[0], reverse=True)
+    lines = []
+    for diff, (type_name, at, held_by), g in rows[:top]:
+        if diff > 0:
+            lines.append(f"{diff:+8d} {type_name} allocated at {at}, held by {held_by or '-'} (now {g['count']}): "
+                         f"{'; '.join(str(x) for x in g['samples'])}"[:300])
     return lines
 
 
@@ -64,6 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     first, last = snaps[min(args.first, len(snaps) - 2)], snaps[args.last]
     print(f"## {first.name} -> {last.name}\n")
     print("\n".join(object_growth(first, last, args.top)))
+    print()
+    print("\n".join(origin_growth(first, last, args.top)))
     print()
     print("\n".join(top_growth(first, last, args.top)))
     return 0

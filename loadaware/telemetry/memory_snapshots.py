@@ -27,6 +27,34 @@ def object_counts(limit: int = 200) -> dict[str, int]:
     return dict(counts.most_common(limit))
 
 
+def traced_origins(limit: int = 300, samples: int = 3) -> list[dict[str, object]]:
+    """Live objects grouped by (type, where allocated, type of an object referring to it), the largest groups
+    first, with a few short reprs each: what a growing traceback actually holds, and who holds it. Objects
+    the collector does not track (str, bytes, int) are found as referents of those it does."""
+    groups: Counter[tuple[str, str, str]] = Counter()
+    shown: dict[tuple[str, str, str], list[str]] = {}
+    seen: set[int] = set()
+    for holder in gc.get_objects():
+        for obj in (holder, *gc.get_referents(holder)):
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            trace = tracemalloc.get_object_traceback(obj)
+            if trace is None:
+                continue
+            frame = trace[-1]  # the most recent call
+            if frame.filename.startswith("<frozen"):
+                continue  # module code and constants, loaded once
+            key = (type(obj).__qualname__, f"{frame.filename}:{frame.lineno}",
+                   "" if obj is holder else type(holder).__qualname__)
+            groups[key] += 1
+            bag = shown.setdefault(key, [])
+            if len(bag) < samples:
+                bag.append(repr(obj)[:100])
+    return [{"type": t, "allocated_at": at, "held_by": by, "count": n, "samples": shown[(t, at, by)]}
+            for (t, at, by), n in groups.most_common(limit)]
+
+
 class MemorySnapshots:
     def __init__(self, directory: str, interval_s: float) -> None:
         self.directory = Path(directory)
@@ -47,7 +75,7 @@ class MemorySnapshots:
         traced, peak = tracemalloc.get_traced_memory()
         tracemalloc.take_snapshot().dump(f"{stem}.tracemalloc")
         meta = {"index": self.written, "unix_time": time.time(), "traced_bytes": traced, "traced_peak_bytes": peak,
-                "objects": object_counts()}
+                "objects": object_counts(), "origins": traced_origins()}
         stem.with_suffix(".json").write_text(json.dumps(meta))
         self.written += 1
         return stem
