@@ -40,9 +40,10 @@ log = logging.getLogger("bench.soak")
 
 UNIQUE_MARKER = "@@REQUEST@@"
 # Engines that cost little CPU (the sidecar is measured, not the engines) but keep each request open for its
-# ~24 decode steps of 4 ms, so hang-ups land mid-request and streams overlap.
+# 4 decode steps of 25 ms (few events for the simulator, ~0.1 s per request), so hang-ups land mid-request
+# and streams overlap.
 SOAK_FLEET = ["--prefill-tokens-per-s", "1e9", "--prefill-overhead-ms", "0", "--lmcache-load-tokens-per-s", "1e9",
-              "--decode-base-ms", "4", "--decode-per-seq-ms", "0", "--max-num-seqs", "4096", "--serialize-prefill", "0"]
+              "--decode-base-ms", "25", "--decode-per-seq-ms", "0", "--max-num-seqs", "4096", "--serialize-prefill", "0"]
 # The soak's engines: one base IP of their own (not the shipped 127.0.0.2-4), so a soak never collides with
 # a test run's fleet; each engine on its own loopback IP, as in the shipped config.
 SOAK_BASE_IP = "127.0.77.2"
@@ -59,7 +60,7 @@ class SoakConfig:
     hangup_within_s: float = 0.15  # a hang-up lands while the request runs (~0.1-0.2 s on these engines)
     sample_s: float = 30.0
     window_s: tuple[float, float] = (300.0, 1800.0)  # RSS growth from minute 5 to minute 30 (clipped)
-    max_tokens: int = 24
+    max_tokens: int = 4
     prefix_sources: str = "kv-events,approx"
     tracemalloc_interval_s: float = 0.0  # 0: off
     connections: int = 256
@@ -86,6 +87,8 @@ class SoakResult:
     growth_pct: float = 0.0
     load: dict[str, Any] = field(default_factory=dict)
     inflight_after: int | None = None
+    stream_ends: dict[str, float] = field(default_factory=dict)
+    gc_full: dict[str, float] = field(default_factory=dict)
     tracemalloc_dir: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -194,6 +197,13 @@ def run_soak(cfg: SoakConfig) -> SoakResult:
         time.sleep(1.0)  # the last streams end
         with contextlib.suppress(Exception):
             result.inflight_after = int(sidecar.debug_json("/debug/state")["inflight_total"])
+        with contextlib.suppress(Exception):  # how the ext_proc streams ended (eof, cancelled, error)
+            text = sidecar.metrics_text()
+            result.stream_ends = {line.split('end="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+                                  for line in text.splitlines() if line.startswith("loadaware_extproc_streams_total{")}
+            # the periodic full collections (loadaware/collector.py): how many, and how long they held the loop
+            result.gc_full = {line.split(" ")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                              if line.startswith("loadaware_gc_full_")}
         load = LoadResult.from_dict(json.loads(out_path.read_text()))
     end = min(cfg.window_s[1], cfg.duration_s)
     start = min(cfg.window_s[0], end / 2)  # a short diagnostic run: its second half
@@ -215,7 +225,9 @@ def soak_table(cfg: SoakConfig, r: SoakResult) -> str:
              f"{load['errors']} errors of {load['scheduled']}); p50 {load['latency_ms']['p50_ms']:.1f} ms, "
              f"p99 {load['latency_ms']['p99_ms']:.1f} ms; generator send lag p99 {load['send_lag_p99_ms']:.1f} ms",
              f"- statuses: {json.dumps(load['statuses'], sort_keys=True)}",
-             f"- in flight after the run: {r.inflight_after}",
+             f"- in flight after the run: {r.inflight_after}; ext_proc streams by end: "
+             f"{json.dumps(r.stream_ends, sort_keys=True)}",
+             f"- periodic full collections: {json.dumps(r.gc_full, sort_keys=True)}",
              f"- **RSS growth {r.growth_pct:+.1f}%** from t={r.window_s[0]:.0f} s ({r.rss_start_mb:.1f} MiB) to "
              f"t={r.window_s[1]:.0f} s ({r.rss_end_mb:.1f} MiB); target at most +5%", "",
              "| t (s) | RSS (MiB) | sidecar CPU (s) |", "|---:|---:|---:|"]

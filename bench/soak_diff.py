@@ -15,6 +15,7 @@ import sys
 import tracemalloc
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 IGNORED = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>", "<unknown>",
            tracemalloc.__file__, "*/memory_snapshots.py")
@@ -54,7 +55,7 @@ def object_growth(first: Path, last: Path, top: int) -> list[str]:
 
 def origin_growth(first: Path, last: Path, top: int) -> list[str]:
     """Groups of live objects (type, allocation site, holder type) that grew the most, with samples."""
-    def load(path: Path) -> dict[tuple[str, str, str], dict[str, object]]:
+    def load(path: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
         meta = json.loads(path.with_suffix(".json").read_text())
         return {(g["type"], g["allocated_at"], g["held_by"]): g for g in meta.get("origins", [])}
 

@@ -18,6 +18,7 @@ import grpc
 from loadaware.api.admin import admin_server, is_loopback
 from loadaware.api.debug_http import DebugHttp, MetricsHttp
 from loadaware.api.servicer import RouterServicer
+from loadaware.collector import FullCollections
 from loadaware.config import Settings
 from loadaware.extproc.conversation import StreamOptions
 from loadaware.extproc.health import HealthReporter
@@ -77,6 +78,8 @@ class Sidecar:
         if self.memory_snapshots is not None:
             self.memory_snapshots.start_tracing()  # first, so everything built below is traced
         self.metrics = Metrics(s.policy)
+        self.full_collections = FullCollections(s.gc_full_interval_s, self.metrics.registry) \
+            if s.gc_full_interval_s > 0 else None
         self.lifecycle = RequestLifecycle()
         self.registry = EndpointRegistry(s.endpoints)
         self.loads = LoadTracker(stale_s=s.scrape_stale_s)
@@ -152,7 +155,8 @@ class Sidecar:
             kv_events_endpoints=s.kv_events_endpoints, kv_events_port=s.kv_events_port,
             kv_events_replay_port=s.kv_events_replay_port, kv_events_topic=s.kv_events_topic,
             kv_events_replay_timeout_s=s.kv_events_replay_timeout_ms / 1e3, kv_events_dp_ranks=s.kv_events_dp_ranks,
-            approx_capacity_tokens=s.approx_capacity_tokens, approx_ttl_s=s.approx_ttl_s)
+            approx_capacity_tokens=s.approx_capacity_tokens, approx_ttl_s=s.approx_ttl_s,
+            approx_max_blocks=s.approx_max_blocks)
 
     def _discovery(self, s: Settings) -> tuple[DiscoveryCatalog, list[tuple[str, Task]]]:
         """--discovery envoy-admin | kubernetes | inference-pool report through a catalog into the registry
@@ -286,6 +290,8 @@ class Sidecar:
         tasks += [("endpoint-additions", self._track_additions), ("readiness", self.health.run)]
         if self.memory_snapshots is not None:
             tasks.append(("memory-snapshots", self.memory_snapshots.run))
+        if self.full_collections is not None:
+            tasks.append(("gc-full", self.full_collections.run))
         self._tasks = [asyncio.create_task(run(), name=name) for name, run in tasks]
         log.info("serving ext_proc on %s (port %s), debug API on %s, policy=%s beta=%s endpoints=%s lmcache=%s "
                  "tokenizer=%s", s.listen, self.bound_port, s.admin_listen or "off", s.policy, s.loadaware_beta,

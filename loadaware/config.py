@@ -270,16 +270,23 @@ SETTINGS: tuple[Setting, ...] = (
             "an endpoint is credited with the minimum over its ranks"),
     Setting("kv_events_topic", "--kv-events-topic", "LOADAWARE_KV_EVENTS_TOPIC", "", str,
             "KV-event topic to subscribe to (vLLM's default is empty)"),
-    Setting("kv_events_max_blocks", "--kv-events-max-blocks", "LOADAWARE_KV_EVENTS_MAX_BLOCKS", 4_000_000,
-            parse_positive_int, "memory bound of the KV-events index, in blocks over all engines (~250-400 B each)"),
+    Setting("kv_events_max_blocks", "--kv-events-max-blocks", "LOADAWARE_KV_EVENTS_MAX_BLOCKS", 1_500_000,
+            parse_positive_int, "memory bound of the KV-events index, in blocks over all engines (~370 B each; "
+                                "docs/memory.md)"),
     Setting("kv_events_replay_timeout_ms", "--kv-events-replay-timeout-ms",
             "LOADAWARE_KV_EVENTS_REPLAY_TIMEOUT_MS", 2000.0, parse_positive, "time box for one replay"),
     Setting("approx_capacity_tokens", "--approx-capacity-tokens", "LOADAWARE_APPROX_CAPACITY_TOKENS", 100_000,
             parse_positive_int, "approximate source: each engine's prefix-cache capacity, in tokens"),
     Setting("approx_ttl_s", "--approx-ttl-s", "LOADAWARE_APPROX_TTL_S", 300.0, parse_positive,
             "approximate source: a guessed block not routed to for this long is forgotten"),
+    Setting("approx_max_blocks", "--approx-max-blocks", "LOADAWARE_APPROX_MAX_BLOCKS", 500_000, parse_positive_int,
+            "approximate source: memory bound over all engines, in blocks (~190 B each; docs/memory.md)"),
     Setting("log_level", "--log-level", "LOADAWARE_LOG_LEVEL", "INFO", parse_log_level,
             "debug logs every decision"),
+    # Memory under steady load (collector.py): grpc.aio's per-RPC cycles reach the old generation; free them.
+    Setting("gc_full_interval_s", "--gc-full-interval-s", "LOADAWARE_GC_FULL_INTERVAL_S", 30.0, parse_non_negative,
+            "period of a full garbage collection (~1-3 ms on the event loop; 0 = leave it to CPython's own "
+            "schedule, under which the sidecar's memory grows with the requests served)"),
     # Diagnostics for memory growth (telemetry/memory_snapshots.py); off by default: tracing slows the sidecar.
     Setting("tracemalloc_dir", "--tracemalloc-dir", "LOADAWARE_TRACEMALLOC_DIR", "", parse_path,
             "trace allocations and write a tracemalloc snapshot and live-object counts into this folder"),
@@ -339,11 +346,13 @@ class Settings:
     kv_events_endpoints: Mapping[str, FeedAddress] = field(default_factory=dict)
     kv_events_dp_ranks: int = 1
     kv_events_topic: str = ""
-    kv_events_max_blocks: int = 4_000_000
+    kv_events_max_blocks: int = 1_500_000
     kv_events_replay_timeout_ms: float = 2000.0
     approx_capacity_tokens: int = 100_000
     approx_ttl_s: float = 300.0
+    approx_max_blocks: int = 500_000
     log_level: str = "INFO"
+    gc_full_interval_s: float = 30.0
     tracemalloc_dir: str = ""
     tracemalloc_interval_s: float = 60.0
     # where each value came from: "flag", "env" or "default"

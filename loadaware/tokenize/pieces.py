@@ -27,6 +27,8 @@ from collections.abc import Callable
 Encode = Callable[[str], list[int]]
 
 DOORKEEPER_SLOTS = 1 << 16  # 512 KiB of piece hashes
+# ~95 MiB at ~50 B per cached token (docs/memory.md): room for ~1,300 distinct 1,500-token shared prefixes.
+MAX_CACHED_TOKENS = 2_000_000
 
 
 def split_points(text: str, piece_chars: int) -> list[int]:
@@ -47,7 +49,7 @@ def split_points(text: str, piece_chars: int) -> list[int]:
 
 
 class ChunkedEncoder:
-    def __init__(self, encode: Encode, max_cached_tokens: int = 4_000_000, piece_chars: int = 512,
+    def __init__(self, encode: Encode, max_cached_tokens: int = MAX_CACHED_TOKENS, piece_chars: int = 512,
                  min_chars: int = 1024) -> None:
         self._encode = encode
         self.piece_chars = piece_chars
