@@ -43,7 +43,8 @@ UNIQUE_MARKER = "@@REQUEST@@"
 # 4 decode steps of 25 ms (few events for the simulator, ~0.1 s per request), so hang-ups land mid-request
 # and streams overlap.
 SOAK_FLEET = ["--prefill-tokens-per-s", "1e9", "--prefill-overhead-ms", "0", "--lmcache-load-tokens-per-s", "1e9",
-              "--decode-base-ms", "25", "--decode-per-seq-ms", "0", "--max-num-seqs", "4096", "--serialize-prefill", "0"]
+              "--decode-base-ms", "25", "--decode-per-seq-ms", "0", "--max-num-seqs", "4096",
+              "--serialize-prefill", "0"]
 # The soak's engines: one base IP of their own (not the shipped 127.0.0.2-4), so a soak never collides with
 # a test run's fleet; each engine on its own loopback IP, as in the shipped config.
 SOAK_BASE_IP = "127.0.77.2"
@@ -89,6 +90,7 @@ class SoakResult:
     inflight_after: int | None = None
     stream_ends: dict[str, float] = field(default_factory=dict)
     gc_full: dict[str, float] = field(default_factory=dict)
+    indexes: dict[str, Any] = field(default_factory=dict)
     tracemalloc_dir: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -113,7 +115,7 @@ def growth(samples: list[Sample], start_s: float, end_s: float) -> tuple[tuple[f
     return (first.t_s, last.t_s), first.rss_mb, last.rss_mb, pct
 
 
-def soak_bodies(prefixes: int = 64, per_prefix: int = 4, max_tokens: int = 24, seed: int = 11) -> list[str]:
+def soak_bodies(prefixes: int = 64, per_prefix: int = 4, max_tokens: int = 4, seed: int = 11) -> list[str]:
     """/v1/completions bodies: a shared ~1,544-token prefix, then UNIQUE_MARKER (the loader writes the
     request's number there) and ~30 tokens of words, so every prompt and its last blocks are new."""
     b = PromptBuilder()
@@ -196,14 +198,18 @@ def run_soak(cfg: SoakConfig) -> SoakResult:
             raise RuntimeError(f"load generator failed (rc={loader.returncode}):\n{stderr[-3000:]}")
         time.sleep(1.0)  # the last streams end
         with contextlib.suppress(Exception):
-            result.inflight_after = int(sidecar.debug_json("/debug/state")["inflight_total"])
+            state = sidecar.debug_json("/debug/state")
+            result.inflight_after = int(state["inflight_total"])
+            prefix = state["prefix"]  # the bounded indexes at the end: full, or still filling?
+            result.indexes = {"kv_events_blocks": prefix.get("kv_events", {}).get("total_blocks"),
+                              "approx_blocks": prefix.get("approx", {}).get("total_blocks")}
         with contextlib.suppress(Exception):  # how the ext_proc streams ended (eof, cancelled, error)
             text = sidecar.metrics_text()
             result.stream_ends = {line.split('end="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
                                   for line in text.splitlines() if line.startswith("loadaware_extproc_streams_total{")}
             # the periodic full collections (loadaware/collector.py): how many, and how long they held the loop
             result.gc_full = {line.split(" ")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                              if line.startswith("loadaware_gc_full_")}
+                              if line.startswith("loadaware_gc_full_") and "_created " not in line}
         load = LoadResult.from_dict(json.loads(out_path.read_text()))
     end = min(cfg.window_s[1], cfg.duration_s)
     start = min(cfg.window_s[0], end / 2)  # a short diagnostic run: its second half
@@ -228,6 +234,7 @@ def soak_table(cfg: SoakConfig, r: SoakResult) -> str:
              f"- in flight after the run: {r.inflight_after}; ext_proc streams by end: "
              f"{json.dumps(r.stream_ends, sort_keys=True)}",
              f"- periodic full collections: {json.dumps(r.gc_full, sort_keys=True)}",
+             f"- prefix indexes at the end: {json.dumps(r.indexes, sort_keys=True)}",
              f"- **RSS growth {r.growth_pct:+.1f}%** from t={r.window_s[0]:.0f} s ({r.rss_start_mb:.1f} MiB) to "
              f"t={r.window_s[1]:.0f} s ({r.rss_end_mb:.1f} MiB); target at most +5%", "",
              "| t (s) | RSS (MiB) | sidecar CPU (s) |", "|---:|---:|---:|"]

