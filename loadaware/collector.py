@@ -1,4 +1,4 @@
-"""A full garbage collection every `--gc-full-interval-s`, timed and counted.
+"""A full garbage collection every `--gc-full-interval-s`, then the malloc heap trimmed; timed and counted.
 
 Why: grpc.aio leaves reference cycles behind every RPC (its coroutines and their scopes), which only the cyclic
 collector frees. The sidecar raises the young generation's threshold for CPU (cli.py), so an RPC still open
@@ -12,9 +12,12 @@ frozen (gc.freeze), so a full collection walks only what the traffic left: ~1-3 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import gc
 import logging
 import time
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -23,9 +26,37 @@ log = logging.getLogger(__name__)
 SLOW_COLLECTION_S = 0.05  # worth a warning: the event loop waited this long
 
 
+PAGE_BYTES = 4096
+
+
+def resident_bytes() -> int:
+    """This process's resident set size (Linux /proc/self/statm); 0 where there is none."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * PAGE_BYTES
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def heap_trimmer() -> Callable[[], object] | None:
+    """glibc's malloc_trim(0): hands the free pages of the malloc heap back to the system. Objects above 512 B
+    (token-id lists, request bodies) and grpc's own buffers live there; freed, their pages stay resident
+    until trimmed. None where there is no glibc (musl, macOS)."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return lambda: trim(0)
+
+
 class FullCollections:
-    def __init__(self, interval_s: float, registry: CollectorRegistry) -> None:
+    def __init__(self, interval_s: float, registry: CollectorRegistry, trim_heap: bool = True) -> None:
         self.interval_s = interval_s
+        self.trim = heap_trimmer() if trim_heap else None
         self.runs = Counter("loadaware_gc_full_collections", "Periodic full garbage collections (--gc-full-interval-s)",
                             registry=registry)
         self.freed = Counter("loadaware_gc_full_collected_objects",
@@ -37,11 +68,18 @@ class FullCollections:
         self.cpu_s = Counter("loadaware_gc_full_collection_cpu_seconds",
                              "CPU time the periodic full collections took (the pauses' wall time above includes "
                              "waiting for a busy core)", registry=registry)
+        self.trimmed = Counter("loadaware_gc_heap_trimmed_bytes",
+                               "Resident bytes handed back to the system by trimming the malloc heap after a "
+                               "periodic full collection", registry=registry)
         self.max_pause_s = 0.0
 
     def collect(self) -> int:
         started, cpu = time.perf_counter(), time.thread_time()
         found = gc.collect()
+        if self.trim is not None:
+            before = resident_bytes()
+            self.trim()
+            self.trimmed.inc(max(0, before - resident_bytes()))
         took = time.perf_counter() - started
         self.cpu_s.inc(time.thread_time() - cpu)
         self.runs.inc()

@@ -6,6 +6,7 @@ import asyncio
 import gc
 import inspect
 import json
+import os
 import tracemalloc
 from pathlib import Path
 
@@ -44,6 +45,24 @@ def test_a_full_collection_frees_old_generation_cycles_and_is_counted() -> None:
     assert registry.get_sample_value("loadaware_gc_full_collected_objects_total") == found
     pause = registry.get_sample_value("loadaware_gc_full_collection_seconds")
     assert pause is not None and 0 < pause == registry.get_sample_value("loadaware_gc_full_collection_max_seconds")
+
+
+def test_the_collection_trims_the_malloc_heap() -> None:
+    collections = FullCollections(30.0, CollectorRegistry())
+    assert collections.trim is not None  # glibc here: malloc_trim is found
+    assert FullCollections(30.0, CollectorRegistry(), trim_heap=False).trim is None
+    calls: list[int] = []
+    collections.trim = lambda: calls.append(1)
+    collections.collect()
+    collections.collect()
+    assert calls == [1, 1]
+
+
+def test_resident_bytes_is_this_process() -> None:
+    from bench.soak import rss_mb
+    from loadaware.collector import resident_bytes
+
+    assert abs(resident_bytes() / 2**20 - rss_mb(os.getpid())) < 20
 
 
 async def test_the_task_collects_every_interval() -> None:
