@@ -77,6 +77,25 @@ class Sample:
     t_s: float
     rss_mb: float
     cpu_s: float
+    heap_mb: float = 0.0  # resident in the malloc heap ([heap]: native code, objects above 512 B)
+    anon_mb: float = 0.0  # resident in anonymous mappings (Python's small-object arenas, thread stacks)
+
+
+def mapping_mb(pid: int) -> tuple[float, float]:
+    """Resident MiB of `pid`'s [heap] and of its anonymous mappings (/proc/PID/smaps)."""
+    heap = anon = 0
+    current = ""
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split(maxsplit=5)
+        if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+            current = head[5].strip() if len(head) == 6 else ""
+        elif line.startswith("Rss:"):
+            kib = int(line.split()[1])
+            if current == "[heap]":
+                heap += kib
+            elif current == "":
+                anon += kib
+    return heap / 1024, anon / 1024
 
 
 @dataclass
@@ -185,9 +204,11 @@ def run_soak(cfg: SoakConfig) -> SoakResult:
             while loader.poll() is None:
                 now = time.monotonic() - t0
                 if now >= next_at:
-                    sample = Sample(round(now, 1), rss_mb(sidecar.pid), cpu_seconds(sidecar.pid))
+                    sample = Sample(round(now, 1), rss_mb(sidecar.pid), cpu_seconds(sidecar.pid),
+                                    *mapping_mb(sidecar.pid))
                     result.samples.append(sample)
-                    log.info("soak t=%6.0fs sidecar RSS %.1f MiB cpu %.0f s", sample.t_s, sample.rss_mb, sample.cpu_s)
+                    log.info("soak t=%6.0fs sidecar RSS %.1f MiB (heap %.1f, anon %.1f) cpu %.0f s", sample.t_s,
+                             sample.rss_mb, sample.heap_mb, sample.anon_mb, sample.cpu_s)
                     next_at += cfg.sample_s
                 time.sleep(min(1.0, max(0.05, next_at - now)))
             stderr = loader.stderr.read() if loader.stderr else ""
@@ -237,8 +258,9 @@ def soak_table(cfg: SoakConfig, r: SoakResult) -> str:
              f"- prefix indexes at the end: {json.dumps(r.indexes, sort_keys=True)}",
              f"- **RSS growth {r.growth_pct:+.1f}%** from t={r.window_s[0]:.0f} s ({r.rss_start_mb:.1f} MiB) to "
              f"t={r.window_s[1]:.0f} s ({r.rss_end_mb:.1f} MiB); target at most +5%", "",
-             "| t (s) | RSS (MiB) | sidecar CPU (s) |", "|---:|---:|---:|"]
-    lines += [f"| {s.t_s:.0f} | {s.rss_mb:.1f} | {s.cpu_s:.0f} |" for s in r.samples]
+             "| t (s) | RSS (MiB) | of it [heap] | of it anonymous | sidecar CPU (s) |", "|---:|---:|---:|---:|---:|"]
+    lines += [f"| {s.t_s:.0f} | {s.rss_mb:.1f} | {s.heap_mb:.1f} | {s.anon_mb:.1f} | {s.cpu_s:.0f} |"
+              for s in r.samples]
     if r.tracemalloc_dir:
         lines.append(f"\ntracemalloc snapshots: {r.tracemalloc_dir} (python -m bench.soak_diff {r.tracemalloc_dir})")
     return "\n".join(lines) + "\n"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.soak import UNIQUE_MARKER, Sample, growth, private_envoy_config, rss_mb, soak_bodies
+from bench.soak import UNIQUE_MARKER, Sample, growth, mapping_mb, private_envoy_config, rss_mb, soak_bodies
 
 
 def test_private_config_keeps_the_shipped_one_but_its_ports_and_engines(tmp_path: Path) -> None:
@@ -34,10 +34,12 @@ def test_growth_is_between_the_samples_nearest_the_window() -> None:
         growth([], 0, 1)
 
 
-def test_rss_of_this_process() -> None:
+def test_rss_of_this_process_and_its_mappings() -> None:
     import os
 
-    assert 5 < rss_mb(os.getpid()) < 10_000
+    rss = rss_mb(os.getpid())
+    heap, anon = mapping_mb(os.getpid())
+    assert 5 < rss < 10_000 and 0 < heap + anon <= rss
 
 
 def test_bodies_share_prefixes_and_carry_the_marker() -> None:
