@@ -230,7 +230,7 @@ def run_soak(cfg: SoakConfig) -> SoakResult:
                                   for line in text.splitlines() if line.startswith("loadaware_extproc_streams_total{")}
             # the periodic full collections (loadaware/collector.py): how many, and how long they held the loop
             result.gc_full = {line.split(" ")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                              if line.startswith("loadaware_gc_full_") and "_created " not in line}
+                              if line.startswith("loadaware_gc_") and "_created " not in line}
         load = LoadResult.from_dict(json.loads(out_path.read_text()))
     end = min(cfg.window_s[1], cfg.duration_s)
     start = min(cfg.window_s[0], end / 2)  # a short diagnostic run: its second half
