@@ -285,8 +285,8 @@ SETTINGS: tuple[Setting, ...] = (
             "debug logs every decision"),
     # Memory under steady load (collector.py): grpc.aio's per-RPC cycles reach the old generation; free them.
     Setting("gc_full_interval_s", "--gc-full-interval-s", "LOADAWARE_GC_FULL_INTERVAL_S", 30.0, parse_non_negative,
-            "period of a full garbage collection (~1-3 ms on the event loop; 0 = leave it to CPython's own "
-            "schedule, under which the sidecar's memory grows with the requests served)"),
+            "period of a full garbage collection and malloc-heap trim, on the event loop (15-28 ms of CPU measured; "
+            "0 = leave it to CPython's own schedule, under which grpc's per-RPC cycles pile up)"),
     # Diagnostics for memory growth (telemetry/memory_snapshots.py); off by default: tracing slows the sidecar.
     Setting("tracemalloc_dir", "--tracemalloc-dir", "LOADAWARE_TRACEMALLOC_DIR", "", parse_path,
             "trace allocations and write a tracemalloc snapshot and live-object counts into this folder"),
