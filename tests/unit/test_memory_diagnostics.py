@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import inspect
 import json
@@ -71,6 +72,8 @@ async def test_the_task_collects_every_interval() -> None:
     while collections.runs._value.get() < 3:
         await asyncio.sleep(0.01)
     task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def test_snapshots_are_written_with_their_counts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
