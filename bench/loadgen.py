@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import random
 import sys
 import time
 from collections import Counter
@@ -46,6 +47,12 @@ class LoadSpec:
     timeout: float = 10.0  # per request, total
     drain_timeout: float = 15.0
     stream: bool = False  # read 200 responses as SSE streams: count events, time the first one
+    # Client hang-ups: this share of requests (seeded choice) is abandoned after a uniform random wait in
+    # [0, hangup_within_s): the connection closes mid-request, as a client giving up does (status "hangup").
+    hangup_fraction: float = 0.0
+    hangup_within_s: float = 0.2
+    # Each occurrence of this string in a body is replaced by the request's own number: every prompt unique.
+    unique_marker: str = ""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LoadSpec:
@@ -69,6 +76,7 @@ class LoadResult:
     client_cpu_s: float
     ttft_s: list[float] = field(default_factory=list)  # stream: due time to first event, successful requests
     sse_events: dict[str, int] = field(default_factory=dict)  # stream: {events per response: responses}
+    hangups: int = 0  # requests the client abandoned on purpose (spec.hangup_fraction), not counted as errors
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,6 +93,15 @@ def _load_bodies(spec: LoadSpec) -> list[bytes | None]:
     return [t.encode() for t in texts] if texts else [None]
 
 
+def hangup_delays(n: int, fraction: float, within_s: float, seed: int) -> dict[int, float]:
+    """Which of `n` requests the client abandons, and after how long: a seeded choice of round(n * fraction)."""
+    if fraction <= 0 or n == 0:
+        return {}
+    rng = random.Random(seed * 7919 + 17)
+    chosen = rng.sample(range(n), min(n, round(n * fraction)))
+    return {i: rng.uniform(0.0, within_s) for i in sorted(chosen)}
+
+
 async def run_load(spec: LoadSpec) -> LoadResult:
     offsets = arrival_offsets(spec.rate, spec.duration, arrivals=spec.arrivals, seed=spec.seed,
                               max_requests=spec.max_requests)
@@ -98,6 +115,8 @@ async def run_load(spec: LoadSpec) -> LoadResult:
     ttft = [math.nan] * n
     events = [0] * n
     headers = {"content-type": "application/json"} if bodies[0] is not None else {}
+    hangups = hangup_delays(n, spec.hangup_fraction, spec.hangup_within_s, spec.seed)
+    marker = spec.unique_marker.encode()
     cpu0 = time.process_time()
     connector = aiohttp.TCPConnector(limit=spec.connections, limit_per_host=spec.connections,
                                      ttl_dns_cache=None)
@@ -107,10 +126,13 @@ async def run_load(spec: LoadSpec) -> LoadResult:
 
         async def one(i: int, due: float) -> None:
             body = bodies[i % len(bodies)]
+            if marker and body is not None:
+                body = body.replace(marker, str(i).encode())
             started = loop.time()
             lag[i] = started - due
             try:
-                async with session.request(spec.method, spec.url, data=body, headers=headers) as resp:
+                async with asyncio.timeout(hangups.get(i)), \
+                        session.request(spec.method, spec.url, data=body, headers=headers) as resp:
                     if spec.stream and resp.status == 200:
                         sse = SseCounter()
                         async for piece in resp.content.iter_any():
@@ -122,7 +144,7 @@ async def run_load(spec: LoadSpec) -> LoadResult:
                         await resp.read()
                         status[i] = str(resp.status)
             except TimeoutError:
-                status[i] = "error:timeout"
+                status[i] = "hangup" if i in hangups else "error:timeout"
             except aiohttp.ClientError as exc:
                 status[i] = f"error:{type(exc).__name__}"
             except asyncio.CancelledError:
@@ -148,16 +170,17 @@ async def run_load(spec: LoadSpec) -> LoadResult:
             if pending:
                 await asyncio.wait(pending, timeout=2.0)
     ok_idx = [i for i in range(n) if status[i].isdigit() and 200 <= int(status[i]) < 300]
+    hung_up = sum(1 for i in hangups if status[i] == "hangup")
     finished = [e for e in ends if not math.isnan(e)]
     wall = (max(finished) - t0) if finished else 0.0
     lags = sorted(x for x in lag if not math.isnan(x))
     lag_p99 = lags[min(len(lags) - 1, int(0.99 * len(lags)))] * 1e3 if lags else math.nan
     return LoadResult(
         offered_rate=spec.rate, duration=spec.duration, scheduled=n,
-        sent=sum(1 for x in lag if not math.isnan(x)), ok=len(ok_idx), errors=n - len(ok_idx),
+        sent=sum(1 for x in lag if not math.isnan(x)), ok=len(ok_idx), errors=n - len(ok_idx) - hung_up,
         statuses=dict(Counter(status)), latencies_s=[latency[i] for i in ok_idx],
         service_s=[service[i] for i in ok_idx], send_lag_p99_ms=lag_p99, wall_s=wall,
-        achieved_rate=len(ok_idx) / max(spec.duration, wall) if n else 0.0,
+        achieved_rate=len(ok_idx) / max(spec.duration, wall) if n else 0.0, hangups=hung_up,
         client_cpu_s=time.process_time() - cpu0,
         ttft_s=[ttft[i] for i in ok_idx] if spec.stream else [],
         sse_events=({str(k): v for k, v in sorted(Counter(events[i] for i in ok_idx).items())}

@@ -28,6 +28,7 @@ from .cases import BenchConfig, CaseResults, as_dict, run_decision, run_transpor
 from .picker import PROMPTS as PICKER_PROMPTS
 from .picker import run_picker
 from .report import TARGETS, case_table, picker_figures, picker_table, steps_table, summary, summary_table
+from .soak import SoakConfig, run_soak, soak_table
 from .table import run_table, table_config
 from .table_arms import arms_by_name
 from .table_report import row_figures, table_markdown
@@ -36,6 +37,8 @@ from .transport_floor import floor_table, run_floor
 REPO = Path(__file__).resolve().parents[1]
 CASES = ("transport", "decision", "steps", "kv_events", "scrape_parse", "extproc_inprocess", "picker", "table",
          "floor", "fuzz", "fleet_size")
+# Asked for by name only (`--cases soak`): the soak runs for half an hour by default.
+EXTRA_CASES = ("soak",)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -58,15 +61,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--fuzz-cases", type=int, default=None,
                    help=f"fuzz case: conversations to run (default {fuzz_bench.DEFAULT_CASES:,}; "
                         f"--quick {fuzz_bench.QUICK_CASES:,})")
+    p.add_argument("--soak-duration", type=float, default=None, help="soak case: seconds of load (default 1800)")
+    p.add_argument("--soak-rate", type=float, default=None, help="soak case: offered req/s (default 120)")
+    p.add_argument("--soak-hangups", type=float, default=None,
+                   help="soak case: share of clients that hang up mid-request (default 0.05)")
+    p.add_argument("--soak-tracemalloc-s", type=float, default=None,
+                   help="soak case: the sidecar writes a tracemalloc snapshot this often (default off)")
     p.add_argument("--out", default=str(REPO / "out" / "bench"), help="output folder (default out/bench)")
     return p.parse_args(argv)
 
 
 def build_config(args: argparse.Namespace) -> BenchConfig:
     cases = tuple(c.strip() for c in args.cases.split(",") if c.strip())
-    unknown = [c for c in cases if c not in CASES]
+    unknown = [c for c in cases if c not in CASES + EXTRA_CASES]
     if unknown:
-        raise SystemExit(f"unknown case(s) {unknown}; expected {CASES}")
+        raise SystemExit(f"unknown case(s) {unknown}; expected {CASES + EXTRA_CASES}")
     cfg = BenchConfig(out_dir=Path(args.out), cases=cases, arrivals=args.arrivals)
     if args.quick:
         cfg.duration, cfg.warmup, cfg.step_duration, cfg.step_rates = 3.0, 0.5, 2.0, (200, 600)
@@ -96,6 +105,21 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
     return cfg
 
 
+def soak_config(args: argparse.Namespace, cfg: BenchConfig) -> SoakConfig:
+    soak = SoakConfig(out_dir=cfg.out_dir)
+    if args.quick:
+        soak.duration_s, soak.sample_s = 60.0, 10.0
+    if args.soak_duration is not None:
+        soak.duration_s = args.soak_duration
+    if args.soak_rate is not None:
+        soak.rate = args.soak_rate
+    if args.soak_hangups is not None:
+        soak.hangup_fraction = args.soak_hangups
+    if args.soak_tracemalloc_s is not None:
+        soak.tracemalloc_interval_s = args.soak_tracemalloc_s
+    return soak
+
+
 def machine() -> dict[str, Any]:
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"cpus": os.cpu_count(), "usable_cpus": affinity, "platform": platform.platform(),
@@ -123,6 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     table_rows: list[dict[str, Any]] | None = None
     floor_rows: list[dict[str, Any]] | None = None
     fleet_result: dict[str, Any] | None = None
+    soak_cfg = soak_config(args, cfg) if "soak" in cfg.cases else None
+    soak_result = None
     try:
         if "transport" in cfg.cases:
             run_transport(cfg, results)
@@ -144,6 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             fuzz_result = fuzz_bench.run(args.quick, args.fuzz_cases)
         if "fleet_size" in cfg.cases:  # in-process: 100 / 1,000 / 10,000 static endpoints, the event loop's lag
             fleet_result = fleet_size_bench.run(args.quick)
+        if soak_cfg is not None:  # steady load for a long time: the sidecar's RSS curve
+            soak_result = run_soak(soak_cfg)
     except Exception as exc:  # still print and save what was measured
         error = f"{type(exc).__name__}: {exc}"
         logging.exception("benchmark aborted")
@@ -155,7 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
            "picker": {case: picker_figures(results, case) for case, _, _ in PICKER_PROMPTS.values()},
            "table": None if table_rows is None else {
                "config": table_config(cfg, arms_by_name(cfg.table_arms)), "rows": table_rows},
-           "floor": floor_rows, "fuzz": fuzz_result, "fleet_size": fleet_result}
+           "floor": floor_rows, "fuzz": fuzz_result, "fleet_size": fleet_result,
+           "soak": None if soak_result is None else soak_result.to_dict()}
     out_json = cfg.out_dir / "results.json"
     out_json.write_text(json.dumps(doc, indent=2, default=str))
 
@@ -188,6 +217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parts.append(fuzz_bench.table(fuzz_result))
     if fleet_result is not None:
         parts.append(fleet_size_bench.table(fleet_result))
+    if soak_cfg is not None and soak_result is not None:
+        parts.append(soak_table(soak_cfg, soak_result))
     parts.append(summary_table(summ, cfg.rate))
     if error:
         parts.append(f"**Run aborted early:** {error}\n")

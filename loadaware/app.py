@@ -20,6 +20,7 @@ from loadaware.api.admin import admin_server, is_loopback
 from loadaware.api.debug_http import DebugHttp, MetricsHttp
 from loadaware.api.offloop import off_loop
 from loadaware.api.servicer import RouterServicer
+from loadaware.collector import FullCollections
 from loadaware.config import Settings
 from loadaware.extproc.conversation import StreamOptions
 from loadaware.extproc.health import HealthReporter
@@ -48,6 +49,7 @@ from loadaware.runtime.supervisor import Supervisor, TaskSpec
 from loadaware.telemetry.decisions import DecisionLog, DecisionMetrics, RecentDecisions
 from loadaware.telemetry.epp import EppMetrics, PodLoad
 from loadaware.telemetry.faults import ListenerFailures
+from loadaware.telemetry.memory_snapshots import MemorySnapshots
 from loadaware.telemetry.metrics import Metrics
 from loadaware.tokenize.text_units import TextUnits
 from loadaware.tokenize.tokenizer import AsyncTokenizer, PromptTokenizer
@@ -91,7 +93,13 @@ def read_pem(flag: str, path: str) -> bytes:
 class Sidecar:
     def __init__(self, settings: Settings) -> None:
         self.settings = s = settings
+        self.memory_snapshots = MemorySnapshots(s.tracemalloc_dir, s.tracemalloc_interval_s) \
+            if s.tracemalloc_dir else None
+        if self.memory_snapshots is not None:
+            self.memory_snapshots.start_tracing()  # first, so everything built below is traced
         self.metrics = Metrics(s.policy)
+        self.full_collections = FullCollections(s.gc_full_interval_s, self.metrics.registry) \
+            if s.gc_full_interval_s > 0 else None
         self.lifecycle = RequestLifecycle()
         self.lifecycle.on_failure = ListenerFailures(self.metrics.fallback)  # counted, logged rate-limited
         self.registry = EndpointRegistry(s.endpoints)
@@ -184,7 +192,8 @@ class Sidecar:
             kv_events_replay_port=s.kv_events_replay_port, kv_events_topic=s.kv_events_topic,
             kv_events_replay_timeout_s=s.kv_events_replay_timeout_ms / 1e3, kv_events_dp_ranks=s.kv_events_dp_ranks,
             kv_events_bind=s.kv_events_bind, kv_events_topic_map=s.kv_events_topic_map,
-            approx_capacity_tokens=s.approx_capacity_tokens, approx_ttl_s=s.approx_ttl_s)
+            approx_capacity_tokens=s.approx_capacity_tokens, approx_ttl_s=s.approx_ttl_s,
+            approx_max_blocks=s.approx_max_blocks)
 
     def _discovery(self, s: Settings) -> tuple[DiscoveryCatalog, list[tuple[str, Task]]]:
         """--discovery envoy-admin | kubernetes | inference-pool report through a catalog into the registry
@@ -351,6 +360,10 @@ class Sidecar:
             tasks.append(("lmcache-instances", self.resolver.run))
         tasks += self.prefixes.tasks()
         tasks += [("readiness", self.health.run)]
+        if self.memory_snapshots is not None:
+            tasks.append(("memory-snapshots", self.memory_snapshots.run))
+        if self.full_collections is not None:
+            tasks.append(("gc-full", self.full_collections.run))
         self.supervisor.start([TaskSpec(name, run, required=is_required(name)) for name, run in tasks])
         log.info("serving ext_proc on %s (port %s), debug API on %s, policy=%s beta=%s endpoints=%s lmcache=%s "
                  "tokenizer=%s", s.listen, self.bound_port, s.admin_listen or "off", s.policy, s.loadaware_beta,

@@ -311,8 +311,8 @@ class Settings:
             "an endpoint is credited with the minimum over its ranks")
     kv_events_topic: str = setting("", str,
             "KV-event topic to subscribe to (vLLM's default is empty)")
-    kv_events_max_blocks: int = setting(4_000_000, parse_positive_int,
-            "memory bound of the KV-events index, in blocks over all engines (~250-400 B each)")
+    kv_events_max_blocks: int = setting(1_500_000, parse_positive_int,
+            "memory bound of the KV-events index, in blocks over all engines (~370 B each; docs/memory.md)")
     kv_events_replay_timeout_ms: float = setting(2000.0, parse_positive,
             "time box for one replay")
     # The engines-connect pattern (prefix/kvevents/inbound.py): engines whose KV-events endpoint is this address.
@@ -326,8 +326,18 @@ class Settings:
             "approximate source: each engine's prefix-cache capacity, in tokens")
     approx_ttl_s: float = setting(300.0, parse_positive,
             "approximate source: a guessed block not routed to for this long is forgotten")
+    approx_max_blocks: int = setting(500_000, parse_positive_int,
+            "approximate source: memory bound over all engines, in blocks (~190 B each; docs/memory.md)")
     log_level: str = setting("INFO", parse_log_level,
             "debug logs every decision")
+    # Memory under steady load (collector.py): grpc.aio's per-RPC cycles reach the old generation; free them.
+    gc_full_interval_s: float = setting(30.0, parse_non_negative,
+            "period of a full garbage collection and malloc-heap trim, on the event loop (15-28 ms of CPU measured; "
+            "0 = leave it to CPython's own schedule, under which grpc's per-RPC cycles pile up)")
+    # Diagnostics for memory growth (telemetry/memory_snapshots.py); off by default: tracing slows the sidecar.
+    tracemalloc_dir: str = setting("", parse_path,
+            "trace allocations and write a tracemalloc snapshot and live-object counts into this folder")
+    tracemalloc_interval_s: float = setting(60.0, parse_positive, "period of the --tracemalloc-dir snapshots")
     # where each value came from: "flag", "env" or "default"
     origins: Mapping[str, str] = field(default_factory=dict)
 

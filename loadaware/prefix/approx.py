@@ -43,10 +43,15 @@ class _Guess:
 
 
 class ApproxIndex:
-    def __init__(self, capacity_blocks: int, block_size: int, ttl_s: float) -> None:
-        if capacity_blocks < 1 or block_size < 1 or ttl_s <= 0:
-            raise ValueError("capacity_blocks, block_size and ttl_s must be positive")
+    """`capacity_blocks` bounds each engine's guess; `max_blocks` the sum over engines, so the memory bound
+    does not grow with the fleet. An engine recorded past either bound loses its own oldest blocks."""
+
+    def __init__(self, capacity_blocks: int, block_size: int, ttl_s: float, max_blocks: int | None = None) -> None:
+        if capacity_blocks < 1 or block_size < 1 or ttl_s <= 0 or (max_blocks is not None and max_blocks < 1):
+            raise ValueError("capacity_blocks, block_size, ttl_s and max_blocks must be positive")
         self.capacity_blocks = capacity_blocks
+        self.max_blocks = max_blocks  # None: no bound on the sum (a simulation with a fixed fleet)
+        self.total_blocks = 0
         self.block_size = block_size
         self.ttl_s = ttl_s
         self._holders: dict[int, int] = {}
@@ -65,17 +70,24 @@ class ApproxIndex:
         blocks, holders, bit = guess.blocks, self._holders, guess.bit
         # Tail first, so the chain's head ends up most recent: an engine evicts a sequence's tail before
         # its head (as vLLM frees blocks in reverse), and a walk stops at the first miss anyway.
+        before = len(blocks)
         for key in reversed(keys):
             if key in blocks:
                 blocks.move_to_end(key)
             else:
                 holders[key] = holders.get(key, 0) | bit
             blocks[key] = now
+        self.total_blocks += len(blocks) - before
         evicted = 0
-        while len(blocks) > self.capacity_blocks:
+        excess = len(blocks) - self.capacity_blocks
+        if self.max_blocks is not None:
+            excess = max(excess, self.total_blocks - self.max_blocks)
+        while excess > 0 and blocks:
             key, _ = blocks.popitem(last=False)
             unhold(holders, key, bit)
             evicted += 1
+            excess -= 1
+        self.total_blocks -= evicted
         self.evicted["capacity"] += evicted
         return evicted
 
@@ -92,6 +104,7 @@ class ApproxIndex:
                 del blocks[key]
                 unhold(self._holders, key, guess.bit)
                 dropped += 1
+        self.total_blocks -= dropped
         self.evicted["decay"] += dropped
         return dropped
 
@@ -102,6 +115,7 @@ class ApproxIndex:
         for key in guess.blocks:
             unhold(self._holders, key, guess.bit)
         self._slots.release(engine)
+        self.total_blocks -= len(guess.blocks)
         self.evicted["endpoint_removed"] += len(guess.blocks)
         return len(guess.blocks)
 
@@ -130,8 +144,7 @@ class ApproxIndex:
         return list(self._engines)
 
     def approx_bytes(self) -> int:
-        # A copy of the engines: /metrics and /debug/state read this from a worker thread.
-        return sum(len(g.blocks) for g in list(self._engines.values())) * BYTES_PER_APPROX_BLOCK
+        return self.total_blocks * BYTES_PER_APPROX_BLOCK
 
 
 class ApproxPrefixSource:
@@ -211,6 +224,7 @@ class ApproxPrefixSource:
 
     def state(self) -> dict[str, object]:
         return {"exact": False, "block_size": self.index.block_size, "capacity_blocks": self.index.capacity_blocks,
+                "max_blocks": self.index.max_blocks, "total_blocks": self.index.total_blocks,
                 "ttl_s": self.index.ttl_s, "engines": {ep: self.index.blocks(ep) for ep in self.index.engines()},
                 "approx_bytes": self.index.approx_bytes(), "evicted": dict(self.index.evicted)}
 

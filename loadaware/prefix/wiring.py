@@ -26,7 +26,7 @@ APPROX_TOKEN_BLOCK = 16
 class PrefixOptions:
     names: tuple[str, ...]  # among SOURCE_NAMES
     have_tokenizer: bool
-    kv_events_max_blocks: int = 4_000_000
+    kv_events_max_blocks: int = 1_500_000
     kv_events_endpoints: Mapping[str, FeedAddress] = field(default_factory=dict)
     kv_events_port: int = 5557
     kv_events_replay_port: int = 5558
@@ -37,6 +37,7 @@ class PrefixOptions:
     kv_events_topic_map: Mapping[str, str] = field(default_factory=dict)
     approx_capacity_tokens: int = 100_000
     approx_ttl_s: float = 300.0
+    approx_max_blocks: int = 500_000
 
 
 class PrefixWiring:
@@ -66,7 +67,8 @@ class PrefixWiring:
         if "approx" in self.names:
             block = APPROX_TOKEN_BLOCK if o.have_tokenizer else TEXT_BLOCK_BYTES
             self.approx = ApproxPrefixSource(
-                ApproxIndex(max(1, o.approx_capacity_tokens // APPROX_TOKEN_BLOCK), block, o.approx_ttl_s), metrics)
+                ApproxIndex(max(1, o.approx_capacity_tokens // APPROX_TOKEN_BLOCK), block, o.approx_ttl_s,
+                            o.approx_max_blocks), metrics)
         for name in SOURCE_NAMES:
             metrics.prefix_source_info.labels(name, "false" if name == "approx" else "true").set(
                 1 if name in self.names else 0)

@@ -9,17 +9,28 @@ Piece boundaries are found by scanning from the start (the first safe point at o
 `piece_chars` characters), so two prompts sharing a prefix cut it identically up to where they differ.
 Exactness is not assumed: `ChunkedEncoder.self_check` compares against the whole-text encoding on load
 and on a sample of live prompts; any mismatch turns the cache off for good.
+
+A piece enters the cache on its second sighting only. Prompts that differ after a shared prefix (a question
+after a system prompt, a user's own document) would otherwise fill it with pieces seen once and never again,
+so under steady traffic it would grow to its bound and hold little that is shared. The pieces seen once are
+remembered by hash in a fixed-size table (`DOORKEEPER_SLOTS`, allocated whole at start: its memory never grows;
+a collision only delays a piece's admission).
 """
 
 from __future__ import annotations
 
 import threading
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 
 from loadaware.lifecycle import previewing
 
 Encode = Callable[[str], list[int]]
+
+DOORKEEPER_SLOTS = 1 << 16  # 512 KiB of piece hashes
+# ~95 MiB at ~50 B per cached token (docs/memory.md): room for ~1,300 distinct 1,500-token shared prefixes.
+MAX_CACHED_TOKENS = 2_000_000
 
 
 def split_points(text: str, piece_chars: int) -> list[int]:
@@ -40,7 +51,7 @@ def split_points(text: str, piece_chars: int) -> list[int]:
 
 
 class ChunkedEncoder:
-    def __init__(self, encode: Encode, max_cached_tokens: int = 4_000_000, piece_chars: int = 512,
+    def __init__(self, encode: Encode, max_cached_tokens: int = MAX_CACHED_TOKENS, piece_chars: int = 512,
                  min_chars: int = 1024) -> None:
         self._encode = encode
         self.piece_chars = piece_chars
@@ -49,6 +60,7 @@ class ChunkedEncoder:
         self._cache: OrderedDict[str, list[int]] = OrderedDict()
         self._cached_tokens = 0
         self._lock = threading.Lock()
+        self._seen_once = array("q", bytes(8 * DOORKEEPER_SLOTS))  # hash of a piece seen once, per slot
         self.enabled = True
         self._last_split: tuple[str, list[str], str] = ("", [], "")
         self.hits = 0
@@ -112,13 +124,22 @@ class ChunkedEncoder:
     def _remember(self, piece: str, ids: list[int]) -> None:
         with self._lock:
             self.misses += 1
-            if piece in self._cache:
+            if piece in self._cache or not self._seen_before(piece):
                 return
             self._cache[piece] = ids
             self._cached_tokens += len(ids)
             while self._cached_tokens > self.max_cached_tokens and self._cache:
                 _, old = self._cache.popitem(last=False)
                 self._cached_tokens -= len(old)
+
+    def _seen_before(self, piece: str) -> bool:
+        """True on a piece's second sighting (then it is cached); the first one is only remembered."""
+        h = hash(piece)  # computed once per string object and kept by it
+        slot = h & (DOORKEEPER_SLOTS - 1)
+        if self._seen_once[slot] == h:
+            return True
+        self._seen_once[slot] = h
+        return False
 
     def self_check(self, text: str) -> bool:
         """Pieces vs the whole text; a mismatch disables the cache (exactness over speed)."""

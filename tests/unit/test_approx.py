@@ -51,6 +51,19 @@ def test_lru_bounded_by_kv_capacity_evicts_tails_first() -> None:
     assert index.match(index.keys(P2), [A]) == {A: 320}
 
 
+def test_the_sum_over_engines_is_bounded_too() -> None:
+    """A large fleet must not multiply the memory bound: past max_blocks the engine that grew pays."""
+    index = ApproxIndex(capacity_blocks=1000, block_size=16, ttl_s=60, max_blocks=50)
+    index.record(A, index.keys(P1), now=0)  # 20 blocks
+    index.record(B, index.keys(P2), now=0)  # 20 more
+    evicted = index.record(C, index.keys(P1 + P2), now=1)  # 40 blocks: 30 over the sum
+    assert evicted == 30 and index.total_blocks == 50
+    assert (index.blocks(A), index.blocks(B), index.blocks(C)) == (20, 20, 10)
+    assert index.match(index.keys(P1), [C]) == {C: 160}  # the head survived, as with the per-engine bound
+    index.expire(now=100)
+    assert index.total_blocks == 0 and index.approx_bytes() == 0
+
+
 def test_guesses_decay() -> None:
     index = ApproxIndex(capacity_blocks=1000, block_size=16, ttl_s=10)
     index.record(A, index.keys(P1), now=0)

@@ -142,3 +142,36 @@ def test_loadgen_without_stream_reports_no_stream_figures() -> None:
 
     r = asyncio.run(_serve_sse_and_load(spec))
     assert r.ok == 5 and r.ttft_s == [] and r.sse_events == {}
+
+
+def test_loadgen_hangs_up_the_chosen_share_mid_request_and_numbers_unique_bodies() -> None:
+    seen: list[bytes] = []
+    aborted: list[int] = []
+
+    async def slow(request: web.Request) -> web.Response:
+        seen.append(await request.read())
+        await asyncio.sleep(0.3)
+        if request.transport is None or request.transport.is_closing():  # the client hung up meanwhile
+            aborted.append(1)
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_post("/slow", slow)
+
+    def spec(base: str) -> LoadSpec:
+        return LoadSpec(url=f"{base}/slow", rate=100, duration=1.0, arrivals="fixed", bodies=['{"n": "@N@"}'],
+                        connections=64, timeout=5.0, hangup_fraction=0.2, hangup_within_s=0.2, unique_marker="@N@")
+
+    result = asyncio.run(_load_against(app, spec))
+    assert result.scheduled == 100 and result.hangups == 20 and result.statuses.get("hangup") == 20
+    assert result.ok == 80 and result.errors == 0  # a hang-up is the client's choice, not an error
+    assert len(aborted) == 20
+    assert sorted(seen) == sorted(f'{{"n": "{i}"}}'.encode() for i in range(100))  # every body its own
+
+
+def test_hangup_choice_is_seeded_and_sized() -> None:
+    from bench.loadgen import hangup_delays
+
+    a, b = hangup_delays(1000, 0.05, 0.1, seed=3), hangup_delays(1000, 0.05, 0.1, seed=3)
+    assert a == b and len(a) == 50 and all(0 <= d < 0.1 for d in a.values())
+    assert hangup_delays(1000, 0.0, 0.1, seed=3) == {}

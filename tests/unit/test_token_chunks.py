@@ -51,6 +51,20 @@ def test_cache_is_bounded() -> None:
     assert encoder.cached_tokens <= 50
 
 
+def test_a_piece_seen_once_is_not_cached() -> None:
+    """Prompts that share nothing after a common prefix must not fill the cache with their unique pieces."""
+    encoder = ChunkedEncoder(lambda s: [len(w) for w in s.split()], piece_chars=20, min_chars=0)
+    rng = random.Random(3)
+    shared = " ".join(f"shared{i}" for i in range(40))
+    for _ in range(200):
+        unique = " ".join(f"word{rng.randrange(10**9)}" for _ in range(30))
+        text = f"{shared} {unique} end"
+        assert encoder.encode(text) == [len(w) for w in text.split()]
+    shared_pieces = sum(1 for piece in encoder._cache if piece in shared)
+    assert shared_pieces == len(encoder._cache) > 0  # only the shared prefix's pieces were admitted
+    assert encoder.hits > 0
+
+
 def test_a_non_compositional_tokenizer_switches_the_cache_off() -> None:
     # A tokenizer whose output for a piece depends on where the piece sits (here: a marker on the first
     # word, as a BOS-adding post-processor or a "first"-only prefix space would) must not be cut up.
@@ -87,6 +101,10 @@ async def test_cached_prompts_encode_on_the_event_loop_the_rest_in_a_thread() ->
     assert inner.pieces.uncached_chars(first) == len(first) and not inner.cheap(first)
     assert await tok.encode_prompt(first) == inner._tokenizer.encode(first, add_special_tokens=True).ids
     assert tok.inline == 0  # the cold prompt went to the pool
+    again = f"{prefix} question again?"  # a piece is cached on its second sighting: this one is cold too
+    assert inner.pieces.uncached_chars(again) == len(again)
+    assert await tok.encode_prompt(again) == inner._tokenizer.encode(again, add_special_tokens=True).ids
+    assert tok.inline == 0
     second = f"{prefix} question 1?"
     assert inner.pieces.uncached_chars(second) < 600  # only the tail is new
     assert await tok.encode_prompt(second) == inner._tokenizer.encode(second, add_special_tokens=True).ids

@@ -1,0 +1,266 @@
+"""The soak: steady load through the shipped envoy/envoy.yaml for a long time, the sidecar's RSS every 30 s.
+
+Real Envoy, simulated engines publishing KV events, the sidecar with its default bounds; every prompt is
+unique (64 shared ~1,544-token prefixes, then the request's own number and words), and 5% of the clients hang
+up mid-request. What it answers: after warm-up, does the sidecar's resident memory stay flat? The figure is
+the growth from minute 5 to minute 30 (or the run's end), in percent. With `tracemalloc_interval_s` the
+sidecar also writes tracemalloc snapshots (telemetry/memory_snapshots.py) for `python -m bench.soak_diff`.
+
+The stack runs on private ports (the shipped config with its ports rewritten), not under the machine-wide
+loopback lock: a 30-minute run would otherwise keep every other test run on this machine waiting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import random
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from testkit.envoy import EnvoyProc
+from testkit.fleet import FleetProc
+from testkit.paths import ENVOY_CONFIG, REPO, TINY_TOKENIZER, repo_env
+from testkit.ports import free_port
+from testkit.procs import cpu_seconds
+from testkit.sidecar import SidecarProc
+
+from .loadgen import LoadResult, LoadSpec
+from .stats import latency_summary_ms
+from .workload import MODEL, PREFIX_TOKENS, PromptBuilder
+
+log = logging.getLogger("bench.soak")
+
+UNIQUE_MARKER = "@@REQUEST@@"
+# Engines that cost little CPU (the sidecar is measured, not the engines) but keep each request open for its
+# 4 decode steps of 25 ms (few events for the simulator, ~0.1 s per request), so hang-ups land mid-request
+# and streams overlap.
+SOAK_FLEET = ["--prefill-tokens-per-s", "1e9", "--prefill-overhead-ms", "0", "--lmcache-load-tokens-per-s", "1e9",
+              "--decode-base-ms", "25", "--decode-per-seq-ms", "0", "--max-num-seqs", "4096",
+              "--serialize-prefill", "0"]
+# The soak's engines: one base IP of their own (not the shipped 127.0.0.2-4), so a soak never collides with
+# a test run's fleet; each engine on its own loopback IP, as in the shipped config.
+SOAK_BASE_IP = "127.0.77.2"
+SHIPPED_ENGINES = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+SHIPPED_ENGINE_PORT = 8000
+
+
+@dataclass
+class SoakConfig:
+    out_dir: Path
+    duration_s: float = 1800.0
+    rate: float = 120.0
+    hangup_fraction: float = 0.05
+    hangup_within_s: float = 0.15  # a hang-up lands while the request runs (~0.1-0.2 s on these engines)
+    sample_s: float = 30.0
+    window_s: tuple[float, float] = (300.0, 1800.0)  # RSS growth from minute 5 to minute 30 (clipped)
+    max_tokens: int = 4
+    prefix_sources: str = "kv-events,approx"
+    tracemalloc_interval_s: float = 0.0  # 0: off
+    connections: int = 256
+    seed: int = 1
+
+    @property
+    def log_dir(self) -> Path:
+        return self.out_dir / "soak-logs"
+
+
+@dataclass
+class Sample:
+    t_s: float
+    rss_mb: float
+    cpu_s: float
+    heap_mb: float = 0.0  # resident in the malloc heap ([heap]: native code, objects above 512 B)
+    anon_mb: float = 0.0  # resident in anonymous mappings (Python's small-object arenas, thread stacks)
+
+
+def mapping_mb(pid: int) -> tuple[float, float]:
+    """Resident MiB of `pid`'s [heap] and of its anonymous mappings (/proc/PID/smaps)."""
+    heap = anon = 0
+    current = ""
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split(maxsplit=5)
+        if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+            current = head[5].strip() if len(head) == 6 else ""
+        elif line.startswith("Rss:"):
+            kib = int(line.split()[1])
+            if current == "[heap]":
+                heap += kib
+            elif current == "":
+                anon += kib
+    return heap / 1024, anon / 1024
+
+
+@dataclass
+class SoakResult:
+    samples: list[Sample] = field(default_factory=list)
+    window_s: tuple[float, float] = (0.0, 0.0)
+    rss_start_mb: float = 0.0
+    rss_end_mb: float = 0.0
+    growth_pct: float = 0.0
+    load: dict[str, Any] = field(default_factory=dict)
+    inflight_after: int | None = None
+    stream_ends: dict[str, float] = field(default_factory=dict)
+    gc_full: dict[str, float] = field(default_factory=dict)
+    indexes: dict[str, Any] = field(default_factory=dict)
+    tracemalloc_dir: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def rss_mb(pid: int) -> float:
+    """Resident set size of `pid` in MiB (VmRSS of /proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise ValueError(f"no VmRSS for pid {pid}")
+
+
+def growth(samples: list[Sample], start_s: float, end_s: float) -> tuple[tuple[float, float], float, float, float]:
+    """((t0, t1), RSS at t0, RSS at t1, growth %) between the samples nearest `start_s` and `end_s`."""
+    if not samples:
+        raise ValueError("no samples")
+    first = min(samples, key=lambda s: abs(s.t_s - start_s))
+    last = min(samples, key=lambda s: abs(s.t_s - end_s))
+    pct = (last.rss_mb - first.rss_mb) / first.rss_mb * 100 if first.rss_mb else 0.0
+    return (first.t_s, last.t_s), first.rss_mb, last.rss_mb, pct
+
+
+def soak_bodies(prefixes: int = 64, per_prefix: int = 4, max_tokens: int = 4, seed: int = 11) -> list[str]:
+    """/v1/completions bodies: a shared ~1,544-token prefix, then UNIQUE_MARKER (the loader writes the
+    request's number there) and ~30 tokens of words, so every prompt and its last blocks are new."""
+    b = PromptBuilder()
+    rng = random.Random(seed)
+    heads = [b.text(rng, PREFIX_TOKENS, lead=f"Document {k} about") for k in range(prefixes)]
+    return [json.dumps({"model": MODEL, "max_tokens": max_tokens, "ignore_eos": True,
+                        "prompt": f"{heads[k]} request {UNIQUE_MARKER}{b.text(rng, 30)}"})
+            for _ in range(per_prefix) for k in range(prefixes)]
+
+
+def private_envoy_config(fleet: list[str], listen: int, admin: int, sidecar: int, out: Path) -> Path:
+    """envoy/envoy.yaml with only its ports and engine addresses rewritten."""
+    text = ENVOY_CONFIG.read_text()
+    for old, new in ((10000, listen), (9901, admin), (9002, sidecar)):
+        text = re.sub(rf"\bport_value:\s*{old}\b", f"port_value: {new}", text)
+    for shipped, mine in zip(SHIPPED_ENGINES, fleet):
+        host, port = mine.rsplit(":", 1)
+        text, n = re.subn(rf"address: {re.escape(shipped)}, port_value: {SHIPPED_ENGINE_PORT}\b",
+                          f"address: {host}, port_value: {port}", text)
+        if n != 1:
+            raise RuntimeError(f"envoy.yaml: expected one engine at {shipped}:{SHIPPED_ENGINE_PORT}, found {n}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    return out
+
+
+@contextlib.contextmanager
+def soak_stack(cfg: SoakConfig) -> Iterator[tuple[SidecarProc, EnvoyProc]]:
+    with contextlib.ExitStack() as stack:
+        fleet = stack.enter_context(FleetProc(
+            cfg.log_dir, engines=3, base_ip=SOAK_BASE_IP, port=free_port(),
+            extra_args=[*SOAK_FLEET, "--kv-events", "--kv-events-port", "0", "--kv-events-replay-port", "0"]))
+        feeds = ",".join(f"{e['ip']}:{e['port']}={e['ip']}:{e['kv_events_port']}/{e['kv_events_replay_port']}"
+                         for e in fleet.engines)
+        sidecar_port = free_port()
+        args = ["--listen", f"127.0.0.1:{sidecar_port}", "--endpoints", ",".join(fleet.endpoints),
+                "--tokenizer", str(TINY_TOKENIZER), "--metrics-listen", f"127.0.0.1:{free_port()}",
+                "--log-level", "warning", "--prefix-source", cfg.prefix_sources, "--kv-events-endpoints", feeds]
+        if cfg.tracemalloc_interval_s > 0:
+            args += ["--tracemalloc-dir", str(cfg.out_dir / "tracemalloc"),
+                     "--tracemalloc-interval-s", f"{cfg.tracemalloc_interval_s:g}"]
+        sidecar = stack.enter_context(SidecarProc(args, log_dir=cfg.log_dir))
+        listen, admin = free_port(), free_port()
+        config = private_envoy_config(fleet.endpoints, listen, admin, sidecar_port, cfg.log_dir / "envoy-soak.yaml")
+        envoy = stack.enter_context(EnvoyProc(config, cfg.log_dir))
+        yield sidecar, envoy
+
+
+def run_soak(cfg: SoakConfig) -> SoakResult:
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    bodies = cfg.out_dir / "soak-bodies.json"
+    bodies.write_text(json.dumps(soak_bodies(max_tokens=cfg.max_tokens)))
+    result = SoakResult()
+    with soak_stack(cfg) as (sidecar, envoy):
+        spec = LoadSpec(url=f"{envoy.url}/v1/completions", rate=cfg.rate, duration=cfg.duration_s,
+                        bodies_file=str(bodies), seed=cfg.seed, connections=cfg.connections,
+                        hangup_fraction=cfg.hangup_fraction, hangup_within_s=cfg.hangup_within_s,
+                        unique_marker=UNIQUE_MARKER)
+        spec_path, out_path = cfg.out_dir / "soak.spec.json", cfg.out_dir / "soak.result.json"
+        spec_path.write_text(json.dumps(asdict(spec)))
+        out_path.unlink(missing_ok=True)
+        t0 = time.monotonic()
+        loader = subprocess.Popen([sys.executable, "-m", "bench.loadgen", str(spec_path), str(out_path)],
+                                  cwd=REPO, env=repo_env(), stderr=subprocess.PIPE, text=True)
+        try:
+            next_at = 0.0
+            while loader.poll() is None:
+                now = time.monotonic() - t0
+                if now >= next_at:
+                    sample = Sample(round(now, 1), rss_mb(sidecar.pid), cpu_seconds(sidecar.pid),
+                                    *mapping_mb(sidecar.pid))
+                    result.samples.append(sample)
+                    log.info("soak t=%6.0fs sidecar RSS %.1f MiB (heap %.1f, anon %.1f) cpu %.0f s", sample.t_s,
+                             sample.rss_mb, sample.heap_mb, sample.anon_mb, sample.cpu_s)
+                    next_at += cfg.sample_s
+                time.sleep(min(1.0, max(0.05, next_at - now)))
+            stderr = loader.stderr.read() if loader.stderr else ""
+        finally:
+            if loader.poll() is None:
+                loader.kill()
+        if loader.returncode != 0 or not out_path.exists():
+            raise RuntimeError(f"load generator failed (rc={loader.returncode}):\n{stderr[-3000:]}")
+        time.sleep(1.0)  # the last streams end
+        with contextlib.suppress(Exception):
+            state = sidecar.debug_json("/debug/state")
+            result.inflight_after = int(state["inflight_total"])
+            prefix = state["prefix"]  # the bounded indexes at the end: full, or still filling?
+            result.indexes = {"kv_events_blocks": prefix.get("kv_events", {}).get("total_blocks"),
+                              "approx_blocks": prefix.get("approx", {}).get("total_blocks")}
+        with contextlib.suppress(Exception):  # how the ext_proc streams ended (eof, cancelled, error)
+            text = sidecar.metrics_text()
+            result.stream_ends = {line.split('end="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+                                  for line in text.splitlines() if line.startswith("loadaware_extproc_streams_total{")}
+            # the periodic full collections (loadaware/collector.py): how many, and how long they held the loop
+            result.gc_full = {line.split(" ")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                              if line.startswith("loadaware_gc_") and "_created " not in line}
+        load = LoadResult.from_dict(json.loads(out_path.read_text()))
+    end = min(cfg.window_s[1], cfg.duration_s)
+    start = min(cfg.window_s[0], end / 2)  # a short diagnostic run: its second half
+    result.window_s, result.rss_start_mb, result.rss_end_mb, result.growth_pct = growth(result.samples, start, end)
+    result.load = {"offered_rate": load.offered_rate, "achieved_rate": load.achieved_rate, "scheduled": load.scheduled,
+                   "sent": load.sent, "ok": load.ok, "errors": load.errors, "hangups": load.hangups,
+                   "statuses": load.statuses, "latency_ms": latency_summary_ms(load.latencies_s),
+                   "send_lag_p99_ms": load.send_lag_p99_ms}
+    if cfg.tracemalloc_interval_s > 0:
+        result.tracemalloc_dir = str(cfg.out_dir / "tracemalloc")
+    return result
+
+
+def soak_table(cfg: SoakConfig, r: SoakResult) -> str:
+    load = r.load
+    lines = [f"### Soak: {cfg.rate:g} req/s offered for {cfg.duration_s:g} s, {cfg.hangup_fraction:.0%} client "
+             f"hang-ups, through envoy/envoy.yaml (prefix sources {cfg.prefix_sources})", "",
+             f"- achieved {load['achieved_rate']:.1f} req/s OK ({load['ok']} OK, {load['hangups']} hang-ups, "
+             f"{load['errors']} errors of {load['scheduled']}); p50 {load['latency_ms']['p50_ms']:.1f} ms, "
+             f"p99 {load['latency_ms']['p99_ms']:.1f} ms; generator send lag p99 {load['send_lag_p99_ms']:.1f} ms",
+             f"- statuses: {json.dumps(load['statuses'], sort_keys=True)}",
+             f"- in flight after the run: {r.inflight_after}; ext_proc streams by end: "
+             f"{json.dumps(r.stream_ends, sort_keys=True)}",
+             f"- periodic full collections: {json.dumps(r.gc_full, sort_keys=True)}",
+             f"- prefix indexes at the end: {json.dumps(r.indexes, sort_keys=True)}",
+             f"- **RSS growth {r.growth_pct:+.1f}%** from t={r.window_s[0]:.0f} s ({r.rss_start_mb:.1f} MiB) to "
+             f"t={r.window_s[1]:.0f} s ({r.rss_end_mb:.1f} MiB); target at most +5%", "",
+             "| t (s) | RSS (MiB) | of it [heap] | of it anonymous | sidecar CPU (s) |", "|---:|---:|---:|---:|---:|"]
+    lines += [f"| {s.t_s:.0f} | {s.rss_mb:.1f} | {s.heap_mb:.1f} | {s.anon_mb:.1f} | {s.cpu_s:.0f} |"
+              for s in r.samples]
+    if r.tracemalloc_dir:
+        lines.append(f"\ntracemalloc snapshots: {r.tracemalloc_dir} (python -m bench.soak_diff {r.tracemalloc_dir})")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,83 @@
+"""The sidecar's memory, bound by bound: what each unit of bounded state costs, and the worst case of a
+configuration (every bound full at once, on top of the process itself and its traffic).
+
+The per-unit costs were measured on CPython 3.11, x86-64, by filling each structure for real; docs/memory.md
+gives the figures and how they were taken, and tests/unit/test_memory_costs.py checks that a fill still
+costs no more than the constant says. tests/k8s/test_memory_budget.py checks that the worst case of the
+defaults, with each shipped manifest's environment, fits that manifest's memory limit with a margin.
+Pure arithmetic: no I/O, nothing imported from the rest of the sidecar.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from loadaware.telemetry.decisions import RING_CANDIDATES
+
+MiB = 1 << 20
+
+# ---- measured per-unit costs (bytes of resident memory) ----
+# KV-events index (prefix/blocks.py BlockIndex): one block of one engine whose key no other engine holds
+# (the worst case: every chain distinct), 32-byte engine hashes as newer vLLM sends them; the most measured
+# over fills of 0.7-2.5M blocks (283-368 B: where the dicts' last resize falls).
+KV_INDEX_BYTES_PER_BLOCK = 370
+# Approximate index (prefix/approx.py ApproxIndex): one guessed block (measured 167-186 B).
+APPROX_BYTES_PER_BLOCK = 190
+# Tokenizer piece cache (tokenize/pieces.py): one cached token id of a 151k-token vocabulary (ids above 256
+# are int objects of their own) plus its share of the piece's text (measured 48.5 B).
+PIECE_CACHE_BYTES_PER_TOKEN = 50
+# Recent-decisions ring (telemetry/decisions.py): one decision, plus one of the ranked head's candidates (at most
+# RING_CANDIDATES; a Candidate with its optional token-signal fields), measured 641 B and 221 B with tracemalloc.
+RECENT_DECISION_BYTES = 720
+RECENT_CANDIDATE_BYTES = 240
+# A request in flight holds its prompt's token ids (a list of ints) until its stream ends: per token.
+INFLIGHT_BYTES_PER_TOKEN = 48
+
+# ---- measured fixed costs ----
+# The sidecar started and serving, with the repository's tiny tokenizer (measured 77-79 MiB RSS).
+BASELINE_BYTES = 80 * MiB
+# A production tokenizer loaded on top: a byte-level BPE the size of Qwen2.5's (151,643 tokens, 151,387
+# merges) measured +101 MiB RSS.
+TOKENIZER_BYTES = 128 * MiB
+# Streams, gRPC buffers and allocator slack under load: the soak (`make bench BENCH_ARGS="--cases soak"`) at
+# minute 10, RSS minus RSS at start minus the caches' own share, measured ~26 MiB. Not covered: the malloc
+# heap's slow growth with cancelled streams that docs/memory.md reports.
+TRAFFIC_BYTES = 48 * MiB
+
+# ---- the workload the budget is sized for (bounds that depend on traffic, not on a setting) ----
+BUDGET_ENDPOINTS = 1_000  # the fleet's size (the ring keeps at most RING_CANDIDATES of each decision's)
+BUDGET_INFLIGHT_REQUESTS = 256
+BUDGET_PROMPT_TOKENS = 8_192
+# The worst case may use at most this share of a container's limit: the rest is margin for what the model
+# leaves out (allocator fragmentation over days, request bodies in flight, a burst far above the soak's rate).
+LIMIT_SHARE = 0.8
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The bounds a configuration sets (each structure's maximum size, in its own unit)."""
+
+    kv_events_max_blocks: int
+    approx_max_blocks: int
+    piece_cache_tokens: int
+    recent_decisions: int
+    endpoints: int = BUDGET_ENDPOINTS
+
+
+def worst_case(bounds: Bounds) -> dict[str, int]:
+    """Bytes per part with every bound full at once; sum the values for the total."""
+    return {
+        "baseline": BASELINE_BYTES,
+        "tokenizer": TOKENIZER_BYTES,
+        "traffic": TRAFFIC_BYTES,
+        "inflight_prompts": BUDGET_INFLIGHT_REQUESTS * BUDGET_PROMPT_TOKENS * INFLIGHT_BYTES_PER_TOKEN,
+        "kv_events_index": bounds.kv_events_max_blocks * KV_INDEX_BYTES_PER_BLOCK,
+        "approx_index": bounds.approx_max_blocks * APPROX_BYTES_PER_BLOCK,
+        "piece_cache": bounds.piece_cache_tokens * PIECE_CACHE_BYTES_PER_TOKEN,
+        "recent_decisions": bounds.recent_decisions * (
+            RECENT_DECISION_BYTES + min(bounds.endpoints, RING_CANDIDATES) * RECENT_CANDIDATE_BYTES),
+    }
+
+
+def fits(bounds: Bounds, limit_bytes: int) -> bool:
+    return sum(worst_case(bounds).values()) <= LIMIT_SHARE * limit_bytes

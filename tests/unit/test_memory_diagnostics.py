@@ -1,0 +1,111 @@
+"""The periodic full collection (collector.py) and the tracemalloc snapshots (telemetry/memory_snapshots.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import inspect
+import json
+import os
+import tracemalloc
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from loadaware.collector import FullCollections
+from loadaware.telemetry import memory_snapshots
+from loadaware.telemetry.memory_snapshots import MemorySnapshots, traced_origins
+
+
+class Node:
+    def __init__(self) -> None:
+        self.other: Node | None = None
+
+
+def make_cycles(n: int) -> None:
+    for _ in range(n):
+        a, b = Node(), Node()
+        a.other, b.other = b, a  # unreachable once this returns: only the cyclic collector frees it
+
+
+def test_a_full_collection_frees_old_generation_cycles_and_is_counted() -> None:
+    registry = CollectorRegistry()
+    collections = FullCollections(30.0, registry)
+    gc.collect()
+    gc.disable()  # nothing but the collection under test may free them
+    try:
+        make_cycles(500)
+        assert sum(isinstance(o, Node) for o in gc.get_objects()) >= 1000
+        found = collections.collect()
+    finally:
+        gc.enable()
+    assert found >= 1000 and not any(isinstance(o, Node) for o in gc.get_objects())
+    assert registry.get_sample_value("loadaware_gc_full_collections_total") == 1
+    assert registry.get_sample_value("loadaware_gc_full_collected_objects_total") == found
+    pause = registry.get_sample_value("loadaware_gc_full_collection_seconds")
+    assert pause is not None and 0 < pause == registry.get_sample_value("loadaware_gc_full_collection_max_seconds")
+
+
+def test_the_collection_trims_the_malloc_heap() -> None:
+    collections = FullCollections(30.0, CollectorRegistry())
+    assert collections.trim is not None  # glibc here: malloc_trim is found
+    assert FullCollections(30.0, CollectorRegistry(), trim_heap=False).trim is None
+    calls: list[int] = []
+    collections.trim = lambda: calls.append(1)
+    collections.collect()
+    collections.collect()
+    assert calls == [1, 1]
+
+
+def test_resident_bytes_is_this_process() -> None:
+    from bench.soak import rss_mb
+    from loadaware.collector import resident_bytes
+
+    assert abs(resident_bytes() / 2**20 - rss_mb(os.getpid())) < 20
+
+
+async def test_the_task_collects_every_interval() -> None:
+    collections = FullCollections(0.01, CollectorRegistry())
+    task = asyncio.create_task(collections.run())
+    while collections.runs._value.get() < 3:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def test_snapshots_are_written_with_their_counts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memory_snapshots, "traced_origins", lambda: [])  # the whole heap: slow; tested below
+    snapshots = MemorySnapshots(str(tmp_path / "snaps"), 60.0)
+    was_tracing = tracemalloc.is_tracing()
+    snapshots.start_tracing()
+    try:
+        first, second = snapshots.write(), snapshots.write()
+    finally:
+        if not was_tracing:
+            tracemalloc.stop()
+    assert first.name == "snap-0000" and second.name == "snap-0001"
+    assert Path(f"{first}.tracemalloc").stat().st_size > 0
+    meta = json.loads(second.with_suffix(".json").read_text())
+    assert meta["index"] == 1 and meta["traced_bytes"] > 0 and meta["objects"]["dict"] > 0
+    assert meta["garbage"]["unreachable_objects"] >= 0 and len(meta["garbage"]["collections_before"]) == 3
+
+
+def test_origins_name_what_holds_the_memory() -> None:
+    was_tracing = tracemalloc.is_tracing()
+    if not was_tracing:
+        tracemalloc.start(4)
+    try:
+        line = inspect.currentframe().f_lineno + 1  # type: ignore[union-attr]
+        held = {f"key{i}": f"value-{i}" * 3 for i in range(2000)}  # a dict of strings: untracked by gc itself
+        origins = traced_origins(limit=50, roots=[[held]])
+    finally:
+        if not was_tracing:
+            tracemalloc.stop()
+    here = f"{Path(__file__).name}:{line}"
+    strings = [g for g in origins if g["type"] == "str" and str(g["allocated_at"]).endswith(here)]
+    # The values, one untracked container deep (a dict of str keys does not list its keys as referents).
+    assert sum(int(str(g["count"])) for g in strings) >= len(held)
+    assert all(g["held_by"] == "dict" for g in strings) and all(g["samples"] for g in strings)
