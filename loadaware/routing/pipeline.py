@@ -113,7 +113,10 @@ class Decider:
         """The endpoints a decision may choose: the model's pool in the fleet (or subset) less the engines
         failing their requests. If that leaves nobody, the whole pool (fail open: the proxy's retries and
         outlier detection still act), and the decision says so."""
-        endpoints = self.endpoints(subset, model, reasons)
+        return self._eligible(self.endpoints(subset, model, reasons), reasons)
+
+    def _eligible(self, endpoints: tuple[str, ...], reasons: list[str]) -> tuple[str, ...]:
+        """`endpoints` less the engines failing their requests (all of them when that leaves nobody)."""
         if self.health is None or not endpoints:
             return endpoints
         try:
@@ -132,9 +135,9 @@ class Decider:
         """What `candidates` says, as (endpoints, excluded): a large pool is not filtered one endpoint at a
         time; the few engines failing their requests come back as a set to leave out (empty for a small pool,
         which is filtered, and when failing open)."""
-        endpoints = self.endpoints(subset, model)
+        endpoints = self.endpoints(subset, model, reasons)
         if self.health is None or len(endpoints) < MIN_POOL:
-            return self.candidates(subset, model, reasons) if self.health is not None else endpoints, frozenset()
+            return self._eligible(endpoints, reasons), frozenset()
         try:
             out = self.health.not_admitted()
             if not out:
