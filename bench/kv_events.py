@@ -25,7 +25,7 @@ from loadaware.policies import Candidate
 from loadaware.policies.loadaware import LoadAware
 from loadaware.prefix.blocks import BlockIndex, block_keys
 from loadaware.prefix.kvevents.codec import decode_batch
-from loadaware.prefix.kvevents.feeds import KvEventsPrefixSource
+from loadaware.prefix.kvevents.query import KvEventsPrefixSource
 from loadaware.prefix.kvevents.sync import ApplyCounts, apply_batch
 
 TARGETS = {"decision_cpu_us": 1000.0, "ingest_block_events_per_s": 50_000.0}

@@ -11,15 +11,15 @@ import logging
 import signal
 import time
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import asdict
 from typing import Any
 
 import grpc
 
 from loadaware.api.admin import admin_server, is_loopback
 from loadaware.api.debug_http import DebugHttp, MetricsHttp
-from loadaware.api.offloop import off_loop
+from loadaware.api.metrics_page import MetricsPage, pool_loads
 from loadaware.api.servicer import RouterServicer
+from loadaware.api.state_page import StatePage
 from loadaware.collector import FullCollections
 from loadaware.config import Settings
 from loadaware.extproc.conversation import StreamOptions
@@ -45,9 +45,11 @@ from loadaware.prefix.lmcache.resolver import InstanceResolver
 from loadaware.prefix.lmcache.source import LMCachePrefixSource
 from loadaware.prefix.wiring import PrefixOptions, PrefixWiring
 from loadaware.routing.pipeline import Decider, PromptEncoder
+from loadaware.runtime.listeners import add_listener, bind
+from loadaware.runtime.readiness import Readiness, is_required
 from loadaware.runtime.supervisor import Supervisor, TaskSpec
 from loadaware.telemetry.decisions import DecisionLog, DecisionMetrics, RecentDecisions
-from loadaware.telemetry.epp import EppMetrics, PodLoad
+from loadaware.telemetry.epp import EppMetrics
 from loadaware.telemetry.faults import ListenerFailures
 from loadaware.telemetry.memory_snapshots import MemorySnapshots
 from loadaware.telemetry.metrics import Metrics
@@ -58,36 +60,9 @@ log = logging.getLogger(__name__)
 
 ENVOY_ADMIN_TIMEOUT_S = 2.0
 GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # request bodies arrive whole in BUFFERED mode
-# Without these the sidecar cannot decide well (or at all): readiness drops while one keeps failing.
-REQUIRED_TASKS = ("scraper", "endpoints-file", "readiness")
-
-
-def is_required(task: str) -> bool:
-    return task in REQUIRED_TASKS or task.startswith("discovery-")
 MODELS_STALE_ROUNDS = 3  # a failing engine keeps its last model list for this many refresh periods
 
 Task = Callable[[], Coroutine[Any, Any, None]]
-
-
-def bind(flag: str, address: str, add_port: Callable[[], int], hint: str = "") -> int:
-    """A gRPC server's port, or an OSError naming the flag: grpc answers a taken or non-local address with
-    port 0 or a RuntimeError ("Failed to bind"), depending on the version."""
-    try:
-        port = add_port()
-    except RuntimeError:
-        port = 0
-    if not port:
-        raise OSError(f"{flag}: cannot bind {address}{hint}")
-    return port
-
-
-def read_pem(flag: str, path: str) -> bytes:
-    """A TLS file, or an OSError naming the flag: refused at start, not a traceback from inside the bind."""
-    try:
-        with open(path, "rb") as fh:
-            return fh.read()
-    except OSError as exc:
-        raise OSError(f"{flag}: cannot read {path}: {exc.strerror or exc}") from exc
 
 
 class Sidecar:
@@ -148,7 +123,8 @@ class Sidecar:
         self.lifecycle.subscribe(DecisionLog())
         # The endpoint picker's metric names too (inference_pool_*, inference_objective_*): gateways' dashboards.
         self.lifecycle.subscribe(EppMetrics(self.metrics.registry, s.inference_pool or s.k8s_service or "default",
-                                            self._pool_loads, self.metrics.decision_seconds, time.time))
+                                            lambda: pool_loads(self.registry, self.loads, self.catalog),
+                                            self.metrics.decision_seconds, time.time))
         self.lifecycle.subscribe(self.recent)
         self.scraper = MetricsScraper(self.registry, self.loads, self.metrics, s.scrape_interval_s,
                                       s.scrape_timeout_ms / 1e3, health=self.endpoint_health)
@@ -163,20 +139,23 @@ class Sidecar:
             self.loads.join(endpoint)
         self.bridge.set_endpoints(self.registry.snapshot())
         self.catalog, self._discovery_tasks = self._discovery(s)
+        self.supervisor = Supervisor(self.metrics.registry)
+        self.readiness = Readiness(self.registry, self.scraper, self.supervisor, self.models_poller, self.resolver)
         self.api = RouterServicer(s.policy, s.loadaware_beta, s.describe, self.decider, self.registry,
-                                  self.loads, self.bridge, self.catalog, self.ready, health=self.endpoint_health,
-                                  models=self.models, signals=self.signals)
-        # The scrape round that must finish before readiness (see _scraped_since_fleet).
-        self._fleet_round: int | None = 1 if self.registry.snapshot() else None
+                                  self.loads, self.bridge, self.catalog, self.readiness.ready,
+                                  health=self.endpoint_health, models=self.models, signals=self.signals)
         self.extproc = ExtProcServicer(self.decider, self.lifecycle, self.metrics, s.destination_header,
                                        StreamOptions(s.no_endpoint_reply, s.max_request_body_bytes))
-        self.supervisor = Supervisor(self.metrics.registry)
-        self.health = HealthReporter(self.ready, self.not_ready_reason)
+        self.health = HealthReporter(self.readiness.ready, self.readiness.reason)
         self.metrics.open_streams.set_function(lambda: self.extproc.open_streams)  # read at each scrape
         # The ext_proc port serves ext_proc and health only; the debug API and /debug are on the admin
         # listeners (loopback by default), /metrics alone on the metrics port (api/admin.py says why).
-        self.metrics_http = MetricsHttp(self._render_metrics)
-        self.debug_http = DebugHttp(self.recent.last, self._state)
+        self.metrics_page = MetricsPage(self.metrics, self.registry, self.loads, self.endpoint_health, self.signals,
+                                        self.prefixes, self.tokenizer)
+        self.state_page = StatePage(self.registry, self.loads, self.endpoint_health, self.models, self.bridge,
+                                    self.prefixes, self.readiness, self.supervisor.state, self.extproc, s.describe)
+        self.metrics_http = MetricsHttp(self.metrics_page.render)
+        self.debug_http = DebugHttp(self.recent.last, self.state_page.render)
         self.server: grpc.aio.Server | None = None
         self.health_server: grpc.aio.Server | None = None
         self.admin_server: grpc.aio.Server | None = None
@@ -247,91 +226,6 @@ class Sidecar:
         if self.resolver:
             self.resolver.request_full()
 
-    # ---- readiness ----
-    def ready(self) -> bool:
-        """Endpoints known, loads scraped once, the engines' models asked once (else an unknown model could reach
-        an engine in the first seconds), the LMCache instance map tried once (when configured), and no required
-        background task failing over and over."""
-        return (not self.supervisor.failing() and self.registry.ready and bool(self.registry.snapshot())
-                and self._scraped_since_fleet()
-                and (self.models_poller is None or self.models_poller.asked(self.registry.snapshot()))
-                and (self.resolver is None or self.resolver.attempts > 0))
-
-    def not_ready_reason(self) -> str:
-        failing = self.supervisor.failing()
-        if failing:
-            return "; ".join(f"task {name} keeps failing: {reason}" for name, reason in failing.items())
-        if not self.registry.snapshot():
-            return "no endpoints"
-        return "waiting for the first scrape round, models fetch or LMCache instance map"
-
-    def _scraped_since_fleet(self) -> bool:
-        """A scrape round over the fleet has finished. A fleet that discovery finds after start may arrive
-        while a round over the empty set is running; that round must not count, so wait for the next."""
-        if not self.registry.snapshot():
-            return False
-        if self._fleet_round is None:
-            self._fleet_round = self.scraper.rounds + 2
-        return self.scraper.rounds >= self._fleet_round
-
-    # ---- what /metrics and /debug/state show ----
-    async def _render_metrics(self) -> bytes:
-        """Off the event loop, in a thread (docs/architecture.md, "Fleet size"): what it reads is either copied
-        atomically (dict copies, the registry's tuple) or a single lookup. An endpoint that leaves meanwhile
-        may get a series back from the thread: it is forgotten again once the thread is done."""
-        fleet = self.registry.snapshot()
-        text = await off_loop(lambda: self._render_metrics_now(fleet))
-        if self.registry.snapshot() is not fleet:
-            for endpoint in fleet:
-                if endpoint not in self.registry:
-                    self.metrics.forget_endpoint(endpoint)
-        return text
-
-    def _render_metrics_now(self, fleet: tuple[str, ...]) -> bytes:
-        self.prefixes.refresh_gauges()
-        for endpoint in fleet:  # every endpoint has a state series, not only those that changed
-            self.metrics.routing_state_now(endpoint, self.endpoint_health.state(endpoint))
-        if self.tokenizer is not None:
-            pieces = self.tokenizer.tokenizer.pieces
-            self.metrics.tokenizer_pieces_seen(pieces.hits, pieces.misses, pieces.enabled)
-        for endpoint in fleet:
-            sig = self.signals.get(endpoint)
-            if sig is not None:
-                self.metrics.token_signals(endpoint, sig.prefill_tokens, sig.uncached_tokens, sig.decoding, sig.ttft_s)
-        return self.metrics.render(self.loads.snapshot, fleet)
-
-    def _pool_loads(self) -> list[PodLoad]:
-        rows = []
-        for ep in self.registry.snapshot():
-            st = self.loads.fresh_stats(ep)
-            pod = self.catalog.entry(ep).pod or ep
-            rows.append(PodLoad(pod, None, None, None) if st is None else PodLoad(pod, st.running, st.waiting,
-                                                                                  st.kv_usage))
-        return rows
-
-    async def _state(self) -> dict[str, Any]:
-        """Built in a thread, as /metrics is: one row per endpoint is a lot of work at 10,000."""
-        return await off_loop(self._state_now)
-
-    def _state_now(self) -> dict[str, Any]:
-        endpoints = self.registry.snapshot()
-        loads = self.loads.loads(endpoints) if endpoints else []
-        models = self.models.state(endpoints) if self.models is not None else {}  # None: unknown, serves any
-        rows = []
-        for ep, load in zip(endpoints, loads):
-            st = self.loads.fresh_stats(ep)
-            rows.append({"endpoint": ep, "load": load, "inflight": self.loads.count(ep),
-                         "routing_health": asdict(self.endpoint_health.view(ep)),
-                         "instance_id": self.bridge.instance_for(ep), "models": models.get(ep),
-                         "scraped": None if st is None else {"running": st.running, "waiting": st.waiting,
-                                                             "kv_usage": st.kv_usage}})
-        return {"ready": self.ready(), "not_ready_reason": "" if self.ready() else self.not_ready_reason(),
-                "tasks": self.supervisor.state(), "open_streams": self.extproc.open_streams,
-                "streams_by_mode": dict(self.extproc.modes),
-                "inflight": self.loads.snapshot(), "inflight_total": self.loads.total(), "endpoints": rows,
-                "instance_map": self.bridge.mapping(), "config": self.settings.describe(),
-                "prefix": self.prefixes.state()}
-
     # ---- process lifecycle ----
     async def start(self) -> None:
         s = self.settings
@@ -339,7 +233,9 @@ class Sidecar:
                                                ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES)])
         self.server.add_generic_rpc_handlers((self.extproc.handler(),))
         self.health.add_to(self.server)
-        self.bound_port = bind("--listen", s.listen, lambda: self._bind(self.server, s))
+        server = self.server
+        self.bound_port = bind("--listen", s.listen, lambda: add_listener(server, s.listen, s.tls_cert, s.tls_key,
+                                                                          s.tls_client_ca))
         await self.health.start()
         await self.server.start()
         if s.health_listen:
@@ -386,17 +282,6 @@ class Sidecar:
             except OSError as exc:
                 raise OSError(f"--admin-http-listen: cannot bind {s.admin_http_listen} ('off' disables it): "
                               f"{exc.strerror or exc}") from exc
-
-    @staticmethod
-    def _bind(server: grpc.aio.Server, s: Settings) -> int:
-        """Plain text by default (loopback, or a mesh that brings its own mTLS); TLS or mutual TLS when asked."""
-        if not s.tls_cert:
-            return int(server.add_insecure_port(s.listen))
-        pair = (read_pem("--tls-key", s.tls_key), read_pem("--tls-cert", s.tls_cert))
-        client_ca = read_pem("--tls-client-ca", s.tls_client_ca) if s.tls_client_ca else None
-        credentials = grpc.ssl_server_credentials([pair], root_certificates=client_ca,
-                                                  require_client_auth=client_ca is not None)
-        return int(server.add_secure_port(s.listen, credentials))
 
     async def stop(self) -> None:
         """Stop taking streams, let open ones finish within the grace, release every count."""

@@ -12,8 +12,9 @@ from loadaware.prefix.approx import TEXT_BLOCK_BYTES, ApproxIndex, ApproxPrefixS
 from loadaware.prefix.blocks import BlockIndex
 from loadaware.prefix.combined import CombinedPrefixSource, Covered, Member
 from loadaware.prefix.counted import SourceLookups
-from loadaware.prefix.kvevents.feeds import KvEventsFeeds, KvEventsPrefixSource
+from loadaware.prefix.kvevents.feeds import KvEventsFeeds
 from loadaware.prefix.kvevents.inbound import InboundKvEvents
+from loadaware.prefix.kvevents.query import KvEventsPrefixSource
 from loadaware.prefix.source import PrefixSource
 from loadaware.telemetry.metrics import Metrics
 

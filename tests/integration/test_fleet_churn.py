@@ -89,7 +89,7 @@ async def test_ten_thousand_add_remove_cycles_leave_every_map_and_series_at_base
             app.prefixes.approx.routed(tokens, ep)
             replies.body_route((ep, *BASE))
             if i % 1000 == 0:
-                await app._render_metrics()
+                await app.metrics_page.render()
             app.registry.set(BASE)
             app.lifecycle.ended(decision)  # a late end: a no-op for the departed endpoint's count
 

@@ -14,7 +14,8 @@ from prometheus_client import Counter
 
 from loadaware.fleet.addresses import FeedAddress, parse_feed_map
 from loadaware.prefix.blocks import BlockIndex, block_keys
-from loadaware.prefix.kvevents.feeds import KvEventsFeeds, KvEventsPrefixSource
+from loadaware.prefix.kvevents.feeds import KvEventsFeeds
+from loadaware.prefix.kvevents.query import KvEventsPrefixSource
 from loadaware.telemetry.metrics import Metrics
 from sim.fleet import KvEventsOptions, start_fleet
 from sim.kv_events_publisher import KvEventsPublisher

@@ -10,8 +10,9 @@ from collections.abc import AsyncIterator
 
 from loadaware.fleet.addresses import parse_topic_map
 from loadaware.prefix.blocks import BlockIndex
-from loadaware.prefix.kvevents.feeds import KvEventsFeeds, KvEventsPrefixSource
+from loadaware.prefix.kvevents.feeds import KvEventsFeeds
 from loadaware.prefix.kvevents.inbound import InboundKvEvents, convention_ip, endpoint_of_topic
+from loadaware.prefix.kvevents.query import KvEventsPrefixSource
 from loadaware.telemetry.metrics import Metrics
 from sim.kv_events_publisher import KvEventsPublisher
 from sim.prefix_cache import PrefixCache

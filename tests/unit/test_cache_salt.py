@@ -22,7 +22,7 @@ from loadaware.prefix.approx import ApproxIndex, ApproxPrefixSource
 from loadaware.prefix.blocks import BlockIndex, block_keys
 from loadaware.prefix.combined import CombinedPrefixSource, Member
 from loadaware.prefix.kvevents.codec import BlockStored, decode_batch
-from loadaware.prefix.kvevents.feeds import KvEventsPrefixSource
+from loadaware.prefix.kvevents.query import KvEventsPrefixSource
 from loadaware.prefix.kvevents.sync import apply_batch
 from loadaware.prefix.lmcache.bridge import InstanceBridge
 from loadaware.prefix.lmcache.client import LMCacheClient

@@ -52,26 +52,26 @@ def test_readiness_needs_a_scrape_round_over_the_discovered_fleet(tmp_path: Path
     empty = tmp_path / "endpoints.txt"
     empty.write_text("")
     sidecar = Sidecar(from_args(["--endpoints-file", str(empty), "--metrics-listen", "off"], environ={}))
-    assert not sidecar.ready()  # no fleet
+    assert not sidecar.readiness.ready()  # no fleet
     sidecar.scraper.rounds = 3  # rounds over the empty fleet
     sidecar.registry.set(["10.0.0.1:8000"])
-    assert not sidecar.ready()  # a round that started before the fleet arrived does not count
+    assert not sidecar.readiness.ready()  # a round that started before the fleet arrived does not count
     sidecar.scraper.rounds = 4
-    assert not sidecar.ready()
+    assert not sidecar.readiness.ready()
     sidecar.scraper.rounds = 5
-    assert not sidecar.ready()  # its models not asked yet
+    assert not sidecar.readiness.ready()  # its models not asked yet
     assert sidecar.models_poller is not None
     sidecar.models_poller._asked.add("10.0.0.1:8000")
-    assert sidecar.ready()
+    assert sidecar.readiness.ready()
     sidecar.registry.set([])
-    assert not sidecar.ready()
+    assert not sidecar.readiness.ready()
 
 
 def test_a_static_fleet_is_ready_after_the_first_round() -> None:
     sidecar = Sidecar(from_args(["--endpoints", "10.0.0.1:8000", "--metrics-listen", "off"], environ={}))
-    assert not sidecar.ready()
+    assert not sidecar.readiness.ready()
     sidecar.scraper.rounds = 1
-    assert not sidecar.ready()  # the engines' models not asked yet: an unknown model could reach an engine
+    assert not sidecar.readiness.ready()  # the engines' models not asked yet: an unknown model could reach an engine
     assert sidecar.models_poller is not None
     sidecar.models_poller._asked.add("10.0.0.1:8000")
-    assert sidecar.ready()
+    assert sidecar.readiness.ready()

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from bench import kv_events
-from loadaware.prefix.kvevents.feeds import KvEventsPrefixSource
+from loadaware.prefix.kvevents.query import KvEventsPrefixSource
 
 BS = kv_events.BS
 QUICK_DECISIONS, QUICK_BATCHES = 300, 500  # what run(quick=True) measures

@@ -13,8 +13,9 @@ from loadaware.config import from_args
 from loadaware.fleet.addresses import FeedAddress, parse_feed_address, parse_feed_map
 from loadaware.prefix.blocks import BlockIndex
 from loadaware.prefix.kvevents.codec import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, decode_batch
-from loadaware.prefix.kvevents.feeds import EngineFeed, KvEventsFeeds, KvEventsPrefixSource, feed_address
+from loadaware.prefix.kvevents.feeds import EngineFeed, KvEventsFeeds, feed_address
 from loadaware.prefix.kvevents.groups import GroupRouter, credited
+from loadaware.prefix.kvevents.query import KvEventsPrefixSource
 from loadaware.prefix.kvevents.sync import apply_batch
 from loadaware.telemetry.metrics import Metrics
 

@@ -7,7 +7,7 @@ import tracemalloc
 
 from loadaware.prefix.blocks import BlockIndex, block_keys, walk
 from loadaware.prefix.kvevents.codec import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from loadaware.prefix.kvevents.feeds import KvEventsPrefixSource
+from loadaware.prefix.kvevents.query import KvEventsPrefixSource
 from loadaware.prefix.kvevents.sync import apply_batch
 from sim.prefix_cache import PrefixCache, iter_blocks
 

@@ -10,8 +10,9 @@ from functools import partial
 import pytest
 from prometheus_client import CollectorRegistry
 
-from loadaware.app import Sidecar, is_required
+from loadaware.app import Sidecar
 from loadaware.config import from_args
+from loadaware.runtime.readiness import is_required
 from loadaware.runtime.supervisor import Supervisor, SupervisorOptions, TaskSpec
 from testkit.ports import free_port
 from tests.conftest import wait_until_async
@@ -116,8 +117,8 @@ async def test_each_background_task_of_the_sidecar_is_supervised() -> None:
         try:
             await wait_until_async(partial(restarted_thrice, app.metrics.registry, name), message=f"{name} restarted")
             if is_required(name):
-                assert name in app.supervisor.failing() and not app.ready()
-                assert "made to fail" in app.not_ready_reason()
+                assert name in app.supervisor.failing() and not app.readiness.ready()
+                assert "made to fail" in app.readiness.reason()
             else:
                 assert name not in app.supervisor.failing()
         finally:
@@ -133,7 +134,7 @@ async def test_missing_kubeconfig_says_so_and_turns_readiness_not_serving(caplog
         try:
             await wait_until_async(lambda: "discovery-kubernetes" in app.supervisor.failing(),
                                    message="discovery reported failing")
-            reason = app.not_ready_reason()
+            reason = app.readiness.reason()
             assert "discovery-kubernetes" in reason
             await wait_until_async(lambda: any("NOT_SERVING (task discovery-kubernetes" in r.getMessage()
                                                for r in caplog.records), message="health says why")

@@ -20,8 +20,9 @@ import pytest
 
 from loadaware.fleet.addresses import parse_feed_map
 from loadaware.prefix.blocks import BlockIndex
-from loadaware.prefix.kvevents.feeds import KvEventsFeeds, KvEventsPrefixSource
+from loadaware.prefix.kvevents.feeds import KvEventsFeeds
 from loadaware.prefix.kvevents.inbound import InboundKvEvents
+from loadaware.prefix.kvevents.query import KvEventsPrefixSource
 from loadaware.telemetry.metrics import Metrics
 from loadaware.tokenize.tokenizer import PromptTokenizer
 from testkit import vllm

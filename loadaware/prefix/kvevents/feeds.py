@@ -1,11 +1,11 @@
-"""The KV-events prefix source: subscribe to every engine's vLLM KV-event publisher, keep an exact
-multi-holder index, answer "matched tokens" for every engine that holds the prompt's prefix.
+"""The KV-event feeds: subscribe to every engine's vLLM KV-event publisher and keep an exact multi-holder
+index (kvevents/query.py answers "matched tokens" from it).
 
 One task per endpoint owns three ZMQ sockets: SUB on the publisher (frames: topic, 8-byte big-endian
 sequence, msgpack batch), a monitor of that SUB (connected / disconnected), and, per replay, a fresh DEALER
 on the engine's ROUTER replay socket (send the start sequence; batches come back until sequence -1). Each
 task handles its feed strictly in order, so the sequence rules in kv_events_sync.py hold. The hot path
-(`matches`) only reads the in-memory index: no I/O, no awaits.
+(the query) only reads the in-memory index: no I/O, no awaits.
 
 An endpoint with data-parallel ranks has one feed per rank (ports + rank, `--kv-events-dp-ranks` or
 `@RANKS` in the explicit map), and each feed keeps one index part per credited KV-cache group; the
@@ -26,7 +26,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from loadaware.fleet.addresses import FeedAddress, host_of, tcp_url
-from loadaware.prefix.blocks import BlockIndex, block_keys
+from loadaware.prefix.blocks import BlockIndex
 from loadaware.prefix.kvevents.codec import (
     AllBlocksCleared,
     BlockRemoved,
@@ -38,7 +38,6 @@ from loadaware.prefix.kvevents.codec import (
 )
 from loadaware.prefix.kvevents.groups import GroupRouter, rank_name
 from loadaware.prefix.kvevents.sync import ApplyCounts, FeedSync, Verdict, apply_batch
-from loadaware.prefix.source import salt_of
 from loadaware.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -142,7 +141,7 @@ class EngineFeed:
                 if monitor in ready:
                     await self._on_monitor(parse_monitor_message(await monitor.recv_multipart()))
                 if sub in ready:
-                    await self._on_message(await sub.recv_multipart())
+                    await self.on_message(await sub.recv_multipart())
         finally:
             self.metrics.kv_connected.labels(self.endpoint).set(0)
             with contextlib.suppress(zmq.ZMQError):
@@ -166,7 +165,9 @@ class EngineFeed:
             self.metrics.kv_connected.labels(self.endpoint).set(0)
             self.reset("vanished")
 
-    async def _on_message(self, frames: list[bytes]) -> None:
+    async def on_message(self, frames: list[bytes]) -> None:
+        """One published message (topic, sequence, batch), whoever received it: this feed's own SUB socket, or
+        the engines-connect socket (kvevents/inbound.py) that routes an engine's messages here by topic."""
         if len(frames) < 3:
             self.metrics.kv_decode_errors.inc()
             return
@@ -418,58 +419,3 @@ class KvEventsFeeds:
             self.remove(endpoint)
         await asyncio.gather(*tasks, return_exceptions=True)
         self.ctx.destroy(linger=0)
-
-
-class KvEventsPrefixSource:
-    """Matched tokens for every engine holding the prompt's prefix, from the KV-events index."""
-
-    name = "kv-events"
-    exact = True
-
-    def __init__(self, index: BlockIndex, feeds: KvEventsFeeds | None = None) -> None:
-        self.index = index
-        self.feeds = feeds
-
-    def lookup(self, tokens: Sequence[int], endpoints: Sequence[str], salt: str | None = None) -> dict[str, int]:
-        """Synchronous core (the discrete-event experiment and the benchmark call it directly). A salted
-        request walks the chain its salt starts (blocks.block_keys): only blocks stored under that salt
-        credit it, and salted blocks never credit an unsalted request. An endpoint made of several parts
-        (credited KV-cache groups, data-parallel ranks) is credited with the minimum over them: a part
-        that holds nothing leaves the endpoint out."""
-        salt = salt_of(tokens, salt)
-        split = self.feeds.split if self.feeds is not None else None
-        index = self.index
-        sizes: dict[int, list[str]] = {}
-        owner: dict[str, str] = {}  # part -> endpoint, for endpoints indexed under other names than their own
-        need: dict[str, int] = {}
-        for ep in endpoints:
-            if split and (parts := split.get(ep)) is not None:
-                need[ep] = len(parts)
-                for part in parts:
-                    owner[part] = ep
-                    size = index.block_size(part)
-                    if size is not None:
-                        sizes.setdefault(size, []).append(part)
-                continue
-            size = index.block_size(ep)
-            if size is not None:
-                sizes.setdefault(size, []).append(ep)
-        out: dict[str, int] = {}
-        if not owner:  # the common case: every endpoint is one part under its own name
-            for size, names in sizes.items():
-                out.update(index.match(block_keys(tokens, size, salt=salt), size, names))
-            return out
-        got: dict[str, int] = {}
-        for size, names in sizes.items():
-            for part, n in index.match(block_keys(tokens, size, salt=salt), size, names).items():
-                ep = owner.get(part, part)
-                out[ep] = min(out.get(ep, n), n)
-                got[ep] = got.get(ep, 0) + 1
-        return {ep: n for ep, n in out.items() if got[ep] == need.get(ep, 1)}
-
-    async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...],
-                      salt: str | None = None) -> dict[str, int]:
-        return self.lookup(tokens, endpoints, salt)
-
-    def covered(self, endpoints: Sequence[str]) -> set[str]:
-        return set() if self.feeds is None else self.feeds.covered(endpoints)

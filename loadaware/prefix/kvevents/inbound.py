@@ -132,7 +132,7 @@ class InboundKvEvents:
         if not feed.connected:
             feed.connected = True
             feed.metrics.kv_connected.labels(feed.endpoint).set(1)
-        await feed._on_message([f.bytes for f in frames])
+        await feed.on_message([f.bytes for f in frames])
         feed.synced = True
 
     def _on_disconnect(self, event: Mapping[str, object]) -> None:

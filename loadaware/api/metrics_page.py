@@ -1,0 +1,64 @@
+"""The /metrics page: the gauges that are read rather than counted are brought up to date, then rendered.
+
+Off the event loop, in a thread (docs/architecture.md, "Fleet size"): what the refresh reads is either copied
+atomically (dict copies, the registry's tuple) or a single lookup. An endpoint that leaves meanwhile may get a
+series back from the thread: it is forgotten again once the thread is done.
+"""
+
+from __future__ import annotations
+
+from loadaware.api.offloop import off_loop
+from loadaware.fleet.discovery.catalog import DiscoveryCatalog
+from loadaware.fleet.health import EndpointHealth
+from loadaware.fleet.registry import EndpointRegistry
+from loadaware.load.signals import SignalTracker
+from loadaware.load.tracker import LoadTracker
+from loadaware.prefix.wiring import PrefixWiring
+from loadaware.telemetry.epp import PodLoad
+from loadaware.telemetry.metrics import Metrics
+from loadaware.tokenize.tokenizer import AsyncTokenizer
+
+
+class MetricsPage:
+    def __init__(self, metrics: Metrics, registry: EndpointRegistry, loads: LoadTracker, health: EndpointHealth,
+                 signals: SignalTracker, prefixes: PrefixWiring, tokenizer: AsyncTokenizer | None) -> None:
+        self.metrics = metrics
+        self.registry = registry
+        self.loads = loads
+        self.health = health
+        self.signals = signals
+        self.prefixes = prefixes
+        self.tokenizer = tokenizer
+
+    async def render(self) -> bytes:
+        fleet = self.registry.snapshot()
+        text = await off_loop(lambda: self.render_now(fleet))
+        if self.registry.snapshot() is not fleet:
+            for endpoint in fleet:
+                if endpoint not in self.registry:
+                    self.metrics.forget_endpoint(endpoint)
+        return text
+
+    def render_now(self, fleet: tuple[str, ...]) -> bytes:
+        self.prefixes.refresh_gauges()
+        for endpoint in fleet:  # every endpoint has a state series, not only those that changed
+            self.metrics.routing_state_now(endpoint, self.health.state(endpoint))
+        if self.tokenizer is not None:
+            pieces = self.tokenizer.tokenizer.pieces
+            self.metrics.tokenizer_pieces_seen(pieces.hits, pieces.misses, pieces.enabled)
+        for endpoint in fleet:
+            sig = self.signals.get(endpoint)
+            if sig is not None:
+                self.metrics.token_signals(endpoint, sig.prefill_tokens, sig.uncached_tokens, sig.decoding, sig.ttft_s)
+        return self.metrics.render(self.loads.snapshot, fleet)
+
+
+def pool_loads(registry: EndpointRegistry, loads: LoadTracker, catalog: DiscoveryCatalog) -> list[PodLoad]:
+    """Each endpoint's scraped load under its pod's name, for the endpoint picker's inference_pool_* gauges."""
+    rows = []
+    for ep in registry.snapshot():
+        st = loads.fresh_stats(ep)
+        pod = catalog.entry(ep).pod or ep
+        rows.append(PodLoad(pod, None, None, None) if st is None else PodLoad(pod, st.running, st.waiting,
+                                                                              st.kv_usage))
+    return rows
