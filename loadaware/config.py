@@ -26,6 +26,7 @@ from loadaware.fleet.addresses import (
     parse_topic_map,
 )
 from loadaware.policies import POLICY_NAMES
+from loadaware.prefix.blocks import DEFAULT_MAX_BLOCKS
 
 log = logging.getLogger(__name__)
 
@@ -311,7 +312,7 @@ class Settings:
             "an endpoint is credited with the minimum over its ranks")
     kv_events_topic: str = setting("", str,
             "KV-event topic to subscribe to (vLLM's default is empty)")
-    kv_events_max_blocks: int = setting(1_500_000, parse_positive_int,
+    kv_events_max_blocks: int = setting(DEFAULT_MAX_BLOCKS, parse_positive_int,
             "memory bound of the KV-events index, in blocks over all engines (~370 B each; docs/memory.md)")
     kv_events_replay_timeout_ms: float = setting(2000.0, parse_positive,
             "time box for one replay")

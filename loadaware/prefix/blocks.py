@@ -192,12 +192,15 @@ class _Engine:
         self.refs: dict[int, int] = {}
 
 
+DEFAULT_MAX_BLOCKS = 1_500_000  # --kv-events-max-blocks' default: fits the shipped manifests (docs/memory.md)
+
+
 class BlockIndex:
     """Per-engine cached blocks plus an inverted key -> engines map. `max_blocks` bounds the sum over engines
     of indexed blocks; an engine that stores past it loses its own oldest entries (it is the one growing).
     Losing an entry can only under-credit, never credit a block that is not there."""
 
-    def __init__(self, max_blocks: int = 4_000_000) -> None:
+    def __init__(self, max_blocks: int = DEFAULT_MAX_BLOCKS) -> None:
         if max_blocks < 1:
             raise ValueError("max_blocks must be >= 1")
         self.max_blocks = max_blocks
