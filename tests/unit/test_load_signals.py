@@ -98,6 +98,7 @@ def test_the_next_decision_sees_the_signals_and_the_fresh_scrape() -> None:
     first = asyncio.run(decider.decide(prompt(1000), "r1"))
     assert first.endpoint == FLEET[0]
     loads.record(FLEET[1], EngineStats(running=7, waiting=2, kv_usage=0.4, at=clock.t))
+    decider.policy = make_policy("predictive")  # a policy that reads the signals
     second = asyncio.run(decider.decide(prompt(1000), "r2"))
     by_ep = {c.endpoint: c for c in second.candidates}
     held, other = by_ep[FLEET[0]], by_ep[FLEET[1]]
