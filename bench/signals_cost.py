@@ -8,6 +8,11 @@ between the sidecar as built and the same sidecar with the signal tracker unsubs
 told of no signals (the hot path as it was before the signals existed); each figure is the median over
 rounds of (with - without), so the machine's drift cancels pair by pair. Per chunk: the full-duplex
 difference less the no-chunk one, over 64. Times are process CPU per request.
+
+On a shared machine those end-to-end differences carry several µs of noise, so the signals' own code is
+also timed directly (timeit, best of 7, on a real decision of the same sidecar): the tracker's listeners
+for one BUFFERED request (decided + ended, with the estimate on) and one full-duplex request (decided +
+first chunk + ended), and building the decision's candidates with and without the signals.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import json
 import statistics
 import sys
 import time
+import timeit
 from collections.abc import Sequence
 from typing import Any
 
@@ -70,6 +76,54 @@ async def _paired(app: Sidecar, toggle: Toggle, messages: list[Any], rounds: int
     return statistics.median(with_us), statistics.median(without_us), statistics.median(diffs)
 
 
+def _best_us(fn: Any, number: int = 2000, repeat: int = 7) -> float:
+    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6
+
+
+async def _direct(app: Sidecar, body: bytes) -> dict[str, float]:
+    """The signals' own code, timed alone on one real decision of `app`."""
+    from loadaware.routing.request import parse_body
+
+    decider, tracker = app.decider, app.signals
+    decision = await decider.decide(parse_body("completions", body), "direct", count=False)
+    endpoint = decision.endpoint
+    assert endpoint is not None
+    for name in decider.registry.snapshot():  # a learned mean TTFT: the BUFFERED estimate is on
+        sig = tracker._of(name)
+        sig.counters.scraped(0.0, 0.0)
+        sig.counters.scraped(1.0, 10.0)
+
+    def buffered() -> None:
+        tracker.on_decided(decision)
+        tracker.on_ended(decision)
+
+    def duplex() -> None:
+        tracker.on_decided(decision)
+        tracker.on_first_chunk(decision)
+        tracker.on_ended(decision)
+
+    endpoints = decider.registry.snapshot()
+    matches = {endpoint: decision.prompt_tokens // 2}
+    n = decision.prompt_tokens
+
+    def candidates() -> None:
+        decider._plain(endpoints, frozenset(), matches, n, [])
+
+    out = {"tracker_buffered_request": _best_us(buffered)}
+    saved, with_signals, without = decider.signals, [], []
+    for _ in range(7):  # interleaved: the machine's drift hits both alike
+        decider.signals = saved
+        with_signals.append(_best_us(candidates, repeat=1))
+        decider.signals = None
+        without.append(_best_us(candidates, repeat=1))
+    decider.signals = saved
+    out["candidates_with_signals"], out["candidates_without"] = min(with_signals), min(without)
+    tracker.estimating = False  # as in the picker's deployment: first chunks seen
+    out["tracker_duplex_request"] = _best_us(duplex)
+    tracker.estimating = True
+    return out
+
+
 async def _run(quick: bool) -> dict[str, Any]:
     rounds, per_round = (6, 40) if quick else (30, 100)
     out: dict[str, Any] = {"rounds": rounds, "requests_per_round": per_round, "response_chunks": RESPONSE_CHUNKS}
@@ -86,7 +140,9 @@ async def _run(quick: bool) -> dict[str, Any]:
         finally:
             if app.tokenizer is not None:
                 app.tokenizer.close()
+            direct = await _direct(app, body)
         out[policy] = {
+            "direct_us": direct,
             "buffered_us": {"with": buffered[0], "without": buffered[1], "added": buffered[2]},
             "full_duplex_us": {"with": duplex[0], "without": duplex[1], "added": duplex[2]},
             "per_response_chunk_added_us": (duplex[2] - bare[2]) / RESPONSE_CHUNKS,
@@ -109,6 +165,13 @@ def table(result: dict[str, Any]) -> str:
         rows.append(f"| {policy} | {b['with']:,.1f} / {b['without']:,.1f} / {b['added']:+,.2f} | "
                     f"{d['with']:,.1f} / {d['without']:,.1f} / {d['added']:+,.2f} | "
                     f"{r['per_response_chunk_added_us']:+,.3f} |")
+    rows += ["", "The signals' own code, timed directly (µs per request, best of 7)", "",
+             "| policy | tracker, BUFFERED request | tracker, full-duplex request | candidates with / without signals |",
+             "|---|---|---|---|"]
+    for policy in POLICIES:
+        d = result[policy]["direct_us"]
+        rows.append(f"| {policy} | {d['tracker_buffered_request']:,.2f} | {d['tracker_duplex_request']:,.2f} | "
+                    f"{d['candidates_with_signals']:,.2f} / {d['candidates_without']:,.2f} |")
     return "\n".join(rows) + "\n"
 
 

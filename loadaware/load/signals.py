@@ -146,11 +146,12 @@ class SignalTracker:
         s = self._by_endpoint.get(t.endpoint)
         if s is None:
             return  # dropped meanwhile: nothing left to retire from
-        s.uncached_tokens = max(0, s.uncached_tokens - t.uncached)
+        u = t.uncached
+        s.uncached_tokens = s.uncached_tokens - u if s.uncached_tokens > u else 0
         if t.prefilled:
-            s.decoding = max(0, s.decoding - 1)
+            s.decoding = s.decoding - 1 if s.decoding > 0 else 0
         else:
-            s.prefill_tokens = max(0, s.prefill_tokens - t.uncached)
+            s.prefill_tokens = s.prefill_tokens - u if s.prefill_tokens > u else 0
 
     # ---- the BUFFERED-mode estimate ----
     def scraped(self, endpoint: str, stats: EngineStats) -> None:
