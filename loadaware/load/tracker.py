@@ -137,7 +137,7 @@ class LoadTracker:
         for listener in self._scrape_listeners:
             try:
                 listener(endpoint, stats)
-            except Exception:  # noqa: BLE001 - a listener's failure never costs the scrape its load figures
+            except Exception:  # a listener's failure never costs the scrape its load figures
                 log.exception("scrape listener %r failed", listener)
 
     def stats(self, endpoint: str) -> EngineStats | None:

@@ -26,8 +26,8 @@ WANTED = {
 def parse_vllm_gauges(text: str) -> dict[str, float]:
     """Sum each wanted gauge over its label sets (a multi-engine server reports one series per engine).
 
-    Returns keys among running, waiting, kv_usage, ttft_sum, ttft_count; a metric absent from the text is absent from the result.
-    kv_usage is averaged over series rather than summed, since it is a fraction.
+    Returns keys among running, waiting, kv_usage, ttft_sum, ttft_count; a metric absent from the text is
+    absent from the result. kv_usage is averaged over series rather than summed, since it is a fraction.
     """
     samples: list[tuple[str, float]] = []
     for line in text.splitlines():

@@ -25,9 +25,10 @@ def test_later_intervals_weigh_by_their_first_tokens() -> None:
     few = 1 / (1 + PRIOR_REQUESTS)
     assert m.mean_s == pytest.approx(0.5 + few * (0.1 - 0.5))
     before = m.mean_s
+    assert before is not None
     m.scraped(4.1 + 80 * 0.1, 89.0)  # 80 first tokens at 0.1 s: nearly replaces it
     assert m.mean_s == pytest.approx(before + 80 / (80 + PRIOR_REQUESTS) * (0.1 - before))
-    assert abs(m.mean_s - 0.1) < 0.05
+    assert m.mean_s is not None and abs(m.mean_s - 0.1) < 0.05
 
 
 def test_a_restarted_engine_starts_over_and_missing_totals_change_nothing() -> None:
