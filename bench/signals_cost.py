@@ -24,13 +24,25 @@ import sys
 import time
 import timeit
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from bench import inprocess_cli
 from bench.extproc_inprocess import RESPONSE_CHUNKS, Feed, _app, buffered_messages, duplex_messages
 from loadaware.app import Sidecar
+from loadaware.policies import Candidate
+from loadaware.routing.request import parse_body
 
 POLICIES = ("leastload", "loadaware", "predictive")
+
+
+@dataclass(frozen=True, slots=True)
+class _CandidateBeforeSignals:
+    """loadaware.policies.Candidate as it was before the token signals (aad3783^1): three frozen fields."""
+
+    endpoint: str
+    matched_tokens: int
+    load: float
 
 
 class Toggle:
@@ -82,8 +94,6 @@ def _best_us(fn: Any, number: int = 2000, repeat: int = 7) -> float:
 
 async def _direct(app: Sidecar, body: bytes) -> dict[str, float]:
     """The signals' own code, timed alone on one real decision of `app`."""
-    from loadaware.routing.request import parse_body
-
     decider, tracker = app.decider, app.signals
     decision = await decider.decide(parse_body("completions", body), "direct", count=False)
     endpoint = decision.endpoint
@@ -109,7 +119,9 @@ async def _direct(app: Sidecar, body: bytes) -> dict[str, float]:
     def candidates() -> None:
         decider._plain(endpoints, frozenset(), matches, n, [])
 
-    out = {"tracker_buffered_request": _best_us(buffered)}
+    out = {"tracker_buffered_request": _best_us(buffered),
+           "candidate_before_signals": _best_us(lambda: _CandidateBeforeSignals(endpoint, 1, 2.0), number=20000),
+           "candidate_now": _best_us(lambda: Candidate(endpoint, 1, 2.0), number=20000)}
     saved, with_signals, without = decider.signals, [], []
     for _ in range(7):  # interleaved: the machine's drift hits both alike
         decider.signals = saved
@@ -181,6 +193,9 @@ def table(result: dict[str, Any]) -> str:
         rows.append(f"| {policy} | {d['tracker_buffered_request']:,.2f} | {d['tracker_duplex_request']:,.2f} | "
                     f"{d['candidates_with_signals']:,.2f} / {d['candidates_without']:,.2f} | "
                     f"{d['later_chunk_check']:,.3f} |")
+    d = result["loadaware"]["direct_us"]
+    rows += ["", f"One candidate built: {d['candidate_before_signals']:,.3f} µs as before the signals (3 frozen "
+             f"fields), {d['candidate_now']:,.3f} µs now (13 fields, plain slots)."]
     return "\n".join(rows) + "\n"
 
 

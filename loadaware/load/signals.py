@@ -56,8 +56,9 @@ class EndpointSignals:
     ttft_s: float | None = None  # EWMA of observed time to first chunk
     model: TtftModel = field(default_factory=TtftModel)
     counters: TtftFromCounters = field(default_factory=TtftFromCounters)  # the engine's own TTFT histogram
-    # Requests in decision order whose prefill the estimate has not retired yet (BUFFERED mode only).
-    pending: deque[_Ticket] = field(default_factory=deque)
+    # Requests in decision order whose prefill the estimate has not retired yet (BUFFERED mode only; made
+    # at the first, as an empty deque costs 760 B an endpoint).
+    pending: deque[_Ticket] | None = None
 
 
 class SignalTracker:
@@ -101,6 +102,8 @@ class SignalTracker:
         s.uncached_tokens += uncached
         decision.signals = ticket
         if self.estimating and s.counters.mean_s is not None:
+            if s.pending is None:
+                s.pending = deque()
             s.pending.append(ticket)
 
     def on_served(self, decision: Decision, previous: str | None) -> None:
@@ -116,8 +119,10 @@ class SignalTracker:
             s.decoding += 1
         else:
             s.prefill_tokens += t.uncached
-            if self.estimating and s.counters.mean_s is not None:
-                s.pending.append(t)  # its old endpoint's queue skips it (another endpoint's now)
+            if self.estimating and s.counters.mean_s is not None:  # its old endpoint's queue skips it now
+                if s.pending is None:
+                    s.pending = deque()
+                s.pending.append(t)
 
     def on_first_chunk(self, decision: Decision) -> None:
         t = decision.signals
@@ -166,11 +171,10 @@ class SignalTracker:
     def _settle(self, s: EndpointSignals, now: float) -> None:
         """Retire the prefill of every request decided at least one mean TTFT ago (the queue is in decision
         order); requests that ended, were seen prefilled or moved to another endpoint just leave it."""
-        mean = s.counters.mean_s
-        if mean is None:
+        mean, pending = s.counters.mean_s, s.pending
+        if mean is None or pending is None:
             return
         horizon = now - mean
-        pending = s.pending
         while pending:
             t = pending[0]
             if t.ended or t.prefilled or self._by_endpoint.get(t.endpoint) is not s:
@@ -188,7 +192,7 @@ class SignalTracker:
         estimate has not retired yet wait for their own first chunk."""
         self.estimating = False
         for s in self._by_endpoint.values():
-            s.pending.clear()
+            s.pending = None
 
     # ---- the fleet ----
     def drop(self, endpoint: str) -> None:
