@@ -1,41 +1,40 @@
 """Per-endpoint token-level signals the placement policies read, tracked from the request lifecycle.
 
-    prefill_tokens(i)  = uncached prompt tokens routed to i whose first response chunk has not come back
+    prefill_tokens(i)  = uncached prompt tokens routed to i whose prefill is not done (seen or estimated)
     uncached_tokens(i) = uncached prompt tokens of every request in flight on i (until it ends)
-    decoding(i)        = own requests on i past their first response chunk
+    decoding(i)        = own requests on i past their first token (seen or estimated)
     ttft(i)            = observed time to first response chunk (EWMA), and the endpoint's learned TTFT model
 
 "Uncached" = prompt tokens minus the tokens the prefix source said i holds, at the decision. A request's
 prefill is retired when its first response chunk passes the sidecar (the response path: picker / full-duplex
-mode). Without a response path (buffered mode never sees the body) it is retired at the end of the
-request, so prefill_tokens over-counts there by the decode phase; decoding then stays 0.
+mode). BUFFERED mode never sees a response body: there a request's prefill is retired one mean TTFT of its
+engine after the decision, the mean learned from the engine's own TTFT histogram at each scrape
+(prefill_estimate.py; `scraped` hears of them), or at its end if that comes first; until the engine's mean
+is known, at the end. Once any first chunk has passed, the response path is there and estimates stop.
 
-Counts move with the request when a retry lands on another engine (served), and each request is retired
-exactly once. An endpoint that leaves the fleet is forgotten (`drop`).
+Cost on the hot path: a decision adds one small record (the request's share) and a clock read; the
+estimate's queue is settled on the next read of the endpoint (`get`) or decision, so a request costs O(1)
+amortized; later response chunks cost nothing here. Counts move with the request when a retry lands on
+another engine (served), and each request is retired exactly once. An endpoint that leaves the fleet is
+forgotten (`drop`).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from loadaware.lifecycle import Decision
+from loadaware.load.prefill_estimate import TtftFromCounters
+from loadaware.load.tracker import EngineStats
 from loadaware.policies.ttft_model import TtftModel
 
 TTFT_EWMA_ALPHA = 0.1
 
 
-@dataclass(slots=True)
-class EndpointSignals:
-    prefill_tokens: int = 0
-    uncached_tokens: int = 0
-    decoding: int = 0
-    ttft_s: float | None = None  # EWMA of observed time to first chunk
-    model: TtftModel = field(default_factory=TtftModel)
-
-
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Ticket:
     """One request's share of its endpoint's counts (parked on Decision.signals)."""
 
@@ -45,15 +44,35 @@ class _Ticket:
     load: float
     at: float
     prefilled: bool = False
+    estimated: bool = False  # prefilled by the BUFFERED-mode estimate, not by a first chunk seen
+    ended: bool = False
+
+
+@dataclass(slots=True)
+class EndpointSignals:
+    prefill_tokens: int = 0
+    uncached_tokens: int = 0
+    decoding: int = 0
+    ttft_s: float | None = None  # EWMA of observed time to first chunk
+    model: TtftModel = field(default_factory=TtftModel)
+    counters: TtftFromCounters = field(default_factory=TtftFromCounters)  # the engine's own TTFT histogram
+    # Requests in decision order whose prefill the estimate has not retired yet (BUFFERED mode only; made
+    # at the first, as an empty deque costs 760 B an endpoint).
+    pending: deque[_Ticket] | None = None
 
 
 class SignalTracker:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._by_endpoint: dict[str, EndpointSignals] = {}
+        self.estimating = True  # until a first response chunk shows the response path is there
 
     def get(self, endpoint: str) -> EndpointSignals | None:
-        return self._by_endpoint.get(endpoint)
+        """The endpoint's signals as of now (the estimate settled first)."""
+        s = self._by_endpoint.get(endpoint)
+        if s is not None and s.pending:
+            self._settle(s, self.clock())
+        return s
 
     def _of(self, endpoint: str) -> EndpointSignals:
         s = self._by_endpoint.get(endpoint)
@@ -71,12 +90,21 @@ class SignalTracker:
             if c.endpoint == ep:
                 matched, load = c.matched_tokens, c.load
                 break
-        uncached = max(0, decision.prompt_tokens - matched)
+        uncached = decision.prompt_tokens - matched
+        if uncached < 0:
+            uncached = 0
         s = self._of(ep)
-        ticket = _Ticket(ep, uncached, s.prefill_tokens + uncached, load, self.clock())
+        now = self.clock()
+        if s.pending:
+            self._settle(s, now)
+        ticket = _Ticket(ep, uncached, s.prefill_tokens + uncached, load, now)
         s.prefill_tokens += uncached
         s.uncached_tokens += uncached
         decision.signals = ticket
+        if self.estimating and s.counters.mean_s is not None:
+            if s.pending is None:
+                s.pending = deque()
+            s.pending.append(ticket)
 
     def on_served(self, decision: Decision, previous: str | None) -> None:
         t = decision.signals
@@ -91,15 +119,23 @@ class SignalTracker:
             s.decoding += 1
         else:
             s.prefill_tokens += t.uncached
+            if self.estimating and s.counters.mean_s is not None:  # its old endpoint's queue skips it now
+                if s.pending is None:
+                    s.pending = deque()
+                s.pending.append(t)
 
     def on_first_chunk(self, decision: Decision) -> None:
         t = decision.signals
-        if not isinstance(t, _Ticket) or t.prefilled:
+        if self.estimating:
+            self._stop_estimating()
+        if not isinstance(t, _Ticket) or (t.prefilled and not t.estimated):
             return
-        t.prefilled = True
         s = self._of(t.endpoint)
-        s.prefill_tokens = max(0, s.prefill_tokens - t.uncached)
-        s.decoding += 1
+        if not t.prefilled:
+            t.prefilled = True
+            s.prefill_tokens = max(0, s.prefill_tokens - t.uncached)
+            s.decoding += 1
+        t.estimated = False
         ttft = self.clock() - t.at
         s.ttft_s = ttft if s.ttft_s is None else s.ttft_s + TTFT_EWMA_ALPHA * (ttft - s.ttft_s)
         s.model.observe(t.ahead, t.load, ttft)
@@ -107,6 +143,7 @@ class SignalTracker:
     def on_ended(self, decision: Decision) -> None:
         t = decision.signals
         if isinstance(t, _Ticket):
+            t.ended = True  # an estimate queue still holding it skips it
             self._retire(t)
             decision.signals = None
 
@@ -114,11 +151,48 @@ class SignalTracker:
         s = self._by_endpoint.get(t.endpoint)
         if s is None:
             return  # dropped meanwhile: nothing left to retire from
-        s.uncached_tokens = max(0, s.uncached_tokens - t.uncached)
+        u = t.uncached
+        s.uncached_tokens = s.uncached_tokens - u if s.uncached_tokens > u else 0
         if t.prefilled:
-            s.decoding = max(0, s.decoding - 1)
+            s.decoding = s.decoding - 1 if s.decoding > 0 else 0
         else:
+            s.prefill_tokens = s.prefill_tokens - u if s.prefill_tokens > u else 0
+
+    # ---- the BUFFERED-mode estimate ----
+    def scraped(self, endpoint: str, stats: EngineStats) -> None:
+        """A scrape of `endpoint` (LoadTracker.subscribe_scrapes): its TTFT histogram updates the mean."""
+        if stats.ttft_count is None:
+            return
+        s = self._of(endpoint)
+        s.counters.scraped(stats.ttft_sum, stats.ttft_count)
+        if s.pending:
+            self._settle(s, self.clock())
+
+    def _settle(self, s: EndpointSignals, now: float) -> None:
+        """Retire the prefill of every request decided at least one mean TTFT ago (the queue is in decision
+        order); requests that ended, were seen prefilled or moved to another endpoint just leave it."""
+        mean, pending = s.counters.mean_s, s.pending
+        if mean is None or pending is None:
+            return
+        horizon = now - mean
+        while pending:
+            t = pending[0]
+            if t.ended or t.prefilled or self._by_endpoint.get(t.endpoint) is not s:
+                pending.popleft()
+                continue
+            if t.at > horizon:
+                break
+            pending.popleft()
+            t.prefilled = t.estimated = True
             s.prefill_tokens = max(0, s.prefill_tokens - t.uncached)
+            s.decoding += 1
+
+    def _stop_estimating(self) -> None:
+        """The response path shows first chunks: from now on prefill is retired when it is seen. Requests the
+        estimate has not retired yet wait for their own first chunk."""
+        self.estimating = False
+        for s in self._by_endpoint.values():
+            s.pending = None
 
     # ---- the fleet ----
     def drop(self, endpoint: str) -> None:

@@ -22,12 +22,15 @@ reorders its endpoint when the next question is asked.
 from __future__ import annotations
 
 import heapq
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from loadaware.lifecycle import Decision
 from loadaware.load.order import LoadOrder
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +39,10 @@ class EngineStats:
     waiting: float
     kv_usage: float | None
     at: float  # monotonic time of the scrape
+    # The engine's TTFT histogram totals (vllm:time_to_first_token_seconds_sum / _count), None when absent:
+    # the token-signal tracker learns each engine's mean TTFT from them (load/prefill_estimate.py).
+    ttft_sum: float | None = None
+    ttft_count: float | None = None
 
 
 @dataclass(slots=True)
@@ -61,6 +68,7 @@ class LoadTracker:
         self._ended_after: dict[str, int] = {}
         self._order = LoadOrder()  # fleet members only (join / drop)
         self._scraped_at: list[tuple[float, str]] = []  # (stats.at, endpoint): when each scrape goes stale
+        self._scrape_listeners: list[Callable[[str, EngineStats], None]] = []
 
     # ---- the request lifecycle ----
     def on_decided(self, decision: Decision) -> None:
@@ -110,6 +118,10 @@ class LoadTracker:
         return sum(self._counts.values())
 
     # ---- scraped stats ----
+    def subscribe_scrapes(self, listener: Callable[[str, EngineStats], None]) -> None:
+        """`listener(endpoint, stats)` after each recorded scrape (the token-signal tracker's TTFT counters)."""
+        self._scrape_listeners.append(listener)
+
     def record(self, endpoint: str, stats: EngineStats) -> None:
         """A scrape of `endpoint` arrived: it starts a new snapshot epoch for the correction."""
         self._stats[endpoint] = stats
@@ -122,6 +134,11 @@ class LoadTracker:
             heapq.heapify(self._scraped_at)
         self._expire(self.clock())
         self._reorder(endpoint)
+        for listener in self._scrape_listeners:
+            try:
+                listener(endpoint, stats)
+            except Exception:  # a listener's failure never costs the scrape its load figures
+                log.exception("scrape listener %r failed", listener)
 
     def stats(self, endpoint: str) -> EngineStats | None:
         return self._stats.get(endpoint)

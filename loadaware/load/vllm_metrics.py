@@ -16,14 +16,18 @@ WANTED = {
     "vllm:num_requests_waiting": "waiting",
     "vllm:kv_cache_usage_perc": "kv_usage",
     "vllm:gpu_cache_usage_perc": "kv_usage_legacy",  # deprecated name, still served by older engines
+    # The TTFT histogram's running totals: their deltas between scrapes give the engine's mean time to first
+    # token (the BUFFERED-mode prefill estimate, loadaware/load/prefill_estimate.py).
+    "vllm:time_to_first_token_seconds_sum": "ttft_sum",
+    "vllm:time_to_first_token_seconds_count": "ttft_count",
 }
 
 
 def parse_vllm_gauges(text: str) -> dict[str, float]:
     """Sum each wanted gauge over its label sets (a multi-engine server reports one series per engine).
 
-    Returns keys among running, waiting, kv_usage; a metric absent from the text is absent from the result.
-    kv_usage is averaged over series rather than summed, since it is a fraction.
+    Returns keys among running, waiting, kv_usage, ttft_sum, ttft_count; a metric absent from the text is
+    absent from the result. kv_usage is averaged over series rather than summed, since it is a fraction.
     """
     samples: list[tuple[str, float]] = []
     for line in text.splitlines():

@@ -8,9 +8,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Candidate:
-    """One endpoint as the policy sees it for one request."""
+    """One endpoint as the policy sees it for one request. Read-only by convention (policies are pure), not
+    frozen: a frozen dataclass sets each of these 13 fields through object.__setattr__ in __init__, ~10x the
+    cost of plain slots, and a decision builds one candidate per endpoint it scores (bench/signals_cost.py)."""
 
     endpoint: str
     matched_tokens: int  # prompt tokens this endpoint already holds (prefix match)

@@ -18,7 +18,7 @@ from typing import Protocol
 
 from loadaware.fleet.members import member_set
 from loadaware.fleet.registry import EndpointRegistry
-from loadaware.lifecycle import Decision, RequestLifecycle, preview
+from loadaware.lifecycle import Decision, RequestLifecycle, preview, previewing
 from loadaware.load.order import LoadOrder
 from loadaware.load.signals import SignalTracker
 from loadaware.policies import Candidate, Choice, Policy, RoundRobin, ranked
@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 faults = RateLimitedLog(log)  # one line per failing helper per interval, not a traceback per request
 
 ALL_FAILING = "all_endpoints_failing"
+# Policies that read only each candidate's matched tokens and load: their candidates carry no token signals
+# (but in Explain). Any other policy gets them all.
+SIGNAL_BLIND = frozenset({"loadaware", "kvaware", "roundrobin", "leastload"})
 
 
 class Loads(Protocol):
@@ -294,7 +297,9 @@ class Decider:
         except Exception as exc:  # noqa: BLE001 - no load signal: the policy sees every engine idle
             _degraded(reasons, "loads_error", exc)
             loads = [0.0] * len(endpoints)
-        if self.signals is not None:  # the token signals a policy like predictive reads (never pruned)
+        if self.signals is not None and (self.policy.name not in SIGNAL_BLIND or previewing()):
+            # The token signals, for a policy that reads them (never pruned) and for Explain; the seed's
+            # policies read only matches and loads, and filling the rest would cost every decision.
             return tuple(self.signalled(ep, min(matches.get(ep, 0), n_tokens), load)
                          for ep, load in zip(endpoints, loads))
         return tuple(Candidate(ep, min(matches.get(ep, 0), n_tokens), load) for ep, load in zip(endpoints, loads))

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+import pytest
+
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import RequestLifecycle
 from loadaware.load.signals import SignalTracker
@@ -98,6 +100,7 @@ def test_the_next_decision_sees_the_signals_and_the_fresh_scrape() -> None:
     first = asyncio.run(decider.decide(prompt(1000), "r1"))
     assert first.endpoint == FLEET[0]
     loads.record(FLEET[1], EngineStats(running=7, waiting=2, kv_usage=0.4, at=clock.t))
+    decider.policy = make_policy("predictive")  # a policy that reads the signals
     second = asyncio.run(decider.decide(prompt(1000), "r2"))
     by_ep = {c.endpoint: c for c in second.candidates}
     held, other = by_ep[FLEET[0]], by_ep[FLEET[1]]
@@ -106,3 +109,108 @@ def test_the_next_decision_sees_the_signals_and_the_fresh_scrape() -> None:
     assert (other.waiting, other.kv_usage, other.decode_batch) == (2, 0.4, 7)
     signals.drop(FLEET[0])
     assert signals.get(FLEET[0]) is None
+
+
+def learned_ttft(signals: SignalTracker, loads: LoadTracker, clock: Clock, endpoint: str, mean_s: float) -> None:
+    """Two scrapes of `endpoint` whose TTFT histogram says its first tokens took `mean_s` on average."""
+    loads.subscribe_scrapes(signals.scraped)
+    loads.record(endpoint, EngineStats(0, 0, None, clock.t, ttft_sum=0.0, ttft_count=0.0))
+    loads.record(endpoint, EngineStats(0, 0, None, clock.t, ttft_sum=100 * mean_s, ttft_count=100.0))
+
+
+def test_buffered_mode_retires_prefill_one_mean_ttft_after_the_decision() -> None:
+    decider, signals, lifecycle, clock, loads = rig({FLEET[0]: 600})
+    learned_ttft(signals, loads, clock, FLEET[0], 0.5)
+    d = asyncio.run(decider.decide(prompt(1000), "r1"))
+    assert d.endpoint == FLEET[0]
+    s = signals.get(FLEET[0])
+    assert s is not None and (s.prefill_tokens, s.uncached_tokens, s.decoding) == (400, 400, 0)
+    clock.t += 0.4
+    s = signals.get(FLEET[0])
+    assert s is not None and s.prefill_tokens == 400  # not yet one mean TTFT
+    clock.t += 0.2
+    s = signals.get(FLEET[0])
+    assert s is not None and (s.prefill_tokens, s.uncached_tokens, s.decoding) == (0, 400, 1)
+    lifecycle.ended(d)
+    assert (s.prefill_tokens, s.uncached_tokens, s.decoding) == (0, 0, 0)
+    assert s.ttft_s is None and s.model.observations == 0  # an estimate teaches the TTFT model nothing
+
+
+def test_an_end_before_the_estimate_retires_once_and_the_queue_keeps_decision_order() -> None:
+    decider, signals, lifecycle, clock, loads = rig({FLEET[0]: 600})
+    learned_ttft(signals, loads, clock, FLEET[0], 1.0)
+    first = asyncio.run(decider.decide(prompt(1000), "r1"))
+    clock.t += 0.5
+    second = asyncio.run(decider.decide(prompt(1000), "r2"))
+    assert first.endpoint == second.endpoint == FLEET[0]
+    lifecycle.ended(first)  # a short answer: over before its estimated first token
+    s = signals.get(FLEET[0])
+    assert s is not None and (s.prefill_tokens, s.uncached_tokens, s.decoding) == (400, 400, 0)
+    clock.t += 0.6  # past the first's due time (it is gone), not yet the second's
+    assert signals.get(FLEET[0]) is s and s.prefill_tokens == 400
+    clock.t += 0.5
+    assert signals.get(FLEET[0]) is s and (s.prefill_tokens, s.decoding) == (0, 1)
+    lifecycle.ended(second)
+    assert (s.prefill_tokens, s.uncached_tokens, s.decoding) == (0, 0, 0) and not s.pending
+
+
+def test_without_a_learned_mean_prefill_waits_for_the_end() -> None:
+    decider, signals, lifecycle, clock, loads = rig({})
+    loads.subscribe_scrapes(signals.scraped)
+    loads.record(FLEET[0], EngineStats(0, 0, None, clock.t))  # an engine without the histogram
+    d = asyncio.run(decider.decide(prompt(300), "r1"))
+    assert d.endpoint is not None
+    clock.t += 60
+    s = signals.get(d.endpoint)
+    assert s is not None and s.prefill_tokens == 300 and not s.pending
+    lifecycle.ended(d)
+    assert s.prefill_tokens == 0
+
+
+def test_a_first_chunk_stops_the_estimate_and_still_teaches_the_model() -> None:
+    decider, signals, lifecycle, clock, loads = rig({FLEET[0]: 600})
+    learned_ttft(signals, loads, clock, FLEET[0], 0.5)
+    early = asyncio.run(decider.decide(prompt(1000), "r1"))
+    late = asyncio.run(decider.decide(prompt(1000), "r2"))
+    clock.t += 0.6
+    s = signals.get(FLEET[0])  # both estimated prefilled
+    assert s is not None and (s.prefill_tokens, s.decoding) == (0, 2)
+    lifecycle.first_chunk(early)  # the response path is there after all
+    assert not signals.estimating and (s.prefill_tokens, s.decoding) == (0, 2)
+    assert s.model.observations == 1 and s.ttft_s == pytest.approx(0.6)
+    third = asyncio.run(decider.decide(prompt(1000), "r3"))
+    clock.t += 5
+    assert third.endpoint == FLEET[0] and signals.get(FLEET[0]) is s
+    assert s.prefill_tokens == 400  # no estimate any more: its first chunk retires it
+    lifecycle.first_chunk(third)
+    assert (s.prefill_tokens, s.decoding) == (0, 3)
+    for d in (early, late, third):
+        lifecycle.ended(d)
+    assert (s.prefill_tokens, s.uncached_tokens, s.decoding) == (0, 0, 0)
+
+
+def test_a_retry_moves_an_estimated_request_to_the_engine_that_served() -> None:
+    decider, signals, lifecycle, clock, loads = rig({FLEET[0]: 600})
+    learned_ttft(signals, loads, clock, FLEET[0], 0.5)
+    learned_ttft(signals, loads, clock, FLEET[1], 2.0)
+    d = asyncio.run(decider.decide(prompt(1000), "r1"))
+    lifecycle.served(d, FLEET[1])
+    clock.t += 1.0  # past the first engine's mean, not the second's
+    a, b = signals.get(FLEET[0]), signals.get(FLEET[1])
+    assert a is not None and b is not None and not a.pending
+    assert (a.prefill_tokens, a.decoding) == (0, 0) and (b.prefill_tokens, b.decoding) == (400, 0)
+    clock.t += 1.5
+    assert signals.get(FLEET[1]) is b and (b.prefill_tokens, b.decoding) == (0, 1)
+    lifecycle.ended(d)
+    assert (b.prefill_tokens, b.uncached_tokens, b.decoding) == (0, 0, 0)
+
+
+def test_a_signal_blind_policy_builds_plain_candidates_but_explain_sees_the_signals() -> None:
+    decider, signals, _, _, _ = rig({FLEET[0]: 600}, policy="loadaware")
+    asyncio.run(decider.decide(prompt(1000), "r1"))
+    routed = asyncio.run(decider.decide(prompt(1000), "r2"))
+    assert all(c.prefill_tokens == 0 and c.uncached_tokens == 0 for c in routed.candidates)
+    explained = asyncio.run(decider.decide(prompt(1000), "explain", count=False))
+    tracked = {ep: s.uncached_tokens for ep in FLEET if (s := signals.get(ep)) is not None}
+    assert sum(tracked.values()) == 1000 + 400  # both requests, each on the engine it was routed to
+    assert {c.endpoint: c.uncached_tokens for c in explained.candidates} == {ep: tracked.get(ep, 0) for ep in FLEET}

@@ -94,3 +94,19 @@ def test_dropping_an_endpoint_forgets_its_stats_too() -> None:
     tracker.record("e1", EngineStats(running=9, waiting=1, kv_usage=0.5, at=clock.now))
     tracker.drop("e1")
     assert tracker.stats("e1") is None and tracker.loads(("e1",)) == [0.0]
+
+
+def test_scrape_listeners_hear_every_recorded_scrape_and_a_failing_one_costs_nothing() -> None:
+    clock = Clock()
+    tracker = LoadTracker(stale_s=5, clock=clock)
+    heard: list[tuple[str, EngineStats]] = []
+
+    def broken(endpoint: str, stats: EngineStats) -> None:
+        raise RuntimeError("listener bug")
+
+    tracker.subscribe_scrapes(broken)
+    tracker.subscribe_scrapes(lambda ep, st: heard.append((ep, st)))
+    stats = EngineStats(running=4, waiting=1, kv_usage=None, at=clock.now, ttft_sum=2.0, ttft_count=8.0)
+    tracker.record("e1", stats)
+    assert heard == [("e1", stats)]
+    assert tracker.load("e1", clock.now) == 5  # the scrape counted all the same

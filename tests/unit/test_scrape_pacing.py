@@ -76,3 +76,18 @@ async def test_a_small_fleet_is_scraped_at_once(monkeypatch: pytest.MonkeyPatch)
     await scraper.scrape_all()
     assert engines.most == SCRAPE_CONCURRENCY
     assert max(engines.started.values()) - min(engines.started.values()) < 0.05
+
+
+async def test_a_scrape_carries_the_engines_ttft_histogram_totals(monkeypatch: pytest.MonkeyPatch) -> None:
+    page = PAGE + (b'vllm:time_to_first_token_seconds_count{model_name="m"} 12.0\n'
+                   b'vllm:time_to_first_token_seconds_sum{model_name="m"} 3.5\n')
+
+    async def one_page(session: aiohttp.ClientSession, endpoint: str, path: str, timeout_s: float) -> bytes:
+        return page
+
+    scraper, _, registry, loads = rig(1, monkeypatch, latency_s=0.0, interval_s=1.0)
+    monkeypatch.setattr(scraper_module, "get_body", one_page)
+    scraper._session = object()  # type: ignore[assignment]
+    await scraper.scrape_all()
+    stats = loads.stats(registry.snapshot()[0])
+    assert stats is not None and (stats.running, stats.ttft_sum, stats.ttft_count) == (2.0, 3.5, 12.0)

@@ -15,7 +15,8 @@ def test_matches_prometheus_client_on_a_vllm_shaped_page(engines: int) -> None:
     text = vllm_exposition(engines=engines, running=7, waiting=2, kv_usage=0.25)
     ours = parse_vllm_gauges(text)
     assert ours == reference_reading(text)
-    assert ours == {"running": 7.0 * engines, "waiting": 2.0 * engines, "kv_usage": 0.25}
+    assert ours == {"running": 7.0 * engines, "waiting": 2.0 * engines, "kv_usage": 0.25,
+                    "ttft_sum": 41.5 * engines, "ttft_count": 300.0 * engines}
 
 
 def test_matches_prometheus_client_on_the_simulated_engine_page() -> None:
@@ -23,9 +24,11 @@ def test_matches_prometheus_client_on_the_simulated_engine_page() -> None:
     metrics = EngineMetrics("sim-model", lambda: gauges)
     metrics.ttft.observe(0.2)
     text = metrics.render()
-    assert parse_vllm_gauges(text) == reference_reading(text) == {"running": 3.0, "waiting": 1.0, "kv_usage": 0.5}
+    assert parse_vllm_gauges(text) == reference_reading(text) == {"running": 3.0, "waiting": 1.0, "kv_usage": 0.5,
+                                                                  "ttft_sum": 0.2, "ttft_count": 1.0}
 
 
 def test_legacy_kv_name_and_garbage_read_alike() -> None:
     text = 'vllm:gpu_cache_usage_perc{engine="0"} 0.25\nvllm:gpu_cache_usage_perc{engine="1"} 0.75\n'
     assert parse_vllm_gauges(text) == reference_reading(text) == {"kv_usage": 0.5}
+

@@ -15,7 +15,8 @@ GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32.0-metrics
 def test_real_page_parses_as_prometheus_client_reads_it() -> None:
     text = GOLDEN.read_text()
     ours = parse_vllm_gauges(text)
-    assert set(ours) == {"running", "waiting", "kv_usage"}
+    assert set(ours) == {"running", "waiting", "kv_usage", "ttft_sum", "ttft_count"}
+    assert ours["ttft_count"] == 2.0  # the two captured requests' first tokens
     theirs: dict[str, float] = {}
     labels: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(text):
@@ -25,9 +26,11 @@ def test_real_page_parses_as_prometheus_client_reads_it() -> None:
                 theirs[key] = theirs.get(key, 0.0) + sample.value
                 labels[sample.name] = set(sample.labels)
     assert ours == theirs
-    # The labels this vLLM puts on the load gauges: one series per engine of the server, named by model.
+    # The labels this vLLM puts on the load gauges and the TTFT histogram's totals: one series per engine of
+    # the server, named by model.
     assert labels == {name: {"engine", "model_name"} for name in
-                      ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")}
+                      ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                       "vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count")}
 
 
 def test_real_page_counts_the_captured_requests() -> None:
