@@ -113,6 +113,7 @@ class Sidecar:
         self.lifecycle.subscribe(self.loads)
         self.lifecycle.subscribe(self.signals)
         self.lifecycle.subscribe_progress(self.signals)
+        self.loads.subscribe_scrapes(self.signals.scraped)  # engines' TTFT histograms: the BUFFERED prefill estimate
         if self.prefixes.approx is not None:
             self.lifecycle.subscribe(self.prefixes.approx)
         self.lifecycle.subscribe(self.endpoint_health)

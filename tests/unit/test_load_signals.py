@@ -214,3 +214,15 @@ def test_a_signal_blind_policy_builds_plain_candidates_but_explain_sees_the_sign
     tracked = {ep: s.uncached_tokens for ep in FLEET if (s := signals.get(ep)) is not None}
     assert sum(tracked.values()) == 1000 + 400  # both requests, each on the engine it was routed to
     assert {c.endpoint: c.uncached_tokens for c in explained.candidates} == {ep: tracked.get(ep, 0) for ep in FLEET}
+
+
+def test_the_sidecar_feeds_each_scrape_to_the_buffered_estimate() -> None:
+    """The wiring (app.py): a scrape the sidecar records reaches the token-signal tracker's TTFT counters."""
+    from loadaware.app import Sidecar
+    from loadaware.config import from_args
+
+    app = Sidecar(from_args(["--endpoints", FLEET[0], "--metrics-listen", "off"], environ={}))
+    app.loads.record(FLEET[0], EngineStats(0, 0, None, 1.0, ttft_sum=0.0, ttft_count=0.0))
+    app.loads.record(FLEET[0], EngineStats(0, 0, None, 2.0, ttft_sum=30.0, ttft_count=100.0))
+    s = app.signals.get(FLEET[0])
+    assert s is not None and s.counters.mean_s == pytest.approx(0.3)
