@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from loadaware.policies import POLICY_NAMES
+
 Kind = Literal["sidecar", "peer"]
 PrefixSource = Literal["lmcache", "kv-events"]
 Peer = Literal["sglang-router", "vllm-router"]
@@ -72,7 +74,7 @@ QUICK_ARMS = ("kvaware", "loadaware-b0.5", "loadaware-b0.5-kvev", "roundrobin", 
 
 
 def arm_by_name(name: str) -> RealArm:
-    """A listed arm, or `loadaware-b<beta>[-kvev]` for any beta."""
+    """A listed arm, `loadaware-b<beta>[-kvev]` for any beta, or `<policy>[-kvev]` for any sidecar policy."""
     if name in ARMS_BY_NAME:
         return ARMS_BY_NAME[name]
     base, kvev = (name[: -len("-kvev")], True) if name.endswith("-kvev") else (name, False)
@@ -82,6 +84,8 @@ def arm_by_name(name: str) -> RealArm:
         except ValueError:
             raise ValueError(f"unknown arm {name!r}") from None
         return sidecar_loadaware(beta, "kv-events" if kvev else "lmcache")
+    if base in POLICY_NAMES:  # any other sidecar policy by its --policy name, with its default parameters
+        return RealArm(name, "sidecar", base, prefix_source="kv-events" if kvev else "lmcache")
     raise ValueError(f"unknown arm {name!r}; known: {', '.join(ARMS_BY_NAME)}")
 
 
