@@ -17,6 +17,9 @@ differ. Measured per size:
   sidecar's own work holds it, or the GIL and the OS keep the loop's thread from running (on a busy box a
   CPU-bound thread in the process costs the loop tens of ms by itself: the `idle` and `busy_thread` rows
   measure that floor);
+- the periodic full collection (`--gc-full-interval-s`, on the loop) after all that, the heap settled as the
+  CLI settles it once the sidecar is built (`cli.settle_heap`: start-up's objects frozen, the young threshold
+  raised), so a collection walks what came after start, as in production;
 - how long the sidecar's code held the loop: the CPU time of the longest loop callback (and the p99) in
   each window, read with `time.thread_time` around every callback, so neither the OS taking the CPU away
   nor a thread holding the GIL counts, only work done on the loop.
@@ -54,6 +57,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from loadaware.api.v1 import loadaware_pb2 as pb
 from loadaware.api.v1 import loadaware_pb2_grpc as pb_grpc
 from loadaware.app import Sidecar
+from loadaware.cli import settle_heap
 from loadaware.config import from_args
 from loadaware.fleet.models import ServedModels
 from loadaware.routing.request import parse_body
@@ -62,7 +66,8 @@ SIZES = (100, 1_000, 10_000)
 PREFIXES = 32
 OPEN_REQUESTS = 500
 TICK_S = 0.001
-OPS = ("idle", "busy_thread", "decide", "grpc_decide", "explain", "metrics", "debug_state", "debug_decisions")
+OPS = ("idle", "busy_thread", "decide", "grpc_decide", "explain", "metrics", "debug_state", "debug_decisions",
+       "full_gc")
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -234,6 +239,8 @@ async def measure_size(n: int, reps: dict[str, int]) -> dict[str, Any]:
     app.models_poller.run = idle  # type: ignore[method-assign]  # ... and so would a model list's fetch:
     for endpoint in app.registry.snapshot():  # every engine serves "m", as its /v1/models would say
         app.models.record(endpoint, ServedModels(frozenset({"m"})))
+    thresholds = gc.get_threshold()
+    settle_heap()  # as the CLI does once the sidecar is built
     await app.start()
     ticker = Ticker()
     holds = Holds()
@@ -304,6 +311,18 @@ async def measure_size(n: int, reps: dict[str, int]) -> dict[str, Any]:
             fulls.window()
             times = await asyncio.to_thread(client)
             out[op] = figures(times, ticker.window(), holds.window(), fulls.window())
+        # The periodic full collection (--gc-full-interval-s), on the loop, after the traffic and the pages.
+        collector = app.full_collections
+        ticker.window()
+        holds.window()
+        fulls.window()
+        times = []
+        for _ in range(reps["full_gc"]):
+            t = time.perf_counter()
+            collector.collect() if collector is not None else gc.collect()
+            times.append(time.perf_counter() - t)
+            await asyncio.sleep(0.01)
+        out["full_gc"] = figures(times, ticker.window(), holds.window(), fulls.window())
         for d in kept:
             app.lifecycle.ended(d)
     finally:
@@ -311,12 +330,14 @@ async def measure_size(n: int, reps: dict[str, int]) -> dict[str, Any]:
         fulls.uninstall()
         await ticker.stop()
         await app.stop()
+        gc.unfreeze()  # the next size starts from the same heap rules
+        gc.set_threshold(*thresholds)
     return out
 
 
 def run(quick: bool = False, sizes: Sequence[int] = SIZES) -> dict[str, Any]:
-    reps = {"decide": 50, "grpc_decide": 30, "explain": 5, "metrics": 2, "debug": 2} if quick else \
-        {"decide": 300, "grpc_decide": 200, "explain": 20, "metrics": 5, "debug": 5}
+    reps = {"decide": 50, "grpc_decide": 30, "explain": 5, "metrics": 2, "debug": 2, "full_gc": 2} if quick else \
+        {"decide": 300, "grpc_decide": 200, "explain": 20, "metrics": 5, "debug": 5, "full_gc": 5}
     import loadaware
     return {"tree": str(Path(loadaware.__file__).resolve().parents[1]), "reps": reps,
             "sizes": [asyncio.run(measure_size(n, reps)) for n in sizes]}
