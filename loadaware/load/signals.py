@@ -1,6 +1,7 @@
 """Per-endpoint token-level signals the placement policies read, tracked from the request lifecycle.
 
     prefill_tokens(i)  = uncached prompt tokens routed to i whose first response chunk has not come back
+    prefill_matched(i) = the matched (prefix-held) prompt tokens of those same requests
     uncached_tokens(i) = uncached prompt tokens of every request in flight on i (until it ends)
     decoding(i)        = own requests on i past their first response chunk
     ttft(i)            = observed time to first response chunk (EWMA), and the endpoint's learned TTFT model
@@ -29,6 +30,7 @@ TTFT_EWMA_ALPHA = 0.1
 @dataclass(slots=True)
 class EndpointSignals:
     prefill_tokens: int = 0
+    prefill_matched_tokens: int = 0
     uncached_tokens: int = 0
     decoding: int = 0
     ttft_s: float | None = None  # EWMA of observed time to first chunk
@@ -44,6 +46,8 @@ class _Ticket:
     ahead: int  # the endpoint's prefill_tokens at the decision plus the request's own uncached tokens
     load: float
     at: float
+    matched: int = 0
+    matched_ahead: int = 0  # the endpoint's prefill_matched_tokens at the decision plus the request's own matched
     prefilled: bool = False
 
 
@@ -72,9 +76,12 @@ class SignalTracker:
                 matched, load = c.matched_tokens, c.load
                 break
         uncached = max(0, decision.prompt_tokens - matched)
+        held = decision.prompt_tokens - uncached
         s = self._of(ep)
-        ticket = _Ticket(ep, uncached, s.prefill_tokens + uncached, load, self.clock())
+        ticket = _Ticket(ep, uncached, s.prefill_tokens + uncached, load, self.clock(), held,
+                         s.prefill_matched_tokens + held)
         s.prefill_tokens += uncached
+        s.prefill_matched_tokens += held
         s.uncached_tokens += uncached
         decision.signals = ticket
 
@@ -86,11 +93,13 @@ class SignalTracker:
         t.endpoint = decision.served
         s = self._of(t.endpoint)
         t.ahead = s.prefill_tokens + t.uncached
+        t.matched_ahead = s.prefill_matched_tokens + t.matched
         s.uncached_tokens += t.uncached
         if t.prefilled:
             s.decoding += 1
         else:
             s.prefill_tokens += t.uncached
+            s.prefill_matched_tokens += t.matched
 
     def on_first_chunk(self, decision: Decision) -> None:
         t = decision.signals
@@ -99,10 +108,11 @@ class SignalTracker:
         t.prefilled = True
         s = self._of(t.endpoint)
         s.prefill_tokens = max(0, s.prefill_tokens - t.uncached)
+        s.prefill_matched_tokens = max(0, s.prefill_matched_tokens - t.matched)
         s.decoding += 1
         ttft = self.clock() - t.at
         s.ttft_s = ttft if s.ttft_s is None else s.ttft_s + TTFT_EWMA_ALPHA * (ttft - s.ttft_s)
-        s.model.observe(t.ahead, t.load, ttft)
+        s.model.observe(t.ahead, t.load, ttft, t.matched_ahead)
 
     def on_ended(self, decision: Decision) -> None:
         t = decision.signals
@@ -119,6 +129,7 @@ class SignalTracker:
             s.decoding = max(0, s.decoding - 1)
         else:
             s.prefill_tokens = max(0, s.prefill_tokens - t.uncached)
+            s.prefill_matched_tokens = max(0, s.prefill_matched_tokens - t.matched)
 
     # ---- the fleet ----
     def drop(self, endpoint: str) -> None:

@@ -321,7 +321,9 @@ class Decider:
         return Candidate(ep, matched, load, float(sig.prefill_tokens), float(sig.uncached_tokens), decoding, waiting,
                          kv, ttft_base_s=m.base_s if learned else None,
                          ttft_per_token_s=m.per_token_s if learned else None,
-                         ttft_per_running_s=m.per_running_s if learned else None)
+                         ttft_per_running_s=m.per_running_s if learned else None,
+                         ttft_per_matched_token_s=m.per_matched_token_s if learned else None,
+                         prefill_matched_tokens=float(sig.prefill_matched_tokens))
 
     def _empty(self, request_id: str, subset: frozenset[str] | None, n_tokens: int, stages: dict[str, float],
                started: float, count: bool, model: str | None = None) -> Decision:
