@@ -209,8 +209,8 @@ class _Engine:
 
 
 class _Req:
-    __slots__ = ("ahead", "decided_t", "engine", "last_t", "lease", "matched", "matched_ahead", "prefilled", "produced", "record", "running_at",
-                 "sim", "uncached")
+    __slots__ = ("ahead", "decided_t", "engine", "last_t", "lease", "matched", "matched_ahead", "prefilled", "produced",
+                 "record", "running_at", "sim", "uncached")
 
     def __init__(self, sim: SimRequest, record: RequestRecord | None) -> None:
         self.sim = sim
