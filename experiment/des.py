@@ -178,7 +178,7 @@ _ARRIVE, _LANE_DONE, _PREFILL_DONE, _TOKEN, _SAMPLE, _SCRAPE, _APPLY = range(7)
 
 class _Engine:
     __slots__ = ("active", "cache", "chunk_s", "decoding", "hits", "index", "kv_refs", "lane_free", "lmcache",
-                 "name", "prefill_tokens", "queries", "routed", "running", "served", "step", "svc",
+                 "name", "prefill_matched", "prefill_tokens", "queries", "routed", "running", "served", "step", "svc",
                  "ttft_model", "uncached_tokens", "waiting")
 
     def __init__(self, name: str, index: int, svc: ServiceModel) -> None:
@@ -191,6 +191,7 @@ class _Engine:
         self.chunk_s = svc.prefill_chunk_tokens / svc.prefill_tokens_per_s if svc.serialize_prefill else 0.0
         # What the router tracks per engine from its own decisions and the response path (Candidate fields).
         self.prefill_tokens = 0  # uncached tokens routed here, first token not yet out
+        self.prefill_matched = 0  # matched tokens of those requests
         self.uncached_tokens = 0  # uncached tokens of requests in flight here
         self.decoding = 0  # requests in flight here past their first token
         self.kv_refs: dict[int, int] = {}  # block key -> requests in flight here holding it
@@ -208,8 +209,8 @@ class _Engine:
 
 
 class _Req:
-    __slots__ = ("ahead", "decided_t", "engine", "last_t", "lease", "prefilled", "produced", "record", "running_at",
-                 "sim", "uncached")
+    __slots__ = ("ahead", "decided_t", "engine", "last_t", "lease", "matched", "matched_ahead", "prefilled", "produced",
+                 "record", "running_at", "sim", "uncached")
 
     def __init__(self, sim: SimRequest, record: RequestRecord | None) -> None:
         self.sim = sim
@@ -221,6 +222,8 @@ class _Req:
         self.prefilled = False
         self.uncached = 0  # prompt tokens the router saw as uncached on its engine at the decision
         self.ahead = 0  # the router's tokens_ahead at the decision (its prefill queue + the request's own)
+        self.matched = 0  # prompt tokens the router saw as held on its engine at the decision
+        self.matched_ahead = 0  # the router's matched tokens ahead at the decision (queue + the request's own)
         self.running_at = 0.0  # the router's load of the engine at the decision
         self.decided_t = 0.0
 
@@ -350,14 +353,19 @@ class Simulation:
                          routed_tokens=float(len(e.routed) * self.svc.block_size),
                          ttft_base_s=m.base_s if learned else None,
                          ttft_per_token_s=m.per_token_s if learned else None,
-                         ttft_per_running_s=m.per_running_s if learned else None)
+                         ttft_per_running_s=m.per_running_s if learned else None,
+                         ttft_per_matched_token_s=m.per_matched_token_s if learned else None,
+                         prefill_matched_tokens=float(e.prefill_matched))
 
     # ---- the router's own per-engine signals (what the sidecar tracks from decisions and responses) -----
     def _track_decided(self, e: _Engine, r: _Req, matched: int, t: float) -> None:
         r.uncached = max(0, r.sim.n_tokens - matched)
         r.ahead = e.prefill_tokens + r.uncached
+        r.matched = r.sim.n_tokens - r.uncached
+        r.matched_ahead = e.prefill_matched + r.matched
         r.decided_t = t
         e.prefill_tokens += r.uncached
+        e.prefill_matched += r.matched
         e.uncached_tokens += r.uncached
         refs = e.kv_refs
         for k in r.sim.block_keys:
@@ -366,8 +374,9 @@ class Simulation:
 
     def _track_first_token(self, e: _Engine, r: _Req, t: float) -> None:
         e.prefill_tokens -= r.uncached
+        e.prefill_matched -= r.matched
         e.decoding += 1
-        e.ttft_model.observe(r.ahead, r.running_at, t - r.decided_t)
+        e.ttft_model.observe(r.ahead, r.running_at, t - r.decided_t, r.matched_ahead)
 
     def _track_ended(self, e: _Engine, r: _Req) -> None:
         e.uncached_tokens -= r.uncached

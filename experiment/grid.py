@@ -182,7 +182,7 @@ def report(results: Mapping[str, Mapping[str, Sequence[SeedMetrics]]], ours: str
            seeds: int, command: str, wall_s: float, jobs: int, first_seed: int = 1) -> str:
     lines = [GRID_START, "## The placement grid (discrete-event mode, `experiment.grid`)", "",
              f"{seeds} paired seeds per point (seeds {first_seed}-{first_seed + seeds - 1}: held out, the policy "
-             "was designed on seeds 1-6), 500 measured requests per seed; medians over seeds. Ours = "
+             "was designed on seeds 1-10), 500 measured requests per seed; medians over seeds. Ours = "
              f"`{ours}`. Every test is one-sided exact Wilcoxon of ours against the best peer at that point by "
              "that metric (α = 0.025; effect = median paired relative change, bootstrap 95% CI; bold = "
              "significant). Peers: " + ", ".join(f"`{p}`" for p in PEERS) + " (formulas and sources in "
@@ -254,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--first-seed", type=int, default=101,
-                    help="seeds first..first+N-1; the policy was designed on seeds 1-6, so the grid holds them out")
+                    help="seeds first..first+N-1; the policy was designed on seeds 1-10, so the grid holds them out")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--ours", default="predictive", help="the arm judged against the peers")
     ap.add_argument("--points", default="all", help="comma list of point names, or 'all'")

@@ -50,6 +50,7 @@ class LMetric:
     name: str = "lmetric"
     formula: ClassVar[str] = "cost(i) = (prefill_tokens(i) + uncached(i)) x (decode_batch(i) + 1); lowest wins"
     uses_prefix: bool = True
+    uses_signals: bool = True
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:
         if not candidates:
@@ -66,6 +67,7 @@ class DynamoLinear:
     formula: ClassVar[str] = ("cost(i) = prefill_load_scale x max(active_prefill_blocks(i) + incoming_blocks - "
                               "overlap_blocks(i), 0) + active_decode_blocks(i) + incoming_blocks; lowest wins")
     uses_prefix: bool = True
+    uses_signals: bool = True
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:
         if not candidates:
@@ -87,6 +89,7 @@ class LlmdTokenAware:
     formula: ClassVar[str] = ("keep endpoints with hit >= 0.8 and uncached tokens in flight <= 286,720 (all if "
                               "none); cost(i) = uncached_tokens(i) + prompt x (1 - hit(i)); lowest wins")
     uses_prefix: bool = True
+    uses_signals: bool = True
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:
         if not candidates:
@@ -108,6 +111,7 @@ class LlmdBlend:
     formula: ClassVar[str] = ("score(i) = 3 x hit(i) + 2 x (max_q - q(i)) / (max_q - min_q) + 2 x (1 - kv_usage(i)); "
                               "highest wins")
     uses_prefix: bool = True
+    uses_signals: bool = True
     uses_gauges: ClassVar[bool] = True  # reads kv_usage
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:
@@ -133,6 +137,7 @@ class SglangCacheAware:
     formula: ClassVar[str] = ("imbalanced (max - min load > 64 and max > 1.5 x min): lowest load; else the longest "
                               "match if its rate > 0.3, else the smallest tree")
     uses_prefix: bool = True
+    uses_signals: bool = True
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:
         if not candidates:

@@ -1,6 +1,7 @@
 """Per-endpoint token-level signals the placement policies read, tracked from the request lifecycle.
 
     prefill_tokens(i)  = uncached prompt tokens routed to i whose prefill is not done (seen or estimated)
+    prefill_matched(i) = the matched (prefix-held) prompt tokens of those same requests
     uncached_tokens(i) = uncached prompt tokens of every request in flight on i (until it ends)
     decoding(i)        = own requests on i past their first token (seen or estimated)
     ttft(i)            = observed time to first response chunk (EWMA), and the endpoint's learned TTFT model
@@ -43,6 +44,8 @@ class _Ticket:
     ahead: int  # the endpoint's prefill_tokens at the decision plus the request's own uncached tokens
     load: float
     at: float
+    matched: int = 0
+    matched_ahead: int = 0  # the endpoint's prefill_matched_tokens at the decision plus the request's own matched
     prefilled: bool = False
     estimated: bool = False  # prefilled by the BUFFERED-mode estimate, not by a first chunk seen
     ended: bool = False
@@ -51,6 +54,7 @@ class _Ticket:
 @dataclass(slots=True)
 class EndpointSignals:
     prefill_tokens: int = 0
+    prefill_matched_tokens: int = 0
     uncached_tokens: int = 0
     decoding: int = 0
     ttft_s: float | None = None  # EWMA of observed time to first chunk
@@ -93,12 +97,15 @@ class SignalTracker:
         uncached = decision.prompt_tokens - matched
         if uncached < 0:
             uncached = 0
+        held = decision.prompt_tokens - uncached
         s = self._of(ep)
         now = self.clock()
         if s.pending:
             self._settle(s, now)
-        ticket = _Ticket(ep, uncached, s.prefill_tokens + uncached, load, now)
+        ticket = _Ticket(ep, uncached, s.prefill_tokens + uncached, load, now, held,
+                         s.prefill_matched_tokens + held)
         s.prefill_tokens += uncached
+        s.prefill_matched_tokens += held
         s.uncached_tokens += uncached
         decision.signals = ticket
         if self.estimating and s.counters.mean_s is not None:
@@ -114,11 +121,13 @@ class SignalTracker:
         t.endpoint = decision.served
         s = self._of(t.endpoint)
         t.ahead = s.prefill_tokens + t.uncached
+        t.matched_ahead = s.prefill_matched_tokens + t.matched
         s.uncached_tokens += t.uncached
         if t.prefilled:
             s.decoding += 1
         else:
             s.prefill_tokens += t.uncached
+            s.prefill_matched_tokens += t.matched
             if self.estimating and s.counters.mean_s is not None:  # its old endpoint's queue skips it now
                 if s.pending is None:
                     s.pending = deque()
@@ -134,11 +143,12 @@ class SignalTracker:
         if not t.prefilled:
             t.prefilled = True
             s.prefill_tokens = max(0, s.prefill_tokens - t.uncached)
+            s.prefill_matched_tokens = max(0, s.prefill_matched_tokens - t.matched)
             s.decoding += 1
         t.estimated = False
         ttft = self.clock() - t.at
         s.ttft_s = ttft if s.ttft_s is None else s.ttft_s + TTFT_EWMA_ALPHA * (ttft - s.ttft_s)
-        s.model.observe(t.ahead, t.load, ttft)
+        s.model.observe(t.ahead, t.load, ttft, t.matched_ahead)
 
     def on_ended(self, decision: Decision) -> None:
         t = decision.signals
@@ -157,6 +167,8 @@ class SignalTracker:
             s.decoding = s.decoding - 1 if s.decoding > 0 else 0
         else:
             s.prefill_tokens = s.prefill_tokens - u if s.prefill_tokens > u else 0
+            m = t.matched
+            s.prefill_matched_tokens = s.prefill_matched_tokens - m if s.prefill_matched_tokens > m else 0
 
     # ---- the BUFFERED-mode estimate ----
     def scraped(self, endpoint: str, stats: EngineStats) -> None:
@@ -185,6 +197,7 @@ class SignalTracker:
             pending.popleft()
             t.prefilled = t.estimated = True
             s.prefill_tokens = max(0, s.prefill_tokens - t.uncached)
+            s.prefill_matched_tokens = max(0, s.prefill_matched_tokens - t.matched)
             s.decoding += 1
 
     def _stop_estimating(self) -> None:

@@ -26,10 +26,15 @@ class Candidate:
     kv_blocks: float = 0.0  # distinct KV blocks held by the requests in flight here (router's own count)
     routed_tokens: float = 0.0  # distinct prompt tokens ever routed here (an approximate radix tree's size)
     # This endpoint's learned TTFT model (loadaware.policies.ttft_model): ttft ~ base + per_token x
-    # (prefill_tokens + uncached prompt) + per_running x load. None: not learned (the policy uses its prior).
+    # (prefill_tokens + uncached prompt) + per_matched_token x (prefill_matched_tokens + matched) + per_running
+    # x load. None: not learned (the policy uses its prior).
     ttft_base_s: float | None = None
     ttft_per_token_s: float | None = None
     ttft_per_running_s: float | None = None
+    ttft_per_matched_token_s: float | None = None
+    # Matched (prefix-held) prompt tokens of the requests counted in prefill_tokens: work too whenever a "held"
+    # token must still be loaded (e.g. from LMCache's CPU store); its price is ttft_per_matched_token_s.
+    prefill_matched_tokens: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +46,9 @@ class Choice:
 class Policy(Protocol):
     name: str
     uses_prefix: bool  # False lets the pipeline skip tokenization and lookups entirely
+    # False: the policy reads only each candidate's matched tokens and load, so its candidates carry no token
+    # signals (filling them would cost every decision); Explain shows them anyway.
+    uses_signals: bool
 
     @property
     def formula(self) -> str:

@@ -14,6 +14,7 @@ class KvAware:
     name: str = "kvaware"
     formula: ClassVar[str] = "score(i) = matched_tokens(i); when nobody matches, score(i) = -load(i)"
     uses_prefix: bool = True
+    uses_signals: bool = False
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate],
                mean_load: float | None = None) -> Choice | None:

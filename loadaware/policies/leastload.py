@@ -14,6 +14,7 @@ class LeastLoad:
     name: str = "leastload"
     formula: ClassVar[str] = "score(i) = -load(i)"
     uses_prefix: bool = False
+    uses_signals: bool = False
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate],
                mean_load: float | None = None) -> Choice | None:

@@ -48,6 +48,7 @@ class LoadAware:
     formula: ClassVar[str] = ("score(i) = min(1, matched_tokens(i) / prompt_tokens) - beta * relative_load(i); "
                               "relative_load(i) = (load(i) - mean_load) / max(1, mean_load)")
     uses_prefix: bool = True
+    uses_signals: bool = False
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate],
                mean_load: float | None = None) -> Choice | None:

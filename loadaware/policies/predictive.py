@@ -1,25 +1,35 @@
 """Predicted-TTFT placement: each endpoint's learned TTFT model prices the request, plus what it costs others.
 
-    cost(i) = own(i) + stall(i) + spread(i)                                           lowest wins
-    own(i)    = base(i) + per_token(i) x ahead(i) + per_running(i) x load(i)
-    stall(i)  = per_token(i) x ahead(i) x (a x decode(i) + b x decode(i) / mean_decode)
-    spread(i) = c x per_token(i) x prompt_tokens x (load(i) - mean_load) / max(1, mean_load)
+    cost(i) = own(i) + stall(i) + crowd(i)                                                   lowest wins
+    own(i)   = base(i) + lane(i) + per_running(i) x load(i)
+    lane(i)  = per_token(i) x (prefill_tokens(i) + uncached(i)) + per_held(i) x (prefill_matched(i) + matched(i))
+    stall(i) = a x mine(i) x decode(i),  mine(i) = per_token(i) x uncached(i) + per_held(i) x matched(i)
+    crowd(i) = c x per_running(i) x load(i) x decode(i)
 
-ahead(i) = prefill_tokens(i) + uncached(i): the uncached prompt tokens queued for prefill on i (routed, first
-token not out yet) plus the request's own (prompt - matched). base, per_token, per_running are i's online
-TTFT model (loadaware.policies.ttft_model), learned from its observed first tokens, so a slower engine costs
-more per token; before the first observation the prior stands in.
+When any engine shows an admission queue (scraped waiting > 0: the fleet is at its capacity edge):
+    cost(i) = per_token(i) x (prefill_tokens(i) + uncached(i)) x (decode(i) + 1)
 
-- own: the request's predicted time to first token on i.
-- stall: its prefill work, and the work queued ahead of it, holds up the decode batch on i (chunked prefill
-  shares the engine's steps); LMetric's (prefill x (decode + 1)) product, in seconds, with the decode batch
-  counted both absolutely (a) and relative to the fleet's mean (b, which keeps the term's weight independent of
-  fleet size).
-- spread: the seed's relative-load term (loadaware.py) priced as a fraction c of a full prefill, so a hot
-  prefix is copied to a second engine before its holder queues.
+uncached(i) = prompt - matched(i); prefill_tokens(i) / prefill_matched(i): the uncached / prefix-held prompt
+tokens of the requests routed to i whose first token is not out yet. base, per_token, per_held, per_running
+are i's online TTFT model (loadaware.policies.ttft_model), learned from its observed first tokens, so a
+slower engine costs more per token, and a "held" token that must still be loaded (from a slower cache tier,
+e.g. LMCache's CPU store) costs what the engine shows it costs; before the first observation the prior
+stands in. per_held is capped at h x per_token: under load the admission wait correlates with the held
+tokens queued (every queued hit carries its whole prefix), and the fit would take that wait for load work.
 
-a, b, c are fixed constants (the same at every operating point), chosen on the placement grid's design seeds;
-there is no per-workload tuning, and the per-engine speeds are learned online.
+- own: the request's predicted time to first token on i (the lane's work ahead of it and its own, and the
+  decode steps its first token waits for).
+- stall: with chunked prefill the request's own prefill shares the engine's steps with its decode batch, so
+  it holds up every decoding request there: what leaving a holder costs the others, on top of the miss itself.
+- crowd: one more sequence makes every step of the batch longer (per_running per sequence) for each request
+  decoding there while it runs: the balance term, which grows with the product of load and batch.
+- admission queue: the engine's batch is full and a first token waits for a slot, which the linear model does
+  not see; then the fleet has no spare capacity to spend on misses, and the cost is the prefill work ahead
+  times the batch it holds up (LMetric's product, in the engine's own seconds per token), which grows as a
+  batch nears its cap. Without a fresh scrape waiting is 0 and the first formula stands (fail open).
+
+a, c, h are fixed constants (the same at every operating point), chosen on the placement grid's design
+seeds; there is no per-workload tuning, and the per-engine speeds are learned online.
 """
 
 from __future__ import annotations
@@ -34,35 +44,39 @@ from loadaware.policies.ttft_model import TtftPrior
 
 @dataclass
 class Predictive:
-    stall_absolute: float = 0.25  # a
-    stall_relative: float = 1.0  # b
-    spread: float = 0.25  # c
+    stall: float = 0.5  # a
+    crowd: float = 0.1  # c
+    held_cap: float = 0.5  # h: per_held <= h x per_token
     prior: TtftPrior = field(default_factory=TtftPrior)
     name: str = "predictive"
     formula: ClassVar[str] = (
-        "cost(i) = base(i) + per_token(i) x ahead(i) + per_running(i) x load(i) "
-        "+ per_token(i) x ahead(i) x (a x decode(i) + b x decode(i) / mean_decode) "
-        "+ c x per_token(i) x prompt x (load(i) - mean_load) / max(1, mean_load); ahead(i) = prefill_tokens(i) + "
-        "uncached(i); base, per_token, per_running: i's learned TTFT model; lowest wins")
+        "cost(i) = base(i) + lane(i) + per_running(i) x load(i) + a x mine(i) x decode(i) + c x per_running(i) "
+        "x load(i) x decode(i); lane(i) = per_token(i) x (prefill_tokens(i) + uncached(i)) + per_held(i) x "
+        "(prefill_matched(i) + matched(i)); mine(i) = per_token(i) x uncached(i) + per_held(i) x matched(i); "
+        "any engine waiting > 0: cost(i) = per_token(i) x (prefill_tokens(i) + uncached(i)) x (decode(i) + 1); "
+        "base, per_token, per_held, per_running: i's learned TTFT model; lowest wins")
     uses_prefix: bool = True
+    uses_signals: bool = True
 
     def costs(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> list[float]:
         p = self.prior
-        n = len(candidates)
-        mean_load = sum(c.load for c in candidates) / n
-        load_scale = max(1.0, mean_load)
-        mean_decode = max(1.0, sum(c.decode_batch for c in candidates) / n)
-        a, b, spread = self.stall_absolute, self.stall_relative, self.spread
+        saturated = any(c.waiting > 0 for c in candidates)
         out = []
         for c in candidates:
-            base = p.base_s if c.ttft_base_s is None else c.ttft_base_s
             per_token = p.per_token_s if c.ttft_per_token_s is None else c.ttft_per_token_s
+            matched = max(0, min(prompt_tokens, c.matched_tokens))
+            uncached = prompt_tokens - matched
+            if saturated:
+                out.append(per_token * (c.prefill_tokens + uncached) * (c.decode_batch + 1))
+                continue
+            base = p.base_s if c.ttft_base_s is None else c.ttft_base_s
             per_running = p.per_running_s if c.ttft_per_running_s is None else c.ttft_per_running_s
-            ahead = c.prefill_tokens + max(0, prompt_tokens - c.matched_tokens)
-            own = base + per_token * ahead + per_running * c.load
-            stall = per_token * ahead * (a * c.decode_batch + b * c.decode_batch / mean_decode)
-            spreading = spread * per_token * prompt_tokens * (c.load - mean_load) / load_scale
-            out.append(own + stall + spreading)
+            learned_held = p.per_matched_token_s if c.ttft_per_matched_token_s is None else c.ttft_per_matched_token_s
+            per_held = min(learned_held, self.held_cap * per_token)
+            lane = per_token * (c.prefill_tokens + uncached) + per_held * (c.prefill_matched_tokens + matched)
+            mine = per_token * uncached + per_held * matched
+            out.append(base + lane + per_running * c.load + self.stall * mine * c.decode_batch
+                       + self.crowd * per_running * c.load * c.decode_batch)
         return out
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate], mean_load: float | None = None

@@ -14,6 +14,7 @@ class RoundRobin:
     name: str = "roundrobin"
     formula: ClassVar[str] = "next endpoint in lexical order; score 1 for it, 0 for the others"
     uses_prefix: bool = False
+    uses_signals: bool = False
     _next: int = field(default=0, repr=False)
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate],

@@ -31,11 +31,6 @@ log = logging.getLogger(__name__)
 faults = RateLimitedLog(log)  # one line per failing helper per interval, not a traceback per request
 
 ALL_FAILING = "all_endpoints_failing"
-# Policies that read only each candidate's matched tokens and load: their candidates carry no token signals
-# (but in Explain). Any other policy gets them all.
-SIGNAL_BLIND = frozenset({"loadaware", "kvaware", "roundrobin", "leastload"})
-
-
 class Loads(Protocol):
     def loads(self, endpoints: tuple[str, ...]) -> list[float]: ...
 
@@ -297,7 +292,7 @@ class Decider:
         except Exception as exc:  # noqa: BLE001 - no load signal: the policy sees every engine idle
             _degraded(reasons, "loads_error", exc)
             loads = [0.0] * len(endpoints)
-        if self.signals is not None and (self.policy.name not in SIGNAL_BLIND or previewing()):
+        if self.signals is not None and (self.policy.uses_signals or previewing()):
             # The token signals, for a policy that reads them (never pruned) and for Explain; the seed's
             # policies read only matches and loads, and filling the rest would cost every decision.
             return tuple(self.signalled(ep, min(matches.get(ep, 0), n_tokens), load)
@@ -326,7 +321,9 @@ class Decider:
         return Candidate(ep, matched, load, float(sig.prefill_tokens), float(sig.uncached_tokens), decoding, waiting,
                          kv, ttft_base_s=m.base_s if learned else None,
                          ttft_per_token_s=m.per_token_s if learned else None,
-                         ttft_per_running_s=m.per_running_s if learned else None)
+                         ttft_per_running_s=m.per_running_s if learned else None,
+                         ttft_per_matched_token_s=m.per_matched_token_s if learned else None,
+                         prefill_matched_tokens=float(sig.prefill_matched_tokens))
 
     def _empty(self, request_id: str, subset: frozenset[str] | None, n_tokens: int, stages: dict[str, float],
                started: float, count: bool, model: str | None = None) -> Decision:

@@ -94,6 +94,7 @@ class RecordingPolicy:
         self.policy = policy
         self.loads = loads
         self.uses_prefix = policy.uses_prefix
+        self.uses_signals = policy.uses_signals
         self.seen: list[SeenDecision] = []
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:

@@ -133,6 +133,7 @@ class RaisingSource(FixedSource):
 class RaisingPolicy:
     name = "broken"
     uses_prefix = True
+    uses_signals = False
     formula = "raises"
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate], mean_load: float | None = None

@@ -14,6 +14,7 @@ from loadaware.lifecycle import RequestLifecycle
 from loadaware.load.signals import SignalTracker
 from loadaware.load.tracker import EngineStats, LoadTracker
 from loadaware.policies import make_policy
+from loadaware.policies.kvaware import KvAware
 from loadaware.routing.pipeline import Decider
 from loadaware.routing.request import InferenceRequest
 
@@ -72,6 +73,30 @@ def test_uncached_tokens_are_counted_at_the_decision_and_retired_at_first_chunk_
     assert (s.prefill_tokens, s.uncached_tokens, s.decoding) == (0, 0, 0)
 
 
+def test_prefix_held_tokens_are_counted_beside_the_uncached_and_feed_the_ttft_model() -> None:
+    decider, signals, lifecycle, clock, _ = rig({FLEET[0]: 600})
+    decider.policy = KvAware(uses_signals=True)  # kvaware's choices, with candidates that show
+    # the signals (kvaware itself reads none)
+    first = asyncio.run(decider.decide(prompt(1000), "r1"))
+    second = asyncio.run(decider.decide(prompt(1000), "r2"))
+    assert first.endpoint == second.endpoint == FLEET[0]
+    s = signals.get(FLEET[0])
+    assert s is not None and (s.prefill_tokens, s.prefill_matched_tokens) == (800, 1200)
+    third = asyncio.run(decider.decide(prompt(1000), "r3"))
+    held = {c.endpoint: c for c in third.candidates}[FLEET[0]]
+    assert held.prefill_matched_tokens == 1200 and held.ttft_per_matched_token_s is None  # nothing observed yet
+    for d in (first, second):
+        clock.t += 0.2
+        lifecycle.first_chunk(d)
+    assert (s.prefill_tokens, s.prefill_matched_tokens) == (400, 600)  # the third is still ahead
+    assert s.model.observations == 2
+    lifecycle.ended(third)
+    assert (s.prefill_tokens, s.prefill_matched_tokens) == (0, 0)
+    fourth = asyncio.run(decider.decide(prompt(1000), "r4"))
+    held = {c.endpoint: c for c in fourth.candidates}[FLEET[0]]
+    assert held.ttft_per_matched_token_s is not None  # learned from the two first chunks
+
+
 def test_a_request_that_ends_without_a_first_chunk_retires_its_prefill() -> None:
     decider, signals, lifecycle, _, _ = rig({})
     d = asyncio.run(decider.decide(prompt(300), "r1"))
@@ -88,8 +113,8 @@ def test_a_retry_moves_the_counts_to_the_engine_that_served() -> None:
     lifecycle.served(d, FLEET[1])
     a, b = signals.get(FLEET[0]), signals.get(FLEET[1])
     assert a is not None and b is not None
-    assert (a.prefill_tokens, a.uncached_tokens) == (0, 0)
-    assert (b.prefill_tokens, b.uncached_tokens) == (400, 400)
+    assert (a.prefill_tokens, a.uncached_tokens, a.prefill_matched_tokens) == (0, 0, 0)
+    assert (b.prefill_tokens, b.uncached_tokens, b.prefill_matched_tokens) == (400, 400, 600)
     lifecycle.first_chunk(d)
     lifecycle.ended(d)
     assert (b.prefill_tokens, b.uncached_tokens, b.decoding) == (0, 0, 0)

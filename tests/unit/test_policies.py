@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from loadaware.policies import Candidate, KvAware, LeastLoad, LoadAware, RoundRobin, make_policy
+from loadaware.policies import Candidate, KvAware, LeastLoad, LoadAware, Predictive, RoundRobin, make_policy
 from loadaware.policies.loadaware import benefit, loadaware_scores, relative_loads
 
 
@@ -163,6 +163,65 @@ def test_predictive_prices_tokens_at_each_engines_learned_speed() -> None:
     assert choice is not None and choice.index == 1
     costs = [-s for s in choice.scores]
     assert costs[0] > 3 * costs[1] * 0.9  # the per-token terms dominate and scale with the learned speed
+
+
+def test_predictive_keeps_a_long_prefix_on_a_busy_holder() -> None:
+    # A 3,000-token prefix: its holder has a bigger batch and a little queued work, the idle peer would have to
+    # prefill it all (~0.75 s at the prior's rate) and stall its own batch meanwhile: the request stays.
+    p = make_policy("predictive")
+    cands = (Candidate("a", 3000, 30.0, prefill_tokens=600, decode_batch=28.0),
+             Candidate("b", 0, 8.0, decode_batch=8.0))
+    choice = p.choose(3040, cands)
+    assert choice is not None and choice.index == 0
+
+
+def test_predictive_spreads_a_miss_to_the_smaller_batch() -> None:
+    # Nobody holds the prompt and no lane is backed up: the batch that one more sequence slows least wins.
+    p = make_policy("predictive")
+    cands = (Candidate("a", 0, 40.0, decode_batch=40.0), Candidate("b", 0, 10.0, decode_batch=10.0))
+    choice = p.choose(1578, cands)
+    assert choice is not None and choice.index == 1
+
+
+def test_predictive_prices_held_tokens_that_must_be_loaded() -> None:
+    # Both engines "hold" the prefix, but a learned price says a's held tokens are loaded, not free: the work
+    # queued on a (many held prompts waiting for their first token) makes b, with none, the cheaper holder.
+    p = make_policy("predictive")
+    learned = {"ttft_base_s": 0.05, "ttft_per_token_s": 2.5e-4, "ttft_per_running_s": 0.0025}
+    loaded = Candidate("a", 1536, 10.0, decode_batch=8.0, prefill_matched_tokens=12_000,
+                       ttft_per_matched_token_s=1e-4, **learned)
+    free = Candidate("b", 1536, 10.0, decode_batch=8.0, prefill_matched_tokens=0, ttft_per_matched_token_s=1e-4,
+                     **learned)
+    choice = p.choose(1578, (loaded, free))
+    assert choice is not None and choice.index == 1
+    # With held tokens priced at zero the two are the same engine, and the tie-break keeps the first.
+    zero = [Candidate(c.endpoint, c.matched_tokens, c.load, decode_batch=c.decode_batch,
+                      prefill_matched_tokens=c.prefill_matched_tokens, ttft_per_matched_token_s=0.0, **learned)
+            for c in (loaded, free)]
+    again = p.choose(1578, zero)
+    assert again is not None and again.scores[0] == pytest.approx(again.scores[1])
+
+
+def test_predictive_caps_the_learned_held_price() -> None:
+    # A held token never costs more than h x a computed one, whatever the fit says (under load the admission
+    # wait correlates with held tokens queued): a learned price ten times a computed token's is cut to h.
+    p = Predictive()
+    learned = {"ttft_base_s": 0.0, "ttft_per_token_s": 1e-4, "ttft_per_running_s": 0.0}
+    c = Candidate("a", 1000, 0.0, ttft_per_matched_token_s=1e-3, **learned)
+    (cost,) = p.costs(1000, (c,))
+    assert cost == pytest.approx(p.held_cap * 1e-4 * 1000)
+
+
+def test_predictive_saturated_fleet_minimises_prefill_work() -> None:
+    # Every engine has an admission queue: a miss cannot dodge the slot wait, so the holder keeps the request
+    # even with the larger load (outside saturation its load would count).
+    p = make_policy("predictive")
+    holder = Candidate("a", 1536, 120.0, prefill_tokens=400, decode_batch=64.0, waiting=56.0)
+    other = Candidate("b", 0, 70.0, prefill_tokens=400, decode_batch=60.0, waiting=6.0)
+    choice = p.choose(1578, (holder, other))
+    assert choice is not None and choice.index == 0
+    costs = [-s for s in choice.scores]
+    assert costs[1] / costs[0] == pytest.approx((400 + 1578) * 61 / ((400 + 42) * 65))
 
 
 def test_predictive_empty_fleet() -> None:

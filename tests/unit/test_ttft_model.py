@@ -45,3 +45,19 @@ def test_ignores_nonsense() -> None:
     m.observe(float("nan"), 1, 0.1)
     m.observe(100, 1, -1.0)
     assert m.observations == 0
+
+
+def test_learns_what_a_held_token_costs() -> None:
+    # Held tokens that must be loaded from a slower tier cost a third of a computed one: the fit prices them so,
+    # and an engine whose held tokens are free keeps that price at zero.
+    rng = random.Random(3)
+    loaded, free = TtftModel(), TtftModel()
+    for _ in range(400):
+        tokens, matched, running = rng.uniform(0, 3000), rng.uniform(0, 6000), rng.uniform(0, 30)
+        base = 0.02 + tokens / 4000 + 0.002 * running
+        loaded.observe(tokens, running, base + matched / 12000, matched)
+        free.observe(tokens, running, base, matched)
+    assert loaded.per_matched_token_s == pytest.approx(1 / 12000, rel=0.05)
+    assert loaded.per_token_s == pytest.approx(1 / 4000, rel=0.05)
+    assert free.per_matched_token_s == pytest.approx(0.0, abs=1e-6)
+    assert loaded.predict(1000, 10, 3000) == pytest.approx(0.02 + 0.25 + 0.02 + 0.25, rel=0.05)
