@@ -23,6 +23,7 @@ from loadaware.extproc.buffered import BufferedConversation
 from loadaware.extproc.conversation import StreamOptions, StreamState
 from loadaware.extproc.duplex import DuplexConversation
 from loadaware.extproc.replies import Replies
+from loadaware.extproc.stream_end import end_at_eof
 from loadaware.lifecycle import RequestLifecycle
 from loadaware.routing.pipeline import Decider
 from loadaware.telemetry.faults import RateLimitedLog, describe
@@ -64,6 +65,7 @@ class ExtProcServicer:
         end = "eof"
         try:
             await self._converse(context, stream)
+            await end_at_eof(context)  # a reset stream ends cancelled, sending no status (stream_end.py)
         except asyncio.CancelledError:
             # client abort, Envoy reset, or shutdown past its grace; after a complete response, Envoy's way
             # of ending a full-duplex stream
