@@ -6,7 +6,8 @@ A grpc.aio server in a process of its own (so only the server's heap is measured
 stream-stream handler: read one message, write one reply, read until EOF. A client process opens streams
 and ends each one either by half-closing (EOF, as Envoy closes a stream) or by cancelling it while the handler
 waits in its read (as Envoy resets one). The handler, at the EOF its read returns, either returns (grpc.aio
-then sends a status) or goes through `end_at_eof` first (loadaware/extproc/stream_end.py). Printed per stream:
+then sends a status) or goes through `end_at_eof` first (loadaware/extproc/stream_end.py), with plain or
+shielded reads and writes (loadaware/extproc/shielded.py). Printed per stream:
 the growth of glibc's malloc bytes in use (mallinfo2: native allocations, and Python objects above 512 B) and
 of Python's allocated blocks (sys.getallocatedblocks: every live Python object), after a warm-up and a full
 collection on each side.
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import gc
 import subprocess
 import sys
@@ -26,32 +26,34 @@ from typing import Any
 
 import grpc
 
+from loadaware.collector import malloc_counts
+from loadaware.extproc.shielded import shielded
 from loadaware.extproc.stream_end import end_at_eof
 
 SERVICE, STREAM, STATS = "bench.Leak", "Stream", "Stats"
 WARMUP = 2000
 
 
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-
 def malloc_in_use() -> int:
-    """Bytes glibc's malloc has handed out and not had back (all arenas, mmapped chunks included)."""
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = MallInfo2
-    info = libc.mallinfo2()
-    return int(info.uordblks + info.hblkhd)
+    counts = malloc_counts()
+    if counts is None:
+        raise SystemExit("needs glibc's mallinfo2")
+    return counts()[0]
 
 
-def serve(handler_end: str, port_file: Path) -> None:
+HANDLERS = ("return", "end_at_eof", "shielded+end_at_eof")  # the last is the sidecar's (extproc/stream.py)
+
+
+def serve(handler_end: str, port_file: Path, use_uvloop: bool) -> None:
     async def stream(_requests: Any, context: grpc.aio.ServicerContext) -> None:
-        await context.read()
-        await context.write(b"x" * 50)
-        while await context.read() is not grpc.aio.EOF:
+        read, write = context.read, context.write
+        if handler_end.startswith("shielded"):
+            read, write = shielded(read), shielded(write)
+        await read()
+        await write(b"x" * 50)
+        while await read() is not grpc.aio.EOF:
             pass
-        if handler_end == "end_at_eof":
+        if handler_end.endswith("end_at_eof"):
             await end_at_eof(context)
 
     async def stats(_request: bytes, _context: grpc.aio.ServicerContext) -> bytes:
@@ -68,6 +70,10 @@ def serve(handler_end: str, port_file: Path) -> None:
         port_file.write_text(str(port))
         await server.wait_for_termination()
 
+    if use_uvloop:
+        import uvloop
+
+        uvloop.install()
     asyncio.run(main())
 
 
@@ -106,10 +112,11 @@ async def drive(port: int, stream_end: str, streams: int) -> tuple[float, float]
     return (heap1 - heap0) / streams, (blocks1 - blocks0) / streams
 
 
-def measure_case(handler_end: str, stream_end: str, streams: int, work: Path) -> tuple[float, float]:
+def measure_case(handler_end: str, stream_end: str, streams: int, work: Path, loop: str) -> tuple[float, float]:
     port_file = work / f"port-{handler_end}-{stream_end}"
     port_file.unlink(missing_ok=True)
-    server = subprocess.Popen([sys.executable, "-m", "bench.stream_leak", "--serve", handler_end, str(port_file)])
+    server = subprocess.Popen([sys.executable, "-m", "bench.stream_leak", "--loop", loop,
+                               "--serve", handler_end, str(port_file)])
     try:
         deadline = time.monotonic() + 30
         while not (port_file.exists() and port_file.read_text()):
@@ -125,19 +132,22 @@ def measure_case(handler_end: str, stream_end: str, streams: int, work: Path) ->
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--streams", type=int, default=6000)
+    p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
+                   help="the server's event loop (the sidecar runs on uvloop when it is installed)")
     p.add_argument("--serve", nargs=2, metavar=("HANDLER_END", "PORT_FILE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve:
-        serve(args.serve[0], Path(args.serve[1]))
+        serve(args.serve[0], Path(args.serve[1]), args.loop == "uvloop")
         return
     work = Path("/tmp") / f"stream-leak-{time.time_ns()}"
     work.mkdir(parents=True)
-    print(f"grpcio {grpc.__version__}, {args.streams} streams per case after {WARMUP} of warm-up\n")
+    print(f"grpcio {grpc.__version__}, server on {args.loop}, {args.streams} streams per case after {WARMUP} of "
+          "warm-up\n")
     print("| the client | the handler at EOF | malloc heap kept (B/stream) | Python blocks kept (per stream) |")
     print("|---|---|---:|---:|")
     for stream_end in ("eof", "cancel"):
-        for handler_end in ("return", "end_at_eof"):
-            heap, blocks = measure_case(handler_end, stream_end, args.streams, work)
+        for handler_end in HANDLERS:
+            heap, blocks = measure_case(handler_end, stream_end, args.streams, work, args.loop)
             print(f"| {stream_end} | {handler_end} | {heap:.1f} | {blocks:.2f} |", flush=True)
 
 
