@@ -8,8 +8,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.soak import (UNIQUE_MARKER, Sample, growth, malloc_in_use_mb, mapping_mb, private_envoy_config, rss_mb,
-                        soak_bodies)
+from bench.soak import (
+    UNIQUE_MARKER,
+    Sample,
+    growth,
+    malloc_in_use_mb,
+    mapping_mb,
+    private_envoy_config,
+    rss_mb,
+    soak_bodies,
+)
 
 
 def test_private_config_keeps_the_shipped_one_but_its_ports_and_engines(tmp_path: Path) -> None:
