@@ -24,7 +24,7 @@ from loadaware.extproc.conversation import StreamOptions, StreamState
 from loadaware.extproc.duplex import DuplexConversation
 from loadaware.extproc.replies import Replies
 from loadaware.extproc.shielded import shielded
-from loadaware.extproc.stream_end import end_at_eof
+from loadaware.extproc.stream_end import end_at_eof, reset_by_client
 from loadaware.lifecycle import RequestLifecycle
 from loadaware.routing.pipeline import Decider
 from loadaware.telemetry.faults import RateLimitedLog, describe
@@ -76,8 +76,11 @@ class ExtProcServicer:
             end = "malformed"
             quiet.log(logging.WARNING, "malformed", "ext_proc stream sent a malformed message: %s", describe(exc))
         except Exception as exc:  # noqa: BLE001 - a bug: the stream ends, the request is released, we say so
-            end = "error"
-            quiet.log(logging.ERROR, type(exc).__name__, "ext_proc stream failed: %s", describe(exc), exc_info=exc)
+            end = "cancelled"  # unless the client is still there (and if the check is cancelled, it was gone)
+            if not await reset_by_client(context):
+                end = "error"
+                quiet.log(logging.ERROR, type(exc).__name__, "ext_proc stream failed: %s", describe(exc),
+                          exc_info=exc)
         finally:
             # The decision lives on the stream, not in a local of _converse: a cancellation landing in any
             # await after the decision (a write, the wait for the end) must still end the request.

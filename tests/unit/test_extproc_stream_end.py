@@ -80,3 +80,32 @@ async def test_streams_their_clients_cancel_end_cancelled_through_real_grpc() ->
         await server.stop(0)
     assert len(ends) == streams
     assert ends.count("cancelled") >= 0.75 * streams, ends
+
+
+class WriteFails(Feed):
+    """The reply's write fails, as grpc.aio's does (ExecuteBatchError) on a call whose client just reset it."""
+
+    gone = True
+
+    async def write(self, reply: bytes) -> None:
+        raise RuntimeError('Failed "execute_batch"')
+
+    def cancelled(self) -> bool:
+        return self.gone
+
+
+class WriteFailsClientThere(WriteFails):
+    gone = False
+
+
+@pytest.mark.parametrize(("feed", "end"), [(WriteFails, "cancelled"), (WriteFailsClientThere, "error")])
+async def test_a_failed_write_is_a_hang_up_when_the_client_reset_the_call_and_a_failure_otherwise(
+        feed: type[WriteFails], end: str, caplog: pytest.LogCaptureFixture) -> None:
+    app = Sidecar(from_args(["--endpoints", "127.0.0.2:8000,127.0.0.3:8000", "--metrics-listen", "off",
+                             "--policy", "leastload"], environ={}))
+    messages = buffered_messages(b'{"model": "m", "prompt": "hello"}')
+    await app.extproc.process(None, feed(messages))
+    assert stream_ends(app) == {end: 1.0}
+    assert app.loads.total() == 0
+    if end == "cancelled":  # a hang-up is no ERROR line (a failure's line is rate-limited: not checked here)
+        assert not any("ext_proc stream failed" in r.getMessage() for r in caplog.records)
