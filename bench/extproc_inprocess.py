@@ -73,6 +73,9 @@ class Feed:
     async def write(self, reply: bytes) -> None:
         self.replies += 1
 
+    def cancelled(self) -> bool:  # the stream ended by EOF: nobody cancelled it
+        return False
+
 
 async def _cpu_us(app: Sidecar, messages: list[Any], n: int) -> float:
     for _ in range(min(200, n)):

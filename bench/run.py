@@ -65,6 +65,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--soak-rate", type=float, default=None, help="soak case: offered req/s (default 120)")
     p.add_argument("--soak-hangups", type=float, default=None,
                    help="soak case: share of clients that hang up mid-request (default 0.05)")
+    p.add_argument("--soak-prefix-sources", default=None,
+                   help="soak case: the sidecar's --prefix-source (default kv-events,approx)")
     p.add_argument("--soak-tracemalloc-s", type=float, default=None,
                    help="soak case: the sidecar writes a tracemalloc snapshot this often (default off)")
     p.add_argument("--out", default=str(REPO / "out" / "bench"), help="output folder (default out/bench)")
@@ -117,6 +119,8 @@ def soak_config(args: argparse.Namespace, cfg: BenchConfig) -> SoakConfig:
         soak.hangup_fraction = args.soak_hangups
     if args.soak_tracemalloc_s is not None:
         soak.tracemalloc_interval_s = args.soak_tracemalloc_s
+    if args.soak_prefix_sources is not None:
+        soak.prefix_sources = args.soak_prefix_sources
     return soak
 
 

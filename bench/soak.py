@@ -79,6 +79,7 @@ class Sample:
     cpu_s: float
     heap_mb: float = 0.0  # resident in the malloc heap ([heap]: native code, objects above 512 B)
     anon_mb: float = 0.0  # resident in anonymous mappings (Python's small-object arenas, thread stacks)
+    malloc_in_use_mb: float = 0.0  # live in malloc, after the sidecar's last trim (loadaware_malloc_in_use_bytes)
 
 
 def mapping_mb(pid: int) -> tuple[float, float]:
@@ -114,6 +115,14 @@ class SoakResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def malloc_in_use_mb(metrics_text: str) -> float:
+    """The sidecar's loadaware_malloc_in_use_bytes in MiB; 0 before its first periodic collection."""
+    for line in metrics_text.splitlines():
+        if line.startswith("loadaware_malloc_in_use_bytes "):
+            return float(line.rsplit(" ", 1)[1]) / 2**20
+    return 0.0
 
 
 def rss_mb(pid: int) -> float:
@@ -206,9 +215,12 @@ def run_soak(cfg: SoakConfig) -> SoakResult:
                 if now >= next_at:
                     sample = Sample(round(now, 1), rss_mb(sidecar.pid), cpu_seconds(sidecar.pid),
                                     *mapping_mb(sidecar.pid))
+                    with contextlib.suppress(Exception):
+                        sample.malloc_in_use_mb = malloc_in_use_mb(sidecar.metrics_text())
                     result.samples.append(sample)
-                    log.info("soak t=%6.0fs sidecar RSS %.1f MiB (heap %.1f, anon %.1f) cpu %.0f s", sample.t_s,
-                             sample.rss_mb, sample.heap_mb, sample.anon_mb, sample.cpu_s)
+                    log.info("soak t=%6.0fs sidecar RSS %.1f MiB (heap %.1f, anon %.1f, malloc in use %.1f) "
+                             "cpu %.0f s", sample.t_s, sample.rss_mb, sample.heap_mb, sample.anon_mb,
+                             sample.malloc_in_use_mb, sample.cpu_s)
                     next_at += cfg.sample_s
                 time.sleep(min(1.0, max(0.05, next_at - now)))
             stderr = loader.stderr.read() if loader.stderr else ""
@@ -258,9 +270,10 @@ def soak_table(cfg: SoakConfig, r: SoakResult) -> str:
              f"- prefix indexes at the end: {json.dumps(r.indexes, sort_keys=True)}",
              f"- **RSS growth {r.growth_pct:+.1f}%** from t={r.window_s[0]:.0f} s ({r.rss_start_mb:.1f} MiB) to "
              f"t={r.window_s[1]:.0f} s ({r.rss_end_mb:.1f} MiB); target at most +5%", "",
-             "| t (s) | RSS (MiB) | of it [heap] | of it anonymous | sidecar CPU (s) |", "|---:|---:|---:|---:|---:|"]
-    lines += [f"| {s.t_s:.0f} | {s.rss_mb:.1f} | {s.heap_mb:.1f} | {s.anon_mb:.1f} | {s.cpu_s:.0f} |"
-              for s in r.samples]
+             "| t (s) | RSS (MiB) | of it [heap] | of it anonymous | live in malloc (MiB) | sidecar CPU (s) |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {s.t_s:.0f} | {s.rss_mb:.1f} | {s.heap_mb:.1f} | {s.anon_mb:.1f} | {s.malloc_in_use_mb:.1f} "
+              f"| {s.cpu_s:.0f} |" for s in r.samples]
     if r.tracemalloc_dir:
         lines.append(f"\ntracemalloc snapshots: {r.tracemalloc_dir} (python -m bench.soak_diff {r.tracemalloc_dir})")
     return "\n".join(lines) + "\n"

@@ -6,8 +6,10 @@ when a young collection runs survives it, is promoted, and its cycles become old
 collects the oldest generation only after 20 middle-generation collections (and only if it grew by a quarter),
 which under that threshold took longer than the soak (`make bench BENCH_ARGS="--cases soak"`): no full
 collection ran on its own in 200 s at 40 req/s, while the cycles kept piling up. Start-up's objects are frozen
-(gc.freeze), so a full collection walks only what the traffic left: 15 ms of CPU on average at 60 req/s,
-28 ms with a backlog of open streams (docs/memory.md). The heap trim after it hands freed malloc pages back.
+(gc.freeze), so a full collection walks only what the traffic left (docs/memory.md has the pauses measured).
+The heap trim after it hands freed malloc pages back; it runs in a worker thread, off the event loop.
+Freezing again after each collection would make the next one cheaper still, but it would also freeze the
+cycles of the streams open at that moment, which no collection could free afterwards.
 """
 
 from __future__ import annotations
@@ -54,6 +56,30 @@ def heap_trimmer() -> Callable[[], object] | None:
     return lambda: trim(0)
 
 
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def malloc_counts() -> Callable[[], tuple[int, int]] | None:
+    """glibc's mallinfo2 (2.33+) over all arenas: (bytes handed out and not freed, mmapped chunks included;
+    bytes free inside the heap). Live native memory apart from what fragmentation keeps resident."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        info = ctypes.CDLL(name).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    info.argtypes, info.restype = [], MallInfo2
+
+    def counts() -> tuple[int, int]:
+        m = info()
+        return int(m.uordblks + m.hblkhd), int(m.fordblks)
+
+    return counts
+
+
 class FullCollections:
     def __init__(self, interval_s: float, registry: CollectorRegistry, trim_heap: bool = True) -> None:
         self.interval_s = interval_s
@@ -72,15 +98,36 @@ class FullCollections:
         self.trimmed = Counter("loadaware_gc_heap_trimmed_bytes",
                                "Resident bytes handed back to the system by trimming the malloc heap after a "
                                "periodic full collection", registry=registry)
+        self.trim_s = Gauge("loadaware_gc_heap_trim_seconds",
+                            "How long the last malloc-heap trim took, in a worker thread (the event loop runs "
+                            "meanwhile)", registry=registry)
+        self.malloc = malloc_counts()
+        self.malloc_in_use = Gauge("loadaware_malloc_in_use_bytes",
+                                   "Bytes the malloc heap has handed out and not had back (native allocations "
+                                   "and Python objects above 512 B), after the last trim", registry=registry)
+        self.malloc_free = Gauge("loadaware_malloc_free_bytes",
+                                 "Bytes free inside the malloc heap after the last trim (fragmentation)",
+                                 registry=registry)
         self.max_pause_s = 0.0
 
-    def collect(self) -> int:
-        started, cpu = time.perf_counter(), time.thread_time()
-        found = gc.collect()
+    def trim_heap(self) -> None:
+        """malloc_trim(0), meant for a worker thread: ctypes releases the GIL for the call, so the event loop
+        runs meanwhile (it waits only for an allocation from the arena being trimmed at that moment)."""
         if self.trim is not None:
-            before = resident_bytes()
+            started, before = time.perf_counter(), resident_bytes()
             self.trim()
             self.trimmed.inc(max(0, before - resident_bytes()))
+            self.trim_s.set(time.perf_counter() - started)
+        if self.malloc is not None:
+            in_use, free = self.malloc()
+            self.malloc_in_use.set(in_use)
+            self.malloc_free.set(free)
+
+    def collect(self) -> int:
+        """The full collection, on the caller's thread (the event loop's: a collection holds the GIL wherever
+        it runs); its pause is what the gauges report."""
+        started, cpu = time.perf_counter(), time.thread_time()
+        found = gc.collect()
         took = time.perf_counter() - started
         self.cpu_s.inc(time.thread_time() - cpu)
         self.runs.inc()
@@ -95,4 +142,5 @@ class FullCollections:
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self.interval_s)
-            self.collect()  # on the loop's thread: a collection holds the GIL wherever it runs
+            self.collect()
+            await asyncio.to_thread(self.trim_heap)

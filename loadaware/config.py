@@ -333,8 +333,9 @@ class Settings:
             "debug logs every decision")
     # Memory under steady load (collector.py): grpc.aio's per-RPC cycles reach the old generation; free them.
     gc_full_interval_s: float = setting(30.0, parse_non_negative,
-            "period of a full garbage collection and malloc-heap trim, on the event loop (15-28 ms of CPU measured; "
-            "0 = leave it to CPython's own schedule, under which grpc's per-RPC cycles pile up)")
+            "period of a full garbage collection on the event loop (~13 ms of CPU measured) and a malloc-heap trim in "
+            "a worker thread (~1 ms); 0 = leave it to CPython's own schedule, under which grpc's per-RPC cycles "
+            "pile up")
     # Diagnostics for memory growth (telemetry/memory_snapshots.py); off by default: tracing slows the sidecar.
     tracemalloc_dir: str = setting("", parse_path,
             "trace allocations and write a tracemalloc snapshot and live-object counts into this folder")

@@ -408,6 +408,9 @@ class InProcessContext:
     async def write(self, reply: bytes) -> None:
         self._replies.append(reply)
 
+    def cancelled(self) -> bool:  # the stream ended by EOF: nobody cancelled it
+        return False
+
 
 class FuzzRig:
     """One sidecar under fuzz: runs cases on it and checks the invariants after each."""

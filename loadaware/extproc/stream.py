@@ -23,6 +23,8 @@ from loadaware.extproc.buffered import BufferedConversation
 from loadaware.extproc.conversation import StreamOptions, StreamState
 from loadaware.extproc.duplex import DuplexConversation
 from loadaware.extproc.replies import Replies
+from loadaware.extproc.shielded import shielded
+from loadaware.extproc.stream_end import end_at_eof, reset_by_client
 from loadaware.lifecycle import RequestLifecycle
 from loadaware.routing.pipeline import Decider
 from loadaware.telemetry.faults import RateLimitedLog, describe
@@ -64,6 +66,7 @@ class ExtProcServicer:
         end = "eof"
         try:
             await self._converse(context, stream)
+            await end_at_eof(context)  # a reset stream ends cancelled, sending no status (stream_end.py)
         except asyncio.CancelledError:
             # client abort, Envoy reset, or shutdown past its grace; after a complete response, Envoy's way
             # of ending a full-duplex stream
@@ -73,8 +76,11 @@ class ExtProcServicer:
             end = "malformed"
             quiet.log(logging.WARNING, "malformed", "ext_proc stream sent a malformed message: %s", describe(exc))
         except Exception as exc:  # noqa: BLE001 - a bug: the stream ends, the request is released, we say so
-            end = "error"
-            quiet.log(logging.ERROR, type(exc).__name__, "ext_proc stream failed: %s", describe(exc), exc_info=exc)
+            end = "cancelled"  # unless the client is still there (and if the check is cancelled, it was gone)
+            if not await reset_by_client(context):
+                end = "error"
+                quiet.log(logging.ERROR, type(exc).__name__, "ext_proc stream failed: %s", describe(exc),
+                          exc_info=exc)
         finally:
             # The decision lives on the stream, not in a local of _converse: a cancellation landing in any
             # await after the decision (a write, the wait for the end) must still end the request.
@@ -83,12 +89,15 @@ class ExtProcServicer:
             self.metrics.streams.labels(end).inc()
 
     async def _converse(self, context: grpc.aio.ServicerContext, stream: StreamState) -> None:
-        first = await context.read()
+        # Shielded: a read or write that the stream's cancellation interrupted would leak its gRPC batch
+        # (shielded.py).
+        read, write = shielded(context.read), shielded(context.write)
+        first = await read()
         if first is grpc.aio.EOF:
             return
         if is_full_duplex(first):
             self.modes["full_duplex"] += 1
-            await self.duplex.run(first, context.read, context.write, stream)
+            await self.duplex.run(first, read, write, stream)
         else:
             self.modes["buffered"] += 1
-            await self.buffered.run(first, context.read, context.write, stream)
+            await self.buffered.run(first, read, write, stream)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import gc
 import inspect
 import json
@@ -14,7 +16,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from loadaware.collector import FullCollections
+from loadaware.collector import FullCollections, malloc_counts
 from loadaware.telemetry import memory_snapshots
 from loadaware.telemetry.memory_snapshots import MemorySnapshots, traced_origins
 
@@ -55,8 +57,12 @@ def test_the_collection_trims_the_malloc_heap() -> None:
     calls: list[int] = []
     collections.trim = lambda: calls.append(1)
     collections.collect()
-    collections.collect()
+    assert calls == []  # the collection alone holds the event loop; the trim runs apart (in a worker thread)
+    collections.trim_heap()
+    collections.trim_heap()
     assert calls == [1, 1]
+    assert collections.trim_s._value.get() > 0
+    assert collections.malloc_in_use._value.get() > 0  # mallinfo2 read after the trim
 
 
 def test_resident_bytes_is_this_process() -> None:
@@ -74,6 +80,7 @@ async def test_the_task_collects_every_interval() -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+    assert collections.trim_s._value.get() > 0  # the task trimmed the heap after its collections
 
 
 def test_snapshots_are_written_with_their_counts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -109,3 +116,19 @@ def test_origins_name_what_holds_the_memory() -> None:
     # The values, one untracked container deep (a dict of str keys does not list its keys as referents).
     assert sum(int(str(g["count"])) for g in strings) >= len(held)
     assert all(g["held_by"] == "dict" for g in strings) and all(g["samples"] for g in strings)
+
+
+def test_malloc_counts_see_native_allocations_come_and_go() -> None:
+    counts = malloc_counts()
+    assert counts is not None  # glibc here
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    before, _ = counts()
+    blocks = [libc.malloc(1000) for _ in range(2000)]  # 2 MB in small chunks: in the heap, not mmapped
+    during, _ = counts()
+    for b in blocks:
+        libc.free(b)
+    after, free_after = counts()
+    assert during - before >= 2000 * 1000
+    assert after < during - 1_900_000 and free_after > 0

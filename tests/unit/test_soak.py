@@ -8,7 +8,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.soak import UNIQUE_MARKER, Sample, growth, mapping_mb, private_envoy_config, rss_mb, soak_bodies
+from bench.soak import (
+    UNIQUE_MARKER,
+    Sample,
+    growth,
+    malloc_in_use_mb,
+    mapping_mb,
+    private_envoy_config,
+    rss_mb,
+    soak_bodies,
+)
 
 
 def test_private_config_keeps_the_shipped_one_but_its_ports_and_engines(tmp_path: Path) -> None:
@@ -47,3 +56,20 @@ def test_bodies_share_prefixes_and_carry_the_marker() -> None:
     assert len(bodies) == 4 and all(UNIQUE_MARKER in b["prompt"] and b["max_tokens"] == 3 for b in bodies)
     heads = [b["prompt"].split(UNIQUE_MARKER)[0] for b in bodies]
     assert heads[0] == heads[2] and heads[1] == heads[3] and heads[0] != heads[1]
+
+
+def test_the_live_malloc_figure_is_read_from_the_sidecars_metrics() -> None:
+    text = ("# TYPE loadaware_malloc_in_use_bytes gauge\nloadaware_malloc_in_use_bytes 3.145728e+07\n"
+            "loadaware_malloc_free_bytes 1048576.0\n")
+    assert malloc_in_use_mb(text) == 30.0
+    assert malloc_in_use_mb("loadaware_malloc_free_bytes 1.0\n") == 0.0  # before the first collection
+
+
+def test_soak_flags_reach_its_config() -> None:
+    from bench.run import build_config, parse_args, soak_config
+
+    args = parse_args(["--cases", "soak", "--soak-rate", "60", "--soak-prefix-sources", "approx"])
+    soak = soak_config(args, build_config(args))
+    assert (soak.rate, soak.prefix_sources) == (60.0, "approx")
+    default = parse_args(["--cases", "soak"])
+    assert soak_config(default, build_config(default)).prefix_sources == "kv-events,approx"

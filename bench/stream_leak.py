@@ -1,0 +1,155 @@
+"""Native heap left behind per grpc.aio stream, by how the stream ends and how its handler ends it.
+
+    python -m bench.stream_leak [--streams 6000]
+
+A grpc.aio server in a process of its own (so only the server's heap is measured) with an ext_proc-shaped
+stream-stream handler: read one message, write one reply, read until EOF. A client process opens streams
+and ends each one either by half-closing (EOF, as Envoy closes a stream) or by cancelling it while the handler
+waits in its read (as Envoy resets one). The handler, at the EOF its read returns, either returns (grpc.aio
+then sends a status) or goes through `end_at_eof` first (loadaware/extproc/stream_end.py), with plain or
+shielded reads and writes (loadaware/extproc/shielded.py). Printed per stream:
+the growth of glibc's malloc bytes in use (mallinfo2: native allocations, and Python objects above 512 B) and
+of Python's allocated blocks (sys.getallocatedblocks: every live Python object), after a warm-up and a full
+collection on each side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from loadaware.collector import malloc_counts
+from loadaware.extproc.shielded import shielded
+from loadaware.extproc.stream_end import end_at_eof
+
+SERVICE, STREAM, STATS = "bench.Leak", "Stream", "Stats"
+WARMUP = 2000
+
+
+def malloc_in_use() -> int:
+    counts = malloc_counts()
+    if counts is None:
+        raise SystemExit("needs glibc's mallinfo2")
+    return counts()[0]
+
+
+HANDLERS = ("return", "end_at_eof", "shielded+end_at_eof")  # the last is the sidecar's (extproc/stream.py)
+
+
+def serve(handler_end: str, port_file: Path, use_uvloop: bool) -> None:
+    async def stream(_requests: Any, context: grpc.aio.ServicerContext) -> None:
+        read, write = context.read, context.write
+        if handler_end.startswith("shielded"):
+            read, write = shielded(read), shielded(write)
+        await read()
+        await write(b"x" * 50)
+        while await read() is not grpc.aio.EOF:
+            pass
+        if handler_end.endswith("end_at_eof"):
+            await end_at_eof(context)
+
+    async def stats(_request: bytes, _context: grpc.aio.ServicerContext) -> bytes:
+        gc.collect()
+        return f"{malloc_in_use()} {sys.getallocatedblocks()}".encode()
+
+    async def main() -> None:
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
+            STREAM: grpc.stream_stream_rpc_method_handler(stream),
+            STATS: grpc.unary_unary_rpc_method_handler(stats)}),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        port_file.write_text(str(port))
+        await server.wait_for_termination()
+
+    if use_uvloop:
+        import uvloop
+
+        uvloop.install()
+    asyncio.run(main())
+
+
+async def drive(port: int, stream_end: str, streams: int) -> tuple[float, float]:
+    """(malloc bytes, Python blocks) the server kept per stream."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        open_stream, stats = channel.stream_stream(f"/{SERVICE}/{STREAM}"), channel.unary_unary(f"/{SERVICE}/{STATS}")
+
+        async def one() -> None:
+            call = open_stream()
+            await call.write(b"request" * 20)
+            await call.read()
+            if stream_end == "eof":
+                await call.done_writing()
+            else:
+                await asyncio.sleep(0.002)  # the handler is waiting in its read
+                call.cancel()
+            try:
+                await call.code()
+            except asyncio.CancelledError:
+                pass
+
+        async def run(n: int) -> None:
+            for _ in range(0, n, 50):
+                await asyncio.gather(*(one() for _ in range(50)))
+            await asyncio.sleep(0.5)
+
+        async def measure() -> tuple[int, int]:
+            heap, blocks = (await stats(b"")).split()
+            return int(heap), int(blocks)
+
+        await run(WARMUP)
+        heap0, blocks0 = await measure()
+        await run(streams)
+        heap1, blocks1 = await measure()
+    return (heap1 - heap0) / streams, (blocks1 - blocks0) / streams
+
+
+def measure_case(handler_end: str, stream_end: str, streams: int, work: Path, loop: str) -> tuple[float, float]:
+    port_file = work / f"port-{handler_end}-{stream_end}"
+    port_file.unlink(missing_ok=True)
+    server = subprocess.Popen([sys.executable, "-m", "bench.stream_leak", "--loop", loop,
+                               "--serve", handler_end, str(port_file)])
+    try:
+        deadline = time.monotonic() + 30
+        while not (port_file.exists() and port_file.read_text()):
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise RuntimeError("the leak server did not start")
+            time.sleep(0.05)
+        return asyncio.run(drive(int(port_file.read_text()), stream_end, streams))
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--streams", type=int, default=6000)
+    p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
+                   help="the server's event loop (the sidecar runs on uvloop when it is installed)")
+    p.add_argument("--serve", nargs=2, metavar=("HANDLER_END", "PORT_FILE"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.serve:
+        serve(args.serve[0], Path(args.serve[1]), args.loop == "uvloop")
+        return
+    work = Path("/tmp") / f"stream-leak-{time.time_ns()}"
+    work.mkdir(parents=True)
+    print(f"grpcio {grpc.__version__}, server on {args.loop}, {args.streams} streams per case after {WARMUP} of "
+          "warm-up\n")
+    print("| the client | the handler at EOF | malloc heap kept (B/stream) | Python blocks kept (per stream) |")
+    print("|---|---|---:|---:|")
+    for stream_end in ("eof", "cancel"):
+        for handler_end in HANDLERS:
+            heap, blocks = measure_case(handler_end, stream_end, args.streams, work, args.loop)
+            print(f"| {stream_end} | {handler_end} | {heap:.1f} | {blocks:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
