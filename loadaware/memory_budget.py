@@ -30,6 +30,9 @@ PIECE_CACHE_BYTES_PER_TOKEN = 50
 # RING_CANDIDATES; a Candidate with its optional token-signal fields), measured 641 B and 221 B with tracemalloc.
 RECENT_DECISION_BYTES = 720
 RECENT_CANDIDATE_BYTES = 240
+# Token signals (load/signals.py): one endpoint's entry (its counts, learned TTFT model and histogram
+# counters), measured 989 B with tracemalloc over 10,000 scraped endpoints.
+TOKEN_SIGNALS_BYTES_PER_ENDPOINT = 1000
 # A request in flight holds its prompt's token ids (a list of ints) until its stream ends: per token.
 INFLIGHT_BYTES_PER_TOKEN = 48
 
@@ -76,6 +79,7 @@ def worst_case(bounds: Bounds) -> dict[str, int]:
         "piece_cache": bounds.piece_cache_tokens * PIECE_CACHE_BYTES_PER_TOKEN,
         "recent_decisions": bounds.recent_decisions * (
             RECENT_DECISION_BYTES + min(bounds.endpoints, RING_CANDIDATES) * RECENT_CANDIDATE_BYTES),
+        "token_signals": bounds.endpoints * TOKEN_SIGNALS_BYTES_PER_ENDPOINT,
     }
 
 
