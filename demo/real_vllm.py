@@ -85,12 +85,11 @@ class RealVllmStep:
         stop = threading.Event()
 
         def busy(seed: int) -> None:
-            # Sent again as soon as one ends, until the decision below is made: on a slow machine the scrape
-            # that shows them may come late, and one request alone may be over by then. The client's time-out
-            # ends the last one (vLLM aborts a request whose client went away), so the step never waits long.
+            # Long enough to outlast the decision below; the client's time-out ends it (vLLM aborts a request
+            # whose client went away), so the step does not wait for all of it.
             body = {"model": vllm.SERVED_MODEL, "max_tokens": 1500, "ignore_eos": True,
                     "prompt": [random.Random(seed).randrange(3, 2048) for _ in range(40)]}
-            while not stop.is_set():
+            if not stop.is_set():
                 with contextlib.suppress(OSError, ProcError):
                     engine.post("/v1/completions", body, timeout=BUSY_S)
 

@@ -52,6 +52,9 @@ def envoy_config(base: Path, out: Path, engines: Sequence[str], sidecar_port: in
     return out
 
 
+SCRAPE_TIMEOUT_MS = 3000
+SCRAPE_STALE_S = 15
+
 class VllmGateway:
     """The sidecar (KV events from every engine, bind pattern; the engines' own tokenizer) and Envoy."""
 
@@ -67,7 +70,10 @@ class VllmGateway:
             ["--listen", f"127.0.0.1:{sidecar_port}", "--endpoints", ",".join(self.engines),
              "--tokenizer", str(model_dir), "--prefix-source", "kv-events", "--kv-events-port", "0",
              "--kv-events-endpoints", feeds, "--metrics-listen", f"127.0.0.1:{metrics_port}",
-             "--policy", policy, "--loadaware-beta", str(beta), "--scrape-interval-s", "0.25", *sidecar_args],
+             "--policy", policy, "--loadaware-beta", str(beta), "--scrape-interval-s", "0.25",
+             # CPU engines sharing two cores answer /metrics in seconds when busy: the default 500 ms time-out
+             # made both engines "unreachable" and their scraped load stale in a loaded CI run.
+             "--scrape-timeout-ms", str(SCRAPE_TIMEOUT_MS), "--scrape-stale-s", str(SCRAPE_STALE_S), *sidecar_args],
             log_dir=log_dir)
         config = envoy_config(ENVOY_CONFIGS[mode], log_dir / f"envoy-{mode}.yaml", list(self.engines), sidecar_port)
         self.envoy = EnvoyProc(config, log_dir)
