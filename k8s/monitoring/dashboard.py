@@ -141,8 +141,9 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                  "batches/s {{path}}"))),
     )),
     ("ext_proc and Envoy", (
-        Panel("ext_proc streams by how they ended", "Are streams failing in the sidecar (error) or cut off "
-              "(cancelled)? eof is a normal end.", "reqps",
+        Panel("ext_proc streams by how they ended", "Are streams failing in the sidecar (error)? eof is a normal "
+              "end; so is most of cancelled: Envoy ends most streams of completed requests with a reset (and a "
+              "client abort ends one cancelled too).", "reqps",
               (q(f"sum by (end) (rate(loadaware_extproc_streams_total{{{SIDECAR}}}[{RATE}]))", "{{end}}"),
                q(f"sum(loadaware_extproc_open_streams{{{SIDECAR}}})", "open now"))),
         Panel("Envoy: ext_proc failures and fail-open", "Is Envoy routing around the sidecar? Fail-open requests "
