@@ -24,6 +24,7 @@ from testkit.procs import ProcError
 from testkit.vllm import VllmEngine
 from testkit.vllm_gateway import VllmGateway
 
+PROMPT_TOKENS_SUM = "vllm:request_prompt_tokens_sum"  # prompt tokens of finished requests (a histogram's sum)
 BUSY_S = 30.0  # how long the traffic from elsewhere keeps the holder busy at most
 WORDS = ("engine cache prefix token model latency load balance router gateway envoy cluster query answer "  # noqa: SIM905
          "document context summary question policy score matched prompt decode prefill batch").split()
@@ -53,11 +54,15 @@ class RealVllmStep:
         return "none" if endpoint is None else self.names.get(endpoint, endpoint)
 
     def send(self, body: dict[str, object], what: str) -> tuple[str, dict[str, Any]]:
-        done = {ep: counter(e, "vllm:request_success_total") for ep, e in self.g.engines.items()}
+        # Who served it, by vLLM's own counters: the engine whose finished requests' prompt tokens grew by at
+        # least this request's. A finished-request count would also move on the busy holder when one of the
+        # traffic from elsewhere (short prompts) ends meanwhile.
+        before = {ep: counter(e, PROMPT_TOKENS_SUM) for ep, e in self.g.engines.items()}
         print(f"\n   {what}", flush=True)
         status, _ = self.g.post("/v1/completions", body)
-        served = [ep for ep, e in self.g.engines.items() if counter(e, "vllm:request_success_total") > done[ep]]
         decision = self.g.last_decision()
+        own = int(decision.get("prompt_tokens") or 1)
+        served = [ep for ep, e in self.g.engines.items() if counter(e, PROMPT_TOKENS_SUM) - before[ep] >= own]
         explain(decision, self.name(served[0] if served else None), status, self.name, self.beta)
         self.check(status == 200 and served == [decision["endpoint"]],
                    f"HTTP {status}; vLLM's own counters say {self.name(served[0]) if served else 'nobody'} served "

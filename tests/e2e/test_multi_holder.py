@@ -91,6 +91,10 @@ class Rig:
     def debug(self, path: str) -> Any:
         return json.loads(http("GET", f"http://{self.debug_addr}{path}")[2])
 
+    def routing_state(self, name: str) -> str:
+        rows = {ep["endpoint"]: ep for ep in self.debug("/debug/state")["endpoints"]}
+        return str(rows[self.engines[name]]["routing_health"]["state"])
+
     def kv_engine(self, name: str) -> dict[str, Any]:
         return self.debug("/debug/state")["prefix"]["kv_events"]["engines"][self.engines[name]]
 
@@ -223,6 +227,10 @@ def test_killed_and_restarted_engine_loses_its_credit(rig: Rig) -> None:
     assert rig.stack.lmcache is not None
     rig.engine2 = start_engine2(rig.log_dir, rig.stack.lmcache)  # same address, empty cache, numbering from 0
     wait_until(lambda: rig.kv_engine("engine-2")["connected"], message="the restarted engine's feed reconnected")
+    # Its failed scrapes while it was down ejected it: a decision skips it until a scrape says it is back
+    # (then it is probing, a candidate again).
+    wait_until(lambda: rig.routing_state("engine-2") != "ejected", timeout=60,
+               message="the restarted engine back in rotation")
     _, decision = rig.route(prefix + " after the restart?")
     assert rig.matched(decision)["engine-2"] == 0, decision
     # and the fresh engine earns credit again from its own new events
