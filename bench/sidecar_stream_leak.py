@@ -25,6 +25,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from bench.extproc_inprocess import buffered_messages
 from bench.soak import UNIQUE_MARKER, mapping_mb, rss_mb, soak_bodies
+from bench.stream_leak import end_stream
 from testkit.paths import TINY_TOKENIZER
 from testkit.ports import free_port
 from testkit.sidecar import SidecarProc
@@ -55,14 +56,7 @@ async def drive(sidecar: SidecarProc, port: int, end: str, streams: int) -> None
                 await call.write(message)
                 await call.read()
             await asyncio.sleep(0.01)  # the sidecar waits in its read, as for the end of an HTTP request
-            if end == "eof":
-                await call.done_writing()
-            else:
-                call.cancel()
-            try:
-                await call.code()
-            except asyncio.CancelledError:
-                pass
+            await end_stream(call, end, 0.0)
 
         async def run(n: int) -> None:
             slots = asyncio.Semaphore(CONCURRENCY)

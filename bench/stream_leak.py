@@ -77,6 +77,21 @@ def serve(handler_end: str, port_file: Path, use_uvloop: bool) -> None:
     asyncio.run(main())
 
 
+async def end_stream(call: grpc.aio.StreamStreamCall, how: str, handler_waits_s: float) -> None:
+    """End a client's stream the way `how` says: "eof" (done writing) or a cancel once the handler has had
+    `handler_waits_s` to be waiting in its read; then wait for the call's status."""
+    if how == "eof":
+        await call.done_writing()
+    else:
+        if handler_waits_s:
+            await asyncio.sleep(handler_waits_s)
+        call.cancel()
+    try:
+        await call.code()
+    except asyncio.CancelledError:
+        pass
+
+
 async def drive(port: int, stream_end: str, streams: int) -> tuple[float, float]:
     """(malloc bytes, Python blocks) the server kept per stream."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -86,15 +101,7 @@ async def drive(port: int, stream_end: str, streams: int) -> tuple[float, float]
             call = open_stream()
             await call.write(b"request" * 20)
             await call.read()
-            if stream_end == "eof":
-                await call.done_writing()
-            else:
-                await asyncio.sleep(0.002)  # the handler is waiting in its read
-                call.cancel()
-            try:
-                await call.code()
-            except asyncio.CancelledError:
-                pass
+            await end_stream(call, stream_end, 0.002)
 
         async def run(n: int) -> None:
             for _ in range(0, n, 50):
