@@ -25,7 +25,9 @@ from testkit.vllm import VllmEngine
 from testkit.vllm_gateway import VllmGateway
 
 PROMPT_TOKENS_SUM = "vllm:request_prompt_tokens_sum"  # prompt tokens of finished requests (a histogram's sum)
-BUSY_S = 30.0  # how long the traffic from elsewhere keeps the holder busy at most
+BUSY_S = 10.0  # a request from elsewhere is ended by its client after this long, then sent again
+BUSY_PROMPT_TOKENS = 8
+BUSY_MAX_TOKENS = 2000  # within the tiny model's 2,048-token context with the short prompt
 WORDS = ("engine cache prefix token model latency load balance router gateway envoy cluster query answer "  # noqa: SIM905
          "document context summary question policy score matched prompt decode prefill batch").split()
 
@@ -90,11 +92,15 @@ class RealVllmStep:
         stop = threading.Event()
 
         def busy(seed: int) -> None:
-            # Long enough to outlast the decision below; the client's time-out ends it (vLLM aborts a request
-            # whose client went away), so the step does not wait for all of it.
-            body = {"model": vllm.SERVED_MODEL, "max_tokens": 1500, "ignore_eos": True,
-                    "prompt": [random.Random(seed).randrange(3, 2048) for _ in range(40)]}
-            if not stop.is_set():
+            # Sent again as soon as one ends, until the decision below is made: on a loaded machine the scrape
+            # that shows them can come late, and a single request could be over by the time the decision is
+            # made (the holder then looks idle). Their prompts are short (BUSY_PROMPT_TOKENS) so that the few
+            # that end during the measured request cannot move the holder's prompt-token count by the measured
+            # prompt's 300 tokens, which is how `send` tells who served. The client's time-out ends the last
+            # one (vLLM aborts a request whose client went away), so the step never waits long.
+            body = {"model": vllm.SERVED_MODEL, "max_tokens": BUSY_MAX_TOKENS, "ignore_eos": True,
+                    "prompt": [random.Random(seed).randrange(3, 2048) for _ in range(BUSY_PROMPT_TOKENS)]}
+            while not stop.is_set():
                 with contextlib.suppress(OSError, ProcError):
                     engine.post("/v1/completions", body, timeout=BUSY_S)
 
