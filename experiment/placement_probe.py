@@ -1,0 +1,160 @@
+"""Why a placement arm's TTFT tail is what it is (issue 17): per-seed admission queues and predictive's costs.
+
+    python -m experiment.placement_probe seeds --point queueing --seeds 201-230 --arms predictive,lmetric
+    python -m experiment.placement_probe costs --point queueing --seed 210 --from 2.9 --to 3.1
+
+`seeds`: per seed, each arm's TTFT p95, the fleet's mean admission queue (scraped waiting, mean over engines
+and samples), the highest running count any engine reached and the first time (s into the measured window)
+an engine queued. `costs`: predictive's decisions in a time window, each candidate's cost split into its
+terms (own = base + lane + per_running x load, stall, crowd), to see why a holder was kept or left.
+
+Seeds 1-10 are the grid's design seeds and 101-120 its held-out seeds; use others (e.g. 201-230) to diagnose.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from experiment.des import Arm, SimRequest, Simulation, _Engine, arm_by_name
+from experiment.grid import POINTS_BY_NAME, prepared
+from experiment.metrics import DEFAULT_SLO_S, seed_metrics
+from loadaware.policies.base import Candidate
+from loadaware.policies.predictive import Predictive
+
+
+class ProbeSimulation(Simulation):
+    """The simulator, recording every measured decision: (t, prefix, prompt, candidates, chosen index) and
+    per engine (running, waiting) at that moment."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.decisions: list[tuple[float, int, int, tuple[Candidate, ...], int, list[tuple[int, int]]]] = []
+
+    def _decide(self, s: SimRequest) -> tuple[_Engine, int]:
+        engine, matched = super()._decide(s)
+        if self._measuring:
+            matches = self._matches(s) if self.policy.uses_prefix else {}
+            loads = self.loads.loads(self.endpoints)
+            cands = tuple(self._candidate(e, min(matches.get(e.name, 0), s.n_tokens), load)
+                          for e, load in zip(self.engines, loads))
+            self.decisions.append((self.now, s.prefix, s.n_tokens, cands, engine.index,
+                                   [(e.running, len(e.waiting)) for e in self.engines]))
+        return engine, matched
+
+
+def predictive_terms(policy: Predictive, prompt_tokens: int, c: Candidate) -> dict[str, float]:
+    """predictive's cost of one candidate, term by term (the unsaturated formula)."""
+    p = policy.prior
+    per_token = p.per_token_s if c.ttft_per_token_s is None else c.ttft_per_token_s
+    base = p.base_s if c.ttft_base_s is None else c.ttft_base_s
+    per_running = p.per_running_s if c.ttft_per_running_s is None else c.ttft_per_running_s
+    learned_held = p.per_matched_token_s if c.ttft_per_matched_token_s is None else c.ttft_per_matched_token_s
+    per_held = min(learned_held, policy.held_cap * per_token)
+    matched = max(0, min(prompt_tokens, c.matched_tokens))
+    uncached = prompt_tokens - matched
+    lane = per_token * (c.prefill_tokens + uncached) + per_held * (c.prefill_matched_tokens + matched)
+    mine = per_token * uncached + per_held * matched
+    own = base + lane + per_running * c.load
+    stall = policy.stall * mine * c.decode_batch
+    crowd = policy.crowd * per_running * c.load * c.decode_batch
+    return {"own": own, "stall": stall, "crowd": crowd, "total": own + stall + crowd}
+
+
+class PredictiveClampedCrowd(Predictive):
+    """Issue 17's candidate (not adopted): the crowd term's per-sequence price is the engine's learned
+    per_running clamped to [0.5, 2] x the prior's (the learned slope is poorly identified: at the reference
+    point identical engines' learned per_running moves between 0 and 14-27 ms in one run), and c = 0.15, not 0.1."""
+
+    def __init__(self) -> None:
+        super().__init__(crowd=0.15)
+
+    def costs(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> list[float]:
+        prior = self.prior.per_running_s
+        out = super().costs(prompt_tokens, candidates)
+        if any(c.waiting > 0 for c in candidates):
+            return out  # the saturated formula has no crowd term
+        fixed = []
+        for x, c in zip(out, candidates):
+            learned = prior if c.ttft_per_running_s is None else c.ttft_per_running_s
+            clamped = min(max(learned, prior / 2), 2 * prior)
+            fixed.append(x + self.crowd * (clamped - learned) * c.load * c.decode_batch)
+        return fixed
+
+
+VARIANTS = {"predictive-crowd-clamped": PredictiveClampedCrowd}
+
+
+def arm(name: str) -> Arm:
+    return Arm(name, name, factory=VARIANTS[name]) if name in VARIANTS else arm_by_name(name)
+
+
+def _seeds(text: str) -> list[int]:
+    lo, _, hi = text.partition("-")
+    return list(range(int(lo), int(hi or lo) + 1))
+
+
+def probe_seeds(point: str, arms: Sequence[str], seeds: Sequence[int], cache: Path) -> None:
+    gp = POINTS_BY_NAME[point]
+    print("seed " + " ".join(f"{a[:14]:>30}" for a in arms))
+    print("     " + " ".join(f"{'p95 / waiting / max run / 1st queue':>30}" for _ in arms))
+    for seed in seeds:
+        work = prepared(gp.point, seed, cache)
+        cells = []
+        for name in arms:
+            sim = ProbeSimulation(work, arm(name), gp.point.fleet, seed)
+            run = sim.run()
+            m = seed_metrics(run, DEFAULT_SLO_S)
+            t0 = run.requests[0].send_t
+            queued = [t - t0 for t, *_, st in sim.decisions if any(w > 0 for _, w in st)]
+            top = max((r for *_, st in sim.decisions for r, _ in st), default=0)
+            first = f"{queued[0]:.1f}s" if queued else "-"
+            cells.append(f"{m.ttft_p95:7.3f} / {m.waiting_mean:5.2f} / {top:3d} / {first:>5}")
+        print(f"{seed:4d} " + " ".join(f"{c:>30}" for c in cells))
+
+
+def probe_costs(point: str, seed: int, lo: float, hi: float, cache: Path) -> None:
+    gp = POINTS_BY_NAME[point]
+    sim = ProbeSimulation(prepared(gp.point, seed, cache), arm_by_name("predictive"), gp.point.fleet, seed)
+    run = sim.run()
+    assert isinstance(sim.policy, Predictive)
+    t0 = run.requests[0].send_t
+    for t, prefix, n, cands, chosen, _ in sim.decisions:
+        if lo <= t - t0 <= hi:
+            queueing = any(c.waiting > 0 for c in cands)
+            print(f"t={t - t0:.2f}s prefix {prefix} -> {cands[chosen].endpoint}"
+                  + ("  (an engine is queueing: LMetric's product decides)" if queueing else ""))
+            for c in cands:
+                terms = predictive_terms(sim.policy, n, c)
+                print(f"    {c.endpoint} matched {min(n, c.matched_tokens):5d} load {c.load:3.0f} decode "
+                      f"{c.decode_batch:3.0f} waiting {c.waiting:2.0f}  "
+                      + "  ".join(f"{k} {v:.3f}" for k, v in terms.items()))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiment.placement_probe", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("seeds")
+    s.add_argument("--point", default="queueing")
+    s.add_argument("--seeds", default="201-230")
+    s.add_argument("--arms", default="predictive,lmetric", help="grid arms, or " + ", ".join(VARIANTS))
+    c = sub.add_parser("costs")
+    c.add_argument("--point", default="queueing")
+    c.add_argument("--seed", type=int, default=210)
+    c.add_argument("--from", dest="lo", type=float, default=0.0)
+    c.add_argument("--to", dest="hi", type=float, default=1.0)
+    for p in (s, c):
+        p.add_argument("--cache", type=Path, default=Path("out/experiment/grid-workloads"))
+    args = ap.parse_args(argv)
+    if args.cmd == "seeds":
+        probe_seeds(args.point, [a.strip() for a in args.arms.split(",")], _seeds(args.seeds), args.cache)
+    else:
+        probe_costs(args.point, args.seed, args.lo, args.hi, args.cache)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
