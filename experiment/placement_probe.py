@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from experiment.des import Arm, SimRequest, Simulation, _Engine, arm_by_name
-from experiment.grid import POINTS_BY_NAME, prepared
+from experiment.grid import POINTS_BY_NAME, GridPoint, prepared
 from experiment.metrics import DEFAULT_SLO_S, seed_metrics
 from loadaware.policies.base import Candidate
 from loadaware.policies.predictive import Predictive
@@ -43,24 +43,6 @@ class ProbeSimulation(Simulation):
             self.decisions.append((self.now, s.prefix, s.n_tokens, cands, engine.index,
                                    [(e.running, len(e.waiting)) for e in self.engines]))
         return engine, matched
-
-
-def predictive_terms(policy: Predictive, prompt_tokens: int, c: Candidate) -> dict[str, float]:
-    """predictive's cost of one candidate, term by term (the unsaturated formula)."""
-    p = policy.prior
-    per_token = p.per_token_s if c.ttft_per_token_s is None else c.ttft_per_token_s
-    base = p.base_s if c.ttft_base_s is None else c.ttft_base_s
-    per_running = p.per_running_s if c.ttft_per_running_s is None else c.ttft_per_running_s
-    learned_held = p.per_matched_token_s if c.ttft_per_matched_token_s is None else c.ttft_per_matched_token_s
-    per_held = min(learned_held, policy.held_cap * per_token)
-    matched = max(0, min(prompt_tokens, c.matched_tokens))
-    uncached = prompt_tokens - matched
-    lane = per_token * (c.prefill_tokens + uncached) + per_held * (c.prefill_matched_tokens + matched)
-    mine = per_token * uncached + per_held * matched
-    own = base + lane + per_running * c.load
-    stall = policy.stall * mine * c.decode_batch
-    crowd = policy.crowd * per_running * c.load * c.decode_batch
-    return {"own": own, "stall": stall, "crowd": crowd, "total": own + stall + crowd}
 
 
 class PredictiveClampedCrowd(Predictive):
@@ -96,8 +78,7 @@ def _seeds(text: str) -> list[int]:
     return list(range(int(lo), int(hi or lo) + 1))
 
 
-def probe_seeds(point: str, arms: Sequence[str], seeds: Sequence[int], cache: Path) -> None:
-    gp = POINTS_BY_NAME[point]
+def probe_seeds(gp: GridPoint, arms: Sequence[str], seeds: Sequence[int], cache: Path | None) -> None:
     print("seed " + " ".join(f"{a[:14]:>30}" for a in arms))
     print("     " + " ".join(f"{'p95 / waiting / max run / 1st queue':>30}" for _ in arms))
     for seed in seeds:
@@ -115,8 +96,7 @@ def probe_seeds(point: str, arms: Sequence[str], seeds: Sequence[int], cache: Pa
         print(f"{seed:4d} " + " ".join(f"{c:>30}" for c in cells))
 
 
-def probe_costs(point: str, seed: int, lo: float, hi: float, cache: Path) -> None:
-    gp = POINTS_BY_NAME[point]
+def probe_costs(gp: GridPoint, seed: int, lo: float, hi: float, cache: Path | None) -> None:
     sim = ProbeSimulation(prepared(gp.point, seed, cache), arm_by_name("predictive"), gp.point.fleet, seed)
     run = sim.run()
     assert isinstance(sim.policy, Predictive)
@@ -127,10 +107,10 @@ def probe_costs(point: str, seed: int, lo: float, hi: float, cache: Path) -> Non
             print(f"t={t - t0:.2f}s prefix {prefix} -> {cands[chosen].endpoint}"
                   + ("  (an engine is queueing: LMetric's product decides)" if queueing else ""))
             for c in cands:
-                terms = predictive_terms(sim.policy, n, c)
+                own, stall, crowd = sim.policy.terms(n, c)
                 print(f"    {c.endpoint} matched {min(n, c.matched_tokens):5d} load {c.load:3.0f} decode "
-                      f"{c.decode_batch:3.0f} waiting {c.waiting:2.0f}  "
-                      + "  ".join(f"{k} {v:.3f}" for k, v in terms.items()))
+                      f"{c.decode_batch:3.0f} waiting {c.waiting:2.0f}  own {own:.3f}  stall {stall:.3f}  "
+                      f"crowd {crowd:.3f}  total {own + stall + crowd:.3f}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -139,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("seeds")
     s.add_argument("--point", default="queueing")
-    s.add_argument("--seeds", default="201-230")
+    s.add_argument("--seeds", type=_seeds, default="201-230", help="FIRST-LAST or one seed")
     s.add_argument("--arms", default="predictive,lmetric", help="grid arms, or " + ", ".join(VARIANTS))
     c = sub.add_parser("costs")
     c.add_argument("--point", default="queueing")
@@ -150,9 +130,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--cache", type=Path, default=Path("out/experiment/grid-workloads"))
     args = ap.parse_args(argv)
     if args.cmd == "seeds":
-        probe_seeds(args.point, [a.strip() for a in args.arms.split(",")], _seeds(args.seeds), args.cache)
+        probe_seeds(POINTS_BY_NAME[args.point], [a.strip() for a in args.arms.split(",")], args.seeds,
+                    args.cache)
     else:
-        probe_costs(args.point, args.seed, args.lo, args.hi, args.cache)
+        probe_costs(POINTS_BY_NAME[args.point], args.seed, args.lo, args.hi, args.cache)
     return 0
 
 

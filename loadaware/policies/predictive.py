@@ -59,25 +59,30 @@ class Predictive:
     uses_signals: bool = True
 
     def costs(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> list[float]:
-        p = self.prior
-        saturated = any(c.waiting > 0 for c in candidates)
-        out = []
-        for c in candidates:
-            per_token = p.per_token_s if c.ttft_per_token_s is None else c.ttft_per_token_s
-            matched = max(0, min(prompt_tokens, c.matched_tokens))
-            uncached = prompt_tokens - matched
-            if saturated:
+        if any(c.waiting > 0 for c in candidates):
+            p = self.prior
+            out = []
+            for c in candidates:
+                per_token = p.per_token_s if c.ttft_per_token_s is None else c.ttft_per_token_s
+                uncached = prompt_tokens - max(0, min(prompt_tokens, c.matched_tokens))
                 out.append(per_token * (c.prefill_tokens + uncached) * (c.decode_batch + 1))
-                continue
-            base = p.base_s if c.ttft_base_s is None else c.ttft_base_s
-            per_running = p.per_running_s if c.ttft_per_running_s is None else c.ttft_per_running_s
-            learned_held = p.per_matched_token_s if c.ttft_per_matched_token_s is None else c.ttft_per_matched_token_s
-            per_held = min(learned_held, self.held_cap * per_token)
-            lane = per_token * (c.prefill_tokens + uncached) + per_held * (c.prefill_matched_tokens + matched)
-            mine = per_token * uncached + per_held * matched
-            out.append(base + lane + per_running * c.load + self.stall * mine * c.decode_batch
-                       + self.crowd * per_running * c.load * c.decode_batch)
-        return out
+            return out
+        return [own + stall + crowd for own, stall, crowd in (self.terms(prompt_tokens, c) for c in candidates)]
+
+    def terms(self, prompt_tokens: int, c: Candidate) -> tuple[float, float, float]:
+        """(own, stall, crowd) of one candidate: the formula while no engine has an admission queue."""
+        p = self.prior
+        per_token = p.per_token_s if c.ttft_per_token_s is None else c.ttft_per_token_s
+        matched = max(0, min(prompt_tokens, c.matched_tokens))
+        uncached = prompt_tokens - matched
+        base = p.base_s if c.ttft_base_s is None else c.ttft_base_s
+        per_running = p.per_running_s if c.ttft_per_running_s is None else c.ttft_per_running_s
+        learned_held = p.per_matched_token_s if c.ttft_per_matched_token_s is None else c.ttft_per_matched_token_s
+        per_held = min(learned_held, self.held_cap * per_token)
+        lane = per_token * (c.prefill_tokens + uncached) + per_held * (c.prefill_matched_tokens + matched)
+        mine = per_token * uncached + per_held * matched
+        return (base + lane + per_running * c.load, self.stall * mine * c.decode_batch,
+                self.crowd * per_running * c.load * c.decode_batch)
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate], mean_load: float | None = None
                ) -> Choice | None:
