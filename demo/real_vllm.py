@@ -55,14 +55,17 @@ class RealVllmStep:
     def name(self, endpoint: str | None) -> str:
         return "none" if endpoint is None else self.names.get(endpoint, endpoint)
 
-    def send(self, body: dict[str, object], what: str) -> tuple[str, dict[str, Any]]:
+    def send(self, body: dict[str, object], what: str) -> tuple[str | None, dict[str, Any]]:
         # Who served it, by vLLM's own counters: the engine whose finished requests' prompt tokens grew by at
         # least this request's. A finished-request count would also move on the busy holder when one of the
         # traffic from elsewhere (short prompts) ends meanwhile.
         before = {ep: counter(e, PROMPT_TOKENS_SUM) for ep, e in self.g.engines.items()}
+        previous = self.g.last_decision()
         print(f"\n   {what}", flush=True)
         status, _ = self.g.post("/v1/completions", body)
-        decision = self.g.last_decision()
+        decision = self.g.decision_after(previous)
+        if not self.check(bool(decision), "the sidecar decided it (Envoy did not route around it)"):
+            return None, {}
         own = int(decision.get("prompt_tokens") or 1)
         served = [ep for ep, e in self.g.engines.items() if counter(e, PROMPT_TOKENS_SUM) - before[ep] >= own]
         explain(decision, self.name(served[0] if served else None), status, self.name, self.beta)
@@ -76,12 +79,16 @@ class RealVllmStep:
         prompt = " ".join(rng.choice(WORDS) for _ in range(300))
         body: dict[str, object] = {"model": vllm.SERVED_MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0}
         holder, _ = self.send(body, "a cold prompt (no engine holds any of it):")
+        if holder is None:
+            return "failed"
         engine = self.g.engines[holder]
         blocks_before = self.g.blocks(holder)
         wait_for(lambda: self.g.blocks(holder) > blocks_before, 20)
         hits_before = counter(engine, "vllm:prefix_cache_hits_total")
         again, decision = self.send(body, f"the same prompt again ({self.name(holder)}'s KV events reported its "
                                           f"blocks):")
+        if again is None:
+            return "failed"
         matched = {c["endpoint"]: c["matched_tokens"] for c in decision["candidates"]}
         hits = counter(engine, "vllm:prefix_cache_hits_total") - hits_before
         self.check(again == holder and matched[holder] > 0 and hits == matched[holder],
@@ -112,8 +119,8 @@ class RealVllmStep:
                                                {"endpoint": holder}) >= 3, 90)
             self.check(seen, f"the sidecar's scrape of vllm:num_requests_running shows {self.name(holder)} busy")
             moved, _ = self.send(body, f"the same prompt while {self.name(holder)} runs 4 requests from elsewhere:")
-            self.check(moved != holder, f"the busy holder lost the repeat to its idle peer {self.name(moved)} at "
-                                        f"beta {self.beta:g}")
+            self.check(moved not in (None, holder),
+                       f"the busy holder lost the repeat to its idle peer {self.name(moved)} at beta {self.beta:g}")
         finally:
             stop.set()
             for w in workers:
