@@ -61,7 +61,7 @@ def envoy_config(base: Path, out: Path, engines: Sequence[str], sidecar_port: in
 
 
 # Tolerances of a shared 2-core test machine, not of a deployment. While one CPU engine decodes a batch the
-# whole machine can stall for seconds (vmstat: a run queue of up to 43 threads, up to 22% CPU steal): busy
+# whole machine can stall for seconds (vmstat: a run queue of up to 43 threads, both CPUs busy): busy
 # engines answer /metrics in seconds, an idle engine's scrapes can time out together with them (it would be
 # ejected as unreachable: this tier tests routing and credit, tests/e2e/test_failing_engines.py tests
 # ejection), and the shipped 1 s ext_proc message budget can lapse, so that Envoy routes around the sidecar.
