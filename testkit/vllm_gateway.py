@@ -90,7 +90,7 @@ class VllmGateway:
              "--tokenizer", str(model_dir), "--prefix-source", "kv-events", "--kv-events-port", "0",
              "--kv-events-endpoints", feeds, "--metrics-listen", f"127.0.0.1:{metrics_port}",
              "--policy", policy, "--loadaware-beta", str(beta), "--scrape-interval-s", "0.25",
-              # The machine's tolerances above (the default 500 ms scrape time-out made both engines
+             # The machine's tolerances above (the default 500 ms scrape time-out made both engines
              # "unreachable" and their scraped load stale in a loaded CI run).
              "--scrape-timeout-ms", str(SCRAPE_TIMEOUT_MS), "--scrape-stale-s", str(SCRAPE_STALE_S),
              "--unreachable-after-scrapes", "0", *sidecar_args],
