@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 from loadaware.policies.base import Candidate
@@ -86,10 +86,19 @@ class Decision:
             "served": self.served, "status": self.status,
             "outcome": self.outcome, "reasons": list(self.reasons), "prompt_tokens": self.prompt_tokens,
             "candidates": [{"endpoint": c.endpoint, "matched_tokens": c.matched_tokens, "load": c.load,
-                            "score": s} for c, s in zip(self.candidates, self.scores)],
+                            **_signals_shown(c), "score": s} for c, s in zip(self.candidates, self.scores)],
             "stages_ms": {k: round(v * 1e3, 3) for k, v in self.stages.items()},
             "total_ms": round(self.total_s * 1e3, 3), "at": self.at,
         }
+
+
+# The token signals and learned TTFT model a candidate carried (policies that read them get them filled):
+# what the decision saw beyond matched tokens and load. Unset ones (0 / None) are left out.
+_SIGNAL_FIELDS = tuple(f.name for f in fields(Candidate) if f.name not in ("endpoint", "matched_tokens", "load"))
+
+
+def _signals_shown(c: Candidate) -> dict[str, float]:
+    return {name: v for name in _SIGNAL_FIELDS if (v := getattr(c, name))}
 
 
 class LifecycleListener(Protocol):

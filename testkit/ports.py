@@ -13,6 +13,9 @@ from loadaware.fleet.addresses import format_hostport, parse_hostport
 ENVOY_LISTEN_PORT = 10000
 ENVOY_ADMIN_PORT = 9901
 SIDECAR_PORT = 9002
+# envoy/envoy-inference-pool.yaml's, beside envoy.yaml's.
+PICKER_LISTEN_PORT = 10001
+PICKER_ADMIN_PORT = 9911
 
 Address = tuple[str, int]
 

@@ -14,8 +14,9 @@ seed, for each arm (the order rotates with the seed so no arm always runs first 
 4. read the router's own counters (a sidecar arm must have decided every request it was sent), stop it,
    compute the seed's metrics (experiment.metrics) and append them to per_seed.csv.
 
-The whole run holds `loopback_lock()` (fixed ports: Envoy :10000/:9901, sidecar :9002, engines
-127.0.0.2-.N:8000, KV events :5557/:5558) and stops every process it started on any exit.
+The whole run holds `loopback_lock()` (fixed ports: Envoy :10000/:9901, or :10001/:9911 with `--gateway
+picker`, sidecar :9002, engines 127.0.0.2-.N:8000, KV events :5557/:5558) and stops every process it started
+on any exit.
 """
 
 from __future__ import annotations
@@ -50,9 +51,17 @@ from testkit.envoy import EnvoyProc
 from testkit.fleet import FleetProc
 from testkit.lmcache import LMCacheControllerProc
 from testkit.loopback_lock import loopback_lock
-from testkit.paths import REPO, TINY_TOKENIZER, python, repo_env
+from testkit.paths import ENVOY_CONFIG, REPO, TINY_TOKENIZER, python, repo_env
 from testkit.peers import PEER_VERSIONS, PeerProc
-from testkit.ports import ENVOY_ADMIN_PORT, ENVOY_LISTEN_PORT, SIDECAR_PORT, free_port, wait_addresses_free
+from testkit.ports import (
+    ENVOY_ADMIN_PORT,
+    ENVOY_LISTEN_PORT,
+    PICKER_ADMIN_PORT,
+    PICKER_LISTEN_PORT,
+    SIDECAR_PORT,
+    free_port,
+    wait_addresses_free,
+)
 from testkit.procs import ManagedProc, ProcError
 from testkit.sidecar import SidecarProc
 
@@ -65,6 +74,12 @@ QUICK: dict[str, Any] = {"seeds": "1-3", "arms": "quick", "n_requests": 240, "wa
 ENGINE_BASE_IP = "127.0.0.2"
 ENGINE_PORT = 8000
 KV_EVENTS_PORT, KV_EVENTS_REPLAY_PORT = 5557, 5558  # sim.fleet's defaults, on every engine's ip
+# The gateway in front of the sidecar arms. `buffered`: envoy/envoy.yaml (one ext_proc message per request
+# side: the sidecar never sees a response chunk, so first tokens are estimated from the engines' TTFT
+# counters). `picker`: envoy/envoy-inference-pool.yaml (the Endpoint Picker Protocol's FULL_DUPLEX_STREAMED:
+# the sidecar sees each request's first response chunk, which `predictive`'s TTFT model learns from, at the
+# price of one ext_proc message per response chunk).
+GATEWAYS = {"buffered": ENVOY_CONFIG, "picker": REPO / "envoy" / "envoy-inference-pool.yaml"}
 
 
 @dataclass
@@ -78,6 +93,7 @@ class DriverConfig:
     max_minutes: float | None = None  # stop starting new runs after this much wall time
     lock_timeout_s: float = 1800.0
     sidecar_extra: list[str] = field(default_factory=list)
+    gateway: str = "buffered"  # a key of GATEWAYS
 
     @property
     def needs_lmcache(self) -> bool:
@@ -128,7 +144,8 @@ class Fleet:
 
     def fixed_addresses(self) -> list[tuple[str, int]]:
         ips = engine_ips(ENGINE_BASE_IP, self.cfg.point.engines)
-        return ([("127.0.0.1", ENVOY_LISTEN_PORT), ("127.0.0.1", ENVOY_ADMIN_PORT), ("127.0.0.1", SIDECAR_PORT)]
+        return ([("127.0.0.1", ENVOY_LISTEN_PORT), ("127.0.0.1", ENVOY_ADMIN_PORT), ("127.0.0.1", SIDECAR_PORT),
+                 ("127.0.0.1", PICKER_LISTEN_PORT), ("127.0.0.1", PICKER_ADMIN_PORT)]
                 + [(ip, port) for ip in ips for port in (ENGINE_PORT, KV_EVENTS_PORT, KV_EVENTS_REPLAY_PORT)])
 
     def wait_addresses_free(self, timeout: float) -> None:
@@ -159,7 +176,7 @@ class Fleet:
             self.endpoints = self.fleet.endpoints
             if self.cfg.needs_envoy:
                 self.envoy = self.exit.enter_context(
-                    EnvoyProc(engines_config(self.endpoints, self.logs), self.logs))
+                    EnvoyProc(engines_config(self.endpoints, self.logs, GATEWAYS[self.cfg.gateway]), self.logs))
         except BaseException:
             self.exit.close()
             raise
@@ -199,7 +216,8 @@ def router_for(arm: RealArm, fleet: Fleet, log_dir: Path, extra: Sequence[str]) 
 
 
 def sidecar_counters(proc: ManagedProc) -> dict[str, Any]:
-    """Decisions by outcome and fallbacks by reason, from the sidecar's /metrics (empty for peers)."""
+    """Decisions by outcome, fallbacks by reason and each engine's observed TTFT (the EWMA of first response
+    chunks the sidecar saw: present with `--gateway picker` only), from the sidecar's /metrics (empty for peers)."""
     if not isinstance(proc, SidecarProc):
         return {}
     try:
@@ -207,7 +225,8 @@ def sidecar_counters(proc: ManagedProc) -> dict[str, Any]:
     except (ProcError, OSError):
         return {"error": "metrics unavailable"}
     return {"decisions": sum_by_label(text, "loadaware_decisions_total", "outcome"),
-            "fallbacks": sum_by_label(text, "loadaware_fallbacks_total", "reason")}
+            "fallbacks": sum_by_label(text, "loadaware_fallbacks_total", "reason"),
+            "observed_ttft_s": sum_by_label(text, "loadaware_endpoint_observed_ttft_seconds", "endpoint")}
 
 
 def run_one(cfg: DriverConfig, fleet: Fleet, arm: RealArm, seed: int) -> dict[str, Any]:
@@ -295,7 +314,8 @@ def run_experiment(cfg: DriverConfig) -> list[dict[str, Any]]:
     cfg.out.mkdir(parents=True, exist_ok=True)
     logs = cfg.out / "logs"
     config = {"mode": "realtime", "point": cfg.point.describe(), "arms": [a.__dict__ for a in cfg.arms],
-              "seeds": cfg.seeds, "scrape_interval_s": cfg.scrape_interval_s, "peers": PEER_VERSIONS,
+              "seeds": cfg.seeds, "scrape_interval_s": cfg.scrape_interval_s, "gateway": cfg.gateway,
+              "peers": PEER_VERSIONS,
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                           "python": platform.python_version()},
               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -367,6 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sm", action="append", default=[], metavar="FIELD=VALUE",
                    help="override one service-model field (repeatable), e.g. --sm decode_base_ms=20")
     p.add_argument("--scrape-interval-s", type=float, default=0.5)
+    p.add_argument("--gateway", choices=sorted(GATEWAYS), default="buffered",
+                   help="Envoy config of the sidecar arms: buffered (envoy.yaml) or picker (envoy-inference-pool.yaml)")
     p.add_argument("--resume", action="store_true", help="skip (arm, seed) pairs already in --out")
     p.add_argument("--max-minutes", type=float, default=None, help="start no new run after this long")
     return p
@@ -394,7 +416,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         point = replace(point, service=_service_overrides(point.service, args.sm),
                         source=point.source + " + --sm " + " ".join(args.sm))
     cfg = DriverConfig(point=point, arms=parse_arms(args.arms), seeds=parse_seeds(args.seeds), out=args.out,
-                       scrape_interval_s=args.scrape_interval_s, resume=args.resume, max_minutes=args.max_minutes)
+                       scrape_interval_s=args.scrape_interval_s, resume=args.resume, max_minutes=args.max_minutes,
+                       gateway=args.gateway)
     if not args.resume and (cfg.out / outputs.PER_SEED).exists():
         (cfg.out / outputs.PER_SEED).unlink()  # a fresh run does not mix with an older one's rows
     run_experiment(cfg)

@@ -72,3 +72,18 @@ def test_records_are_complete(run: Path) -> None:
     assert lo <= min(r.send_t for r in rec.requests) and hi >= max(r.end_t or 0 for r in rec.requests)
     config = outputs.load_config(run)
     assert config["point"]["engines"] == 2 and config["seeds"] == [1, 2]
+
+
+def test_picker_gateway_lets_the_sidecar_see_first_tokens(tmp_path: Path) -> None:
+    """`--gateway picker`: the sidecar arms go through envoy-inference-pool.yaml (full duplex), so the sidecar
+    sees each response's first chunk: `predictive` learns each engine's TTFT from them (BUFFERED cannot)."""
+    cfg = DriverConfig(point=point_by_name("tiny"), arms=parse_arms("predictive-kvev"), seeds=[1], out=tmp_path,
+                       gateway="picker")
+    (info,) = run_experiment(cfg)
+    assert info["metrics"]["errors"] == 0
+    counters = info["router_counters"]
+    assert counters["decisions"] == {"routed": float(info["warmup_sent"] + info["metrics"]["sent"])}, counters
+    floor_s = point_by_name("tiny").service.prefill_overhead_ms / 1000
+    assert set(counters["observed_ttft_s"]) == {"127.0.0.2:8000", "127.0.0.3:8000"}, counters
+    assert all(v >= floor_s for v in counters["observed_ttft_s"].values()), counters
+    assert outputs.load_config(tmp_path)["gateway"] == "picker"

@@ -12,7 +12,8 @@ import yaml
 from experiment.metrics import seed_metrics
 from experiment.realtime import outputs
 from experiment.realtime.arms import DEFAULT_ARMS, QUICK_ARMS, arm_by_name, parse_arms
-from experiment.realtime.driver import _service_overrides, parse_seeds, rotated
+from experiment.realtime.driver import GATEWAYS, _service_overrides, parse_seeds, rotated
+from experiment.realtime.driver import build_parser as driver_parser
 from experiment.realtime.envoycfg import engines_config
 from experiment.realtime.fleetctl import service_flags
 from experiment.realtime.scrape import parse_engine_metrics, sum_by_label, to_sample
@@ -92,6 +93,20 @@ def test_envoy_config_points_engines_at_the_fleet(tmp_path: Path) -> None:
     assert sidecar["endpoint"]["address"]["socket_address"]["port_value"] == 9002
     with pytest.raises(ValueError):
         engines_config([], tmp_path)
+
+
+def test_picker_gateway_is_the_inference_pool_config_pointed_at_the_fleet(tmp_path: Path) -> None:
+    assert driver_parser().parse_args([]).gateway == "buffered"
+    assert driver_parser().parse_args(["--gateway", "picker"]).gateway == "picker"
+    path = engines_config(["127.0.0.2:8000", "127.0.0.3:8000"], tmp_path, GATEWAYS["picker"])
+    config = yaml.safe_load(path.read_text())
+    clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
+    eps = clusters["engines"]["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    assert [e["endpoint"]["address"]["socket_address"]["address"] for e in eps] == ["127.0.0.2", "127.0.0.3"]
+    listener = config["static_resources"]["listeners"][0]
+    assert listener["address"]["socket_address"]["port_value"] == 10001  # testkit.ports.PICKER_LISTEN_PORT
+    # the Endpoint Picker Protocol's mode: the sidecar sees the response body, so its first chunk
+    assert '"response_body_mode": "FULL_DUPLEX_STREAMED"' in json.dumps(listener)
 
 
 def test_engine_scrape_parsing() -> None:

@@ -9,9 +9,10 @@ from collections.abc import Sequence
 import pytest
 
 from loadaware.fleet.registry import EndpointRegistry
-from loadaware.lifecycle import RequestLifecycle
+from loadaware.lifecycle import Decision, RequestLifecycle
 from loadaware.load.tracker import LoadTracker
 from loadaware.policies import make_policy
+from loadaware.policies.base import Candidate
 from loadaware.prefix.source import PrefixUnavailable
 from loadaware.routing.pipeline import Decider, ModelPools
 from loadaware.routing.request import InferenceRequest
@@ -164,6 +165,17 @@ async def test_lifecycle_counts_once_moves_with_the_server_and_ends_once() -> No
     lifecycle.served(decision, "127.0.0.2:8000")  # too late: the request is over
     assert d.loads.total() == 0 and decision.tokens is None
     assert "tokens" not in decision.as_dict()  # the debug ring never renders the prompt
+
+
+def test_debug_rendering_shows_the_signals_a_candidate_carried() -> None:
+    signalled = Candidate("a", 1536, 3.0, prefill_tokens=42.0, decode_batch=2.0, waiting=1.0, kv_usage=0.5,
+                          ttft_per_token_s=2.5e-4)
+    plain = Candidate("b", 0, 1.0)  # a seed policy's candidate: matched tokens and load only
+    rendered = Decision("r", "a", "routed", (), 1578, (signalled, plain), (-0.1, -0.4), {}, 0.0).as_dict()
+    assert rendered["candidates"] == [
+        {"endpoint": "a", "matched_tokens": 1536, "load": 3.0, "prefill_tokens": 42.0, "decode_batch": 2.0,
+         "waiting": 1.0, "kv_usage": 0.5, "ttft_per_token_s": 2.5e-4, "score": -0.1},
+        {"endpoint": "b", "matched_tokens": 0, "load": 1.0, "score": -0.4}]
 
 
 async def test_a_failing_listener_does_not_leak_the_count() -> None:
