@@ -43,10 +43,11 @@ from pathlib import Path
 import numpy as np
 
 from experiment.calibration import CALIBRATED
-from experiment.des import PEER_ARMS, Arm, FleetConfig, Prepared, arm_by_name, prepare, simulate
+from experiment.des import PEER_ARMS, Arm, FleetConfig, Prepared, prepare, simulate
 from experiment.des_run import Point
 from experiment.metrics import DEFAULT_SLO_S, SeedMetrics, seed_metrics
 from experiment.stats import PairedComparison, paired_comparison
+from experiment.variants import arm as arm_named
 from experiment.workload import WorkloadSpec, build
 from sim.service_model import ServiceModel
 
@@ -267,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     points = POINTS if args.points == "all" else tuple(POINTS_BY_NAME[n.strip()] for n in args.points.split(","))
     names = [args.ours, *BASELINES, *PEERS] + [a.strip() for a in args.arms.split(",") if a.strip()]
-    arms = [arm_by_name(n) for n in dict.fromkeys(names)]
+    arms = [arm_named(n) for n in dict.fromkeys(names)]
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

@@ -18,9 +18,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from experiment.des import Arm, SimRequest, Simulation, _Engine, arm_by_name
+from experiment.des import SimRequest, Simulation, _Engine, arm_by_name
 from experiment.grid import POINTS_BY_NAME, GridPoint, prepared
 from experiment.metrics import DEFAULT_SLO_S, seed_metrics
+from experiment.variants import VARIANTS, arm
 from loadaware.policies.base import Candidate
 from loadaware.policies.predictive import Predictive
 
@@ -43,34 +44,6 @@ class ProbeSimulation(Simulation):
             self.decisions.append((self.now, s.prefix, s.n_tokens, cands, engine.index,
                                    [(e.running, len(e.waiting)) for e in self.engines]))
         return engine, matched
-
-
-class PredictiveClampedCrowd(Predictive):
-    """Issue 17's candidate (not adopted): the crowd term's per-sequence price is the engine's learned
-    per_running clamped to [0.5, 2] x the prior's (the learned slope is poorly identified: at the reference
-    point identical engines' learned per_running moves between 0 and 14-27 ms in one run), and c = 0.15, not 0.1."""
-
-    def __init__(self) -> None:
-        super().__init__(crowd=0.15)
-
-    def costs(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> list[float]:
-        prior = self.prior.per_running_s
-        out = super().costs(prompt_tokens, candidates)
-        if any(c.waiting > 0 for c in candidates):
-            return out  # the saturated formula has no crowd term
-        fixed = []
-        for x, c in zip(out, candidates):
-            learned = prior if c.ttft_per_running_s is None else c.ttft_per_running_s
-            clamped = min(max(learned, prior / 2), 2 * prior)
-            fixed.append(x + self.crowd * (clamped - learned) * c.load * c.decode_batch)
-        return fixed
-
-
-VARIANTS = {"predictive-crowd-clamped": PredictiveClampedCrowd}
-
-
-def arm(name: str) -> Arm:
-    return Arm(name, name, factory=VARIANTS[name]) if name in VARIANTS else arm_by_name(name)
 
 
 def _seeds(text: str) -> list[int]:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from experiment.grid import POINTS_BY_NAME
-from experiment.placement_probe import PredictiveClampedCrowd, arm, main, probe_costs, probe_seeds
+from experiment.grid import POINTS_BY_NAME, run_grid
+from experiment.placement_probe import main, probe_costs, probe_seeds
+from experiment.variants import PredictiveClampedCrowd, PredictiveHeadroom, arm
 from loadaware.policies.base import Candidate
 from loadaware.policies.predictive import Predictive
 from tests.unit.test_experiment_grid import TINY
@@ -50,6 +51,38 @@ def test_the_clamped_variant_differs_only_in_its_crowd_price() -> None:
     want = sum(base.terms(1500, c)) + 0.15 * (clamped - c.ttft_per_running_s) * 10 * 10
     assert variant.costs(1500, [c]) == pytest.approx([want])
     assert arm("predictive-crowd-clamped").name == "predictive-crowd-clamped" and arm("lmetric").name == "lmetric"
+
+
+def test_headroom_is_predictive_until_an_engine_passes_half_its_cap() -> None:
+    rng = random.Random(5)
+    variant, base = PredictiveHeadroom(cap=64), Predictive()
+    for _ in range(50):
+        roomy = [candidate(rng) for _ in range(4)]
+        for c in roomy:
+            c.load = float(rng.randrange(0, 32))  # under half of 64
+        assert variant.costs(1500, roomy) == base.costs(1500, roomy)
+        queued = [candidate(rng, waiting=1.0), candidate(rng)]
+        assert variant.costs(1500, queued) == base.costs(1500, queued)  # the saturated formula
+
+
+def test_headroom_inflates_an_engine_fuller_than_the_fleet_mean() -> None:
+    rng = random.Random(6)
+    variant = PredictiveHeadroom(cap=64)
+    full, half, idle = candidate(rng), candidate(rng), candidate(rng)
+    full.load, half.load, idle.load = 56.0, 32.0, 4.0  # fills 0.875, 0.5 and (below the floor) 0
+    mean = (0.875 + 0.5 + 0.0) / 3
+    costs = variant.costs(1500, [full, half, idle])
+    for c, fill, cost in zip((full, half, idle), (0.875, 0.5, 0.0), costs):
+        own, stall, crowd = variant.terms(1500, c)
+        assert cost == pytest.approx(own * max(1.0, (1 - mean) / (1 - fill)) + stall + crowd)
+    assert costs[0] > sum(variant.terms(1500, full))  # the fullest pays for its lack of headroom
+    assert costs[2] == sum(variant.terms(1500, idle))
+    assert arm("predictive-headroom").make().name == "predictive-headroom"
+
+
+def test_the_grid_runs_variants_in_worker_processes(tmp_path: Path) -> None:
+    res = run_grid([TINY], [arm("predictive-headroom"), arm("predictive")], [1, 2], jobs=2, cache=tmp_path)["tiny"]
+    assert [m.seed for m in res["predictive-headroom"]] == [1, 2] and all(m.ok == 30 for m in res["predictive"])
 
 
 def test_probes_run_on_a_tiny_point(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
