@@ -2,6 +2,7 @@
 
     python -m experiment.realtime.crosscheck twin out/experiment/realtime-reference
     python -m experiment.realtime.crosscheck des --point reference --seeds 1-20 --out out/experiment/des-kvev
+    python -m experiment.realtime.crosscheck timeline out/experiment/realtime-queueing --arm predictive-kvev --seed 1
 
 For every sidecar arm and seed of the real-time run it simulates the same workload on the same service
 model with `experiment.des`, set up as the real stack runs: stock-LMCache arms get single-holder credit,
@@ -10,6 +11,9 @@ second (the sidecar's default `--scrape-interval-s`); the metrics are sampled at
 interval. KV-events credit is modelled from the engines' GPU prefix caches (`KvEventsCreditSimulation`).
 Peer arms have no twin (their code is not ours to simulate). It writes `des_twin.csv` (the same
 columns as per_seed.csv) next to the run, and prints how closely the two modes agree per arm.
+
+`timeline` puts one (arm, seed) of a real-time run beside its twin: each engine's running and waiting over time
+and which engines served the hottest prefixes, to see where the two modes part.
 
 `des` runs the same simulation on its own, over many seeds, for the real-time arm set (including the
 KV-events arms, which `experiment.des_run` does not model: its "multi" credit reads the LMCache stores),
@@ -32,6 +36,7 @@ from experiment.metrics import SeedMetrics, seed_metrics
 from experiment.realtime import outputs
 from experiment.realtime.arms import RealArm, arm_by_name, parse_arms
 from experiment.realtime.points import point_by_name
+from experiment.records import RunRecords
 from experiment.workload import WorkloadSpec, build
 from sim.service_model import ServiceModel
 
@@ -62,21 +67,69 @@ def des_arm(arm: RealArm) -> des.Arm:
     return replace(des.arm_by_name(arm.name.removesuffix("-kvev")), name=arm.name)
 
 
+def twin_run(prepared: des.Prepared, service: ServiceModel, engines: int, arm: RealArm, seed: int,
+             sample_interval_s: float = 0.5) -> RunRecords:
+    """One sidecar arm's seed, simulated as the real stack runs it."""
+    credit: des.Credit = "multi" if arm.credit == "multi" else "single"
+    fleet = des.FleetConfig(engines=engines, service=service, credit=credit,
+                            sample_interval_s=sample_interval_s, router_scrape_interval_s=SIDECAR_SCRAPE_S)
+    sim_cls = KvEventsCreditSimulation if arm.prefix_source == "kv-events" else des.Simulation
+    return sim_cls(prepared, des_arm(arm), fleet, seed).run()
+
+
 def simulate_twin(workload: WorkloadSpec, service: ServiceModel, engines: int, arms: Sequence[RealArm],
                   seeds: Sequence[int], sample_interval_s: float = 0.5) -> dict[str, dict[int, SeedMetrics]]:
     out: dict[str, dict[int, SeedMetrics]] = {}
     for seed in seeds:
         prepared = des.prepare(build(workload, seed), service.block_size)
         for arm in arms:
-            if arm.kind != "sidecar":
-                continue
-            credit: des.Credit = "multi" if arm.credit == "multi" else "single"
-            fleet = des.FleetConfig(engines=engines, service=service, credit=credit,
-                                    sample_interval_s=sample_interval_s, router_scrape_interval_s=SIDECAR_SCRAPE_S)
-            sim_cls = KvEventsCreditSimulation if arm.prefix_source == "kv-events" else des.Simulation
-            run = sim_cls(prepared, des_arm(arm), fleet, seed).run()
-            out.setdefault(arm.name, {})[seed] = seed_metrics(run)
+            if arm.kind == "sidecar":
+                run = twin_run(prepared, service, engines, arm, seed, sample_interval_s)
+                out.setdefault(arm.name, {})[seed] = seed_metrics(run)
     return out
+
+
+def engine_timeline(run: RunRecords, bin_s: float = 2.0) -> dict[int, dict[str, tuple[float, float]]]:
+    """{bin: {engine: (mean running, mean waiting)}} over the scrapes, bins of `bin_s` from the first send."""
+    t0 = min(r.send_t for r in run.requests)
+    sums: dict[int, dict[str, list[float]]] = {}
+    for s in run.samples:
+        if s.t >= t0:
+            acc = sums.setdefault(int((s.t - t0) // bin_s), {}).setdefault(s.engine, [0.0, 0.0, 0.0])
+            acc[0] += s.running
+            acc[1] += s.waiting
+            acc[2] += 1
+    return {b: {e: (a[0] / a[2], a[1] / a[2]) for e, a in sorted(row.items())} for b, row in sorted(sums.items())}
+
+
+def prefix_servers(run: RunRecords, prefixes: Sequence[int]) -> dict[int, dict[str, int]]:
+    """{prefix: {engine: requests it served}} for the measured requests of each prefix."""
+    out: dict[int, dict[str, int]] = {p: {} for p in prefixes}
+    for r in run.requests:
+        if r.prefix in out and r.engine is not None:
+            out[r.prefix][r.engine] = out[r.prefix].get(r.engine, 0) + 1
+    return out
+
+
+def timeline_report(out_dir: Path, arm_name: str, seed: int, bin_s: float = 2.0, top: int = 4) -> str:
+    """A real-time run's per-engine running/waiting over time and who served the hottest prefixes, beside its
+    DES twin's: where the two modes part (e.g. one engine reaching max_num_seqs in one of them only)."""
+    config = outputs.load_config(out_dir)
+    p = config["point"]
+    workload, service = WorkloadSpec(**p["workload"]), ServiceModel(**p["service"])
+    arm = arm_by_name(arm_name)
+    if arm.kind != "sidecar":
+        raise ValueError(f"{arm_name} is a peer arm: it has no DES twin")
+    twin = twin_run(des.prepare(build(workload, seed), service.block_size), service, int(p["engines"]), arm, seed,
+                    float(config.get("scrape_interval_s", 0.5)))
+    lines = []
+    for mode, run in (("real time", outputs.load_run(out_dir, arm_name, seed)), ("DES twin", twin)):
+        lines.append(f"{mode}: {arm_name} seed {seed}, per engine: mean running / waiting per {bin_s:g} s")
+        for b, row in engine_timeline(run, bin_s).items():
+            lines.append(f"  {b * bin_s:5.0f}s  " + "  ".join(f"{e} {r:3.0f}/{w:3.0f}" for e, (r, w) in row.items()))
+        for prefix, served in prefix_servers(run, range(top)).items():
+            lines.append(f"  prefix {prefix} served by " + ", ".join(f"{e} x{n}" for e, n in served.items()))
+    return "\n".join(lines)
 
 
 def twin_of_run(out_dir: Path) -> dict[str, dict[int, SeedMetrics]]:
@@ -139,6 +192,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     tw = sub.add_parser("twin", help="simulate the twin of a real-time run and compare")
     tw.add_argument("run", type=Path, help="a real-time run directory (with config.json and per_seed.csv)")
+    tl = sub.add_parser("timeline", help="one (arm, seed) of a real-time run beside its twin, engine by engine")
+    tl.add_argument("run", type=Path)
+    tl.add_argument("--arm", required=True)
+    tl.add_argument("--seed", type=int, required=True)
+    tl.add_argument("--bin-s", type=float, default=2.0)
+    tl.add_argument("--top-prefixes", type=int, default=4, help="who served each of the N hottest prefixes")
     ds = sub.add_parser("des", help="the real-time arm set (KV-events arms included) in the DES")
     ds.add_argument("--points", default="reference,queueing")
     ds.add_argument("--arms", default=DES_ARMS)
@@ -150,6 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         des_points(args.points.split(","), parse_arms(args.arms), parse_seeds(args.seeds), args.out)
         print(f"wrote {args.out / outputs.PER_SEED}")
+        return 0
+    if args.cmd == "timeline":
+        print(timeline_report(args.run, args.arm, args.seed, args.bin_s, args.top_prefixes))
         return 0
     twin = twin_of_run(args.run)
     real = outputs.load_per_seed(args.run)

@@ -14,10 +14,19 @@ from experiment import des
 from experiment.metrics import SeedMetrics, seed_metrics
 from experiment.realtime import outputs
 from experiment.realtime.arms import parse_arms
-from experiment.realtime.crosscheck import KvEventsCreditSimulation, agreement, des_arm, simulate_twin
+from experiment.realtime.crosscheck import (
+    KvEventsCreditSimulation,
+    agreement,
+    des_arm,
+    engine_timeline,
+    prefix_servers,
+    simulate_twin,
+    timeline_report,
+    twin_run,
+)
 from experiment.realtime.points import point_by_name
 from experiment.realtime.sender import SenderResult
-from experiment.records import EngineSample, RunRecords
+from experiment.records import EngineSample, RequestRecord, RunRecords
 from experiment.results_doc import build_doc, load_des, paired_on_common_seeds, running_rounds
 from experiment.workload import build
 from testkit.require import require_module
@@ -139,3 +148,32 @@ def test_spearman_matches_scipy_with_ties() -> None:
         assert spearman(x, y) == pytest.approx(float(spearmanr(x, y).statistic), abs=1e-12)
     assert spearman([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == pytest.approx(-1.0)
     assert math.isnan(spearman([2.0, 2.0, 2.0], [1.0, 2.0, 3.0]))  # no order to compare
+
+
+def test_engine_timeline_bins_scrapes_from_the_first_send_and_counts_prefix_servers() -> None:
+    reqs = [RequestRecord(0, 10.0, "e0", prefix=0), RequestRecord(1, 10.5, "e1", prefix=0),
+            RequestRecord(2, 11.0, "e0", prefix=0), RequestRecord(3, 11.5, None, prefix=1)]
+    samples = [EngineSample(9.9, "e0", 50.0, 9.0, 0.1, 0, 0),  # before the first send: not in any bin
+               EngineSample(10.0, "e0", 2.0, 0.0, 0.1, 0, 0), EngineSample(11.0, "e0", 4.0, 2.0, 0.1, 0, 0),
+               EngineSample(11.0, "e1", 1.0, 0.0, 0.1, 0, 0), EngineSample(12.5, "e0", 6.0, 0.0, 0.1, 0, 0)]
+    run = RunRecords("a", 1, reqs, samples, (10.0, 13.0))
+    assert engine_timeline(run, bin_s=2.0) == {0: {"e0": (3.0, 1.0), "e1": (1.0, 0.0)}, 1: {"e0": (6.0, 0.0)}}
+    assert prefix_servers(run, [0, 1, 2]) == {0: {"e0": 2, "e1": 1}, 1: {}, 2: {}}  # unknown servers skipped
+
+
+def test_timeline_report_puts_a_run_beside_its_twin(tmp_path: Path) -> None:
+    p = point_by_name("tiny")
+    out = tmp_path / "rt"
+    out.mkdir()
+    (out / outputs.CONFIG).write_text(json.dumps({"point": p.describe(), "scrape_interval_s": 0.5}, default=str))
+    arm = parse_arms("loadaware-b0.5-kvev")[0]
+    run = twin_run(des.prepare(build(p.workload, 1), p.service.block_size), p.service, p.engines, arm, 1)
+    result = SenderResult(run.requests, run.samples, run.window, cpu_s=1.0)
+    (outputs.write_run(out, arm.name, 1, result, {}) / "sender.json").write_text(result.to_json())
+    text = timeline_report(out, arm.name, 1, bin_s=1.0, top=2)
+    real, twin = text.split("DES twin: ")
+    assert real.startswith("real time: loadaware-b0.5-kvev seed 1") and "engine-000" in real
+    assert real.removeprefix("real time: ").rstrip("\n") == twin  # the "real" run is the twin itself here
+    assert twin.count("prefix ") == 2
+    with pytest.raises(ValueError, match="peer arm"):
+        timeline_report(out, "sglang-router", 1)
