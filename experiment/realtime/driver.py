@@ -34,7 +34,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Literal
 
 from experiment.metrics import median_of, seed_metrics
 from experiment.realtime import outputs
@@ -79,7 +79,8 @@ KV_EVENTS_PORT, KV_EVENTS_REPLAY_PORT = 5557, 5558  # sim.fleet's defaults, on e
 # counters). `picker`: envoy/envoy-inference-pool.yaml (the Endpoint Picker Protocol's FULL_DUPLEX_STREAMED:
 # the sidecar sees each request's first response chunk, which `predictive`'s TTFT model learns from, at the
 # price of one ext_proc message per response chunk).
-GATEWAYS = {"buffered": ENVOY_CONFIG, "picker": REPO / "envoy" / "envoy-inference-pool.yaml"}
+Gateway = Literal["buffered", "picker"]
+GATEWAYS: dict[Gateway, Path] = {"buffered": ENVOY_CONFIG, "picker": REPO / "envoy" / "envoy-inference-pool.yaml"}
 
 
 @dataclass
@@ -93,7 +94,7 @@ class DriverConfig:
     max_minutes: float | None = None  # stop starting new runs after this much wall time
     lock_timeout_s: float = 1800.0
     sidecar_extra: list[str] = field(default_factory=list)
-    gateway: str = "buffered"  # a key of GATEWAYS
+    gateway: Gateway = "buffered"
 
     @property
     def needs_lmcache(self) -> bool:
@@ -144,8 +145,9 @@ class Fleet:
 
     def fixed_addresses(self) -> list[tuple[str, int]]:
         ips = engine_ips(ENGINE_BASE_IP, self.cfg.point.engines)
-        return ([("127.0.0.1", ENVOY_LISTEN_PORT), ("127.0.0.1", ENVOY_ADMIN_PORT), ("127.0.0.1", SIDECAR_PORT),
-                 ("127.0.0.1", PICKER_LISTEN_PORT), ("127.0.0.1", PICKER_ADMIN_PORT)]
+        envoy = ((PICKER_LISTEN_PORT, PICKER_ADMIN_PORT) if self.cfg.gateway == "picker"
+                 else (ENVOY_LISTEN_PORT, ENVOY_ADMIN_PORT))
+        return ([("127.0.0.1", port) for port in (*envoy, SIDECAR_PORT)]
                 + [(ip, port) for ip in ips for port in (ENGINE_PORT, KV_EVENTS_PORT, KV_EVENTS_REPLAY_PORT)])
 
     def wait_addresses_free(self, timeout: float) -> None:

@@ -12,10 +12,19 @@ import yaml
 from experiment.metrics import seed_metrics
 from experiment.realtime import outputs
 from experiment.realtime.arms import DEFAULT_ARMS, QUICK_ARMS, arm_by_name, parse_arms
-from experiment.realtime.driver import GATEWAYS, _service_overrides, parse_seeds, rotated
+from experiment.realtime.driver import (
+    GATEWAYS,
+    DriverConfig,
+    Fleet,
+    Gateway,
+    _service_overrides,
+    parse_seeds,
+    rotated,
+)
 from experiment.realtime.driver import build_parser as driver_parser
 from experiment.realtime.envoycfg import engines_config
 from experiment.realtime.fleetctl import service_flags
+from experiment.realtime.points import point_by_name
 from experiment.realtime.scrape import parse_engine_metrics, sum_by_label, to_sample
 from experiment.realtime.sender import SenderResult, SenderSpec, result_from_json
 from experiment.records import EngineSample, RequestRecord
@@ -107,6 +116,13 @@ def test_picker_gateway_is_the_inference_pool_config_pointed_at_the_fleet(tmp_pa
     assert listener["address"]["socket_address"]["port_value"] == 10001  # testkit.ports.PICKER_LISTEN_PORT
     # the Endpoint Picker Protocol's mode: the sidecar sees the response body, so its first chunk
     assert '"response_body_mode": "FULL_DUPLEX_STREAMED"' in json.dumps(listener)
+    # a run waits for the fixed ports of its own gateway only
+    gateways: tuple[tuple[Gateway, int, int], ...] = (("picker", 10001, 10000), ("buffered", 10000, 10001))
+    for gateway, mine, other in gateways:
+        cfg = DriverConfig(point_by_name("tiny"), parse_arms("kvaware"), [1], tmp_path, gateway=gateway)
+        addresses = Fleet(cfg, tmp_path).fixed_addresses()
+        assert ("127.0.0.1", mine) in addresses and ("127.0.0.1", other) not in addresses
+        assert ("127.0.0.1", 9002) in addresses and ("127.0.0.2", 8000) in addresses
 
 
 def test_engine_scrape_parsing() -> None:
