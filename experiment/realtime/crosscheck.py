@@ -89,6 +89,14 @@ def simulate_twin(workload: WorkloadSpec, service: ServiceModel, engines: int, a
     return out
 
 
+def run_setup(out_dir: Path) -> tuple[WorkloadSpec, ServiceModel, int, float]:
+    """(workload, service model, engines, scrape interval) of a finished real-time run, from its config.json."""
+    config = outputs.load_config(out_dir)
+    p = config["point"]
+    return (WorkloadSpec(**p["workload"]), ServiceModel(**p["service"]), int(p["engines"]),
+            float(config.get("scrape_interval_s", 0.5)))
+
+
 def engine_timeline(run: RunRecords, bin_s: float = 2.0) -> dict[int, dict[str, tuple[float, float]]]:
     """{bin: {engine: (mean running, mean waiting)}} over the scrapes, bins of `bin_s` from the first send."""
     t0 = min(r.send_t for r in run.requests)
@@ -114,14 +122,12 @@ def prefix_servers(run: RunRecords, prefixes: Sequence[int]) -> dict[int, dict[s
 def timeline_report(out_dir: Path, arm_name: str, seed: int, bin_s: float = 2.0, top: int = 4) -> str:
     """A real-time run's per-engine running/waiting over time and who served the hottest prefixes, beside its
     DES twin's: where the two modes part (e.g. one engine reaching max_num_seqs in one of them only)."""
-    config = outputs.load_config(out_dir)
-    p = config["point"]
-    workload, service = WorkloadSpec(**p["workload"]), ServiceModel(**p["service"])
+    workload, service, engines, sample_interval_s = run_setup(out_dir)
     arm = arm_by_name(arm_name)
     if arm.kind != "sidecar":
         raise ValueError(f"{arm_name} is a peer arm: it has no DES twin")
-    twin = twin_run(des.prepare(build(workload, seed), service.block_size), service, int(p["engines"]), arm, seed,
-                    float(config.get("scrape_interval_s", 0.5)))
+    twin = twin_run(des.prepare(build(workload, seed), service.block_size), service, engines, arm, seed,
+                    sample_interval_s)
     lines = []
     for mode, run in (("real time", outputs.load_run(out_dir, arm_name, seed)), ("DES twin", twin)):
         lines.append(f"{mode}: {arm_name} seed {seed}, per engine: mean running / waiting per {bin_s:g} s")
@@ -134,14 +140,11 @@ def timeline_report(out_dir: Path, arm_name: str, seed: int, bin_s: float = 2.0,
 
 def twin_of_run(out_dir: Path) -> dict[str, dict[int, SeedMetrics]]:
     """Simulate the twin of a finished real-time run (from its config.json) and write des_twin.csv."""
-    config = outputs.load_config(out_dir)
-    p = config["point"]
-    workload = WorkloadSpec(**p["workload"])
-    service = ServiceModel(**p["service"])
+    workload, service, engines, sample_interval_s = run_setup(out_dir)
     per_seed = outputs.load_per_seed(out_dir)
     arms = [arm_by_name(a) for a in per_seed]
     seeds = sorted({s for rows in per_seed.values() for s in rows})
-    twin = simulate_twin(workload, service, int(p["engines"]), arms, seeds, float(config.get("scrape_interval_s", 0.5)))
+    twin = simulate_twin(workload, service, engines, arms, seeds, sample_interval_s)
     path = out_dir / TWIN_CSV
     path.unlink(missing_ok=True)
     for rows in twin.values():
