@@ -24,9 +24,12 @@ It runs the SAME engine model as the real-time simulated engines and the SAME de
 - prefix credit: "single" = stock LMCache 0.5.6 (`KVController.lookup`): the walk over 256-token chunks
   stops at the first chunk nobody holds and credits each chunk to the FIRST REGISTERED engine holding it
   (registration order = engine index), an engine's match being the end of its last credited chunk;
-  "multi" = every holder credited with its own contiguous match, as the reference's patched lookup and a
-  KV-events index do (vLLM's KV events report every engine's blocks; see docs/architecture.md, "Data
-  sources").
+  "multi" = every holder credited with its own contiguous match in the LMCache CPU stores, as the reference's
+  patched lookup does; "gpu" = every engine credited with its own GPU prefix-cache match (16-token blocks,
+  LRU-evicted), as a KV-events index sees it (vLLM's KV events report every engine's GPU blocks, evictions
+  included; the sidecar's `--prefix-source kv-events`, NVIDIA Dynamo's and llm-d's indexers read them; see
+  docs/architecture.md, "Data sources"). Where the CPU stores hold every prefix and the GPU caches do not
+  (2 engines, many prefixes), "multi" credits engines with prefixes they must load back at a miss's cost.
 
 Each prompt is hashed once per workload (`prepare`), not once per lookup: that and the per-engine step-time
 table are what make 20 seeds x 7 arms run in seconds. See `experiment.des_run` for the CLI.
@@ -52,7 +55,7 @@ from sim.lmcache_chunks import LMCACHE_CHUNK_SIZE, LMCacheStore, chunk_keys
 from sim.prefix_cache import Block, PrefixCache, block_key, iter_blocks
 from sim.service_model import ServiceModel, split_prompt
 
-Credit = Literal["single", "multi"]
+Credit = Literal["single", "multi", "gpu"]
 
 
 # ---- arms ----------------------------------------------------------------------------------------------
@@ -259,6 +262,9 @@ class Simulation:
         self.records: list[RequestRecord] = []
         self._measuring = False
         self._measured_open = 0
+        bind = getattr(self.policy, "bind_simulation", None)
+        if bind is not None:  # a design-experiment arm that reads engine speeds and the clock (experiment.variants)
+            bind(self)
 
     # ---- event queue ---------------------------------------------------------------------------------
     def _push(self, t: float, kind: int, payload: object) -> None:
@@ -390,6 +396,13 @@ class Simulation:
                 del refs[k]
 
     def _matches(self, s: SimRequest) -> dict[str, int]:
+        if self.config.credit == "gpu":
+            gpu = {}
+            for e in self.engines:
+                m = e.cache.match_keys(s.block_keys)
+                if m:
+                    gpu[e.name] = m
+            return gpu
         chunks = s.chunks
         if not chunks:
             return {}

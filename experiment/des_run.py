@@ -1,6 +1,6 @@
 """Run the reference experiment in the discrete-event simulator and write its report.
 
-    python -m experiment.des_run --seeds 20 --arms all --engines 2 --rate 16 [--credit single|multi]
+    python -m experiment.des_run --seeds 20 --arms all --engines 2 --rate 16 [--credit single|multi|gpu]
         [--out out/experiment/des] [--jobs 2] [--second engines=4,rate=40] [--no-sweep] [--no-plots]
         [any ServiceModel flag, e.g. --decode-per-seq-ms 1.2, on top of experiment.calibration]
 
@@ -147,8 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, default=16.0)
     p.add_argument("--requests", type=int, default=500)
     p.add_argument("--arrival", choices=("poisson", "gamma", "mmpp"), default="poisson")
-    p.add_argument("--credit", choices=("single", "multi"), default="multi",
-                   help="prefix credit: multi = every holder (the reference's patched lookup); single = stock LMCache")
+    p.add_argument("--credit", choices=("single", "multi", "gpu"), default="multi",
+                   help="prefix credit: multi = every LMCache-store holder (the reference's patched lookup); "
+                        "single = stock LMCache; gpu = every GPU prefix-cache holder (KV events)")
     p.add_argument("--slo-ms", type=float, default=DEFAULT_SLO_S * 1000)
     p.add_argument("--router-scrape-s", type=float, default=0.0,
                    help="refine the router's own in-flight counts with engine scrapes at this interval (0: off)")

@@ -1,7 +1,7 @@
 """The placement grid: our policy against the peers' published policies at eight operating points (DES).
 
     python -m experiment.grid [--seeds 20] [--jobs 2] [--ours predictive] [--points a,b] [--arms a,b]
-        [--out out/experiment/grid] [--doc docs/results.md]
+        [--credit multi|gpu] [--out out/experiment/grid] [--doc docs/results.md]
 
 At every point each arm runs the same seeds' workloads (paired); per point, for TTFT p95, TTFT mean and the
 SLO-miss share, a one-sided exact Wilcoxon signed-rank test of ours against the best peer at that point by
@@ -9,7 +9,9 @@ that metric (median over seeds; peers = experiment.peers' arms), α = 0.025, eff
 change with a seeded bootstrap 95% CI. Writes report.md and per_seed.csv to --out and, with --doc, puts the
 report between the grid markers of docs/results.md (replacing the previous one).
 
-The points (service model experiment.calibration.CALIBRATED unless said; multi-holder prefix credit):
+The points (service model experiment.calibration.CALIBRATED unless said; prefix credit for every arm from
+--credit: "multi", the LMCache stores' multi-holder credit, by default; "gpu", each engine's GPU prefix cache
+as KV events show it, which is what NVIDIA Dynamo's and llm-d's indexers and the sidecar's kv-events source read):
 - reference: the reference workload, 2 engines, 16 req/s Poisson;
 - queueing: 4 engines, 40 req/s (the hot prefixes' engine queues under kvaware);
 - bursty: 4 engines, 28 req/s mean, MMPP arrivals (3x the mean rate for 20% of the time, ~2 s bursts);
@@ -43,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from experiment.calibration import CALIBRATED
-from experiment.des import PEER_ARMS, Arm, FleetConfig, Prepared, prepare, simulate
+from experiment.des import PEER_ARMS, Arm, Credit, FleetConfig, Prepared, prepare, simulate
 from experiment.des_run import Point
 from experiment.metrics import DEFAULT_SLO_S, SeedMetrics, seed_metrics
 from experiment.stats import PairedComparison, paired_comparison
@@ -179,8 +181,19 @@ def _cmp(c: PairedComparison) -> str:
             f"p={c.test.pvalue:.4f} vs {c.base}")
 
 
+CREDIT_SEEN = {
+    "multi": "prefix matches from the multi-holder LMCache-store credit (as for the seed's arms)",
+    "gpu": "prefix matches from every engine's own GPU prefix cache, evictions included (KV-events credit, as "
+           "Dynamo's and llm-d's indexers and the sidecar's kv-events source see it)",
+}
+
+
+def with_credit(gp: GridPoint, credit: Credit) -> GridPoint:
+    return replace(gp, point=replace(gp.point, fleet=replace(gp.point.fleet, credit=credit)))
+
+
 def report(results: Mapping[str, Mapping[str, Sequence[SeedMetrics]]], ours: str, arms: Sequence[str],
-           seeds: int, command: str, wall_s: float, jobs: int, first_seed: int = 1) -> str:
+           seeds: int, command: str, wall_s: float, jobs: int, first_seed: int = 1, credit: Credit = "multi") -> str:
     lines = [GRID_START, "## The placement grid (discrete-event mode, `experiment.grid`)", "",
              f"{seeds} paired seeds per point (seeds {first_seed}-{first_seed + seeds - 1}: held out, the policy "
              "was designed on seeds 1-10), 500 measured requests per seed; medians over seeds. Ours = "
@@ -217,8 +230,8 @@ def report(results: Mapping[str, Mapping[str, Sequence[SeedMetrics]]], ours: str
             if a in res else "–" for a in arms) + " |")
     lines += ["", "Points:", ""] + [f"- `{p.point.name}`: {p.description}" for p in POINTS if p.point.name in results]
     lines += ["", "Peer arms (our code from each published formula, `experiment/peers.py`):", "", *PEER_SOURCES, "",
-              "What every arm sees in the simulator: prefix matches from the multi-holder LMCache-store credit "
-              "(as for the seed's arms); its own in-flight counts; uncached prompt tokens it routed, retired at "
+              f"What every arm sees in the simulator: {CREDIT_SEEN[credit]}; its own in-flight counts; "
+              "uncached prompt tokens it routed, retired at "
               "the first token (`prefill_tokens`) or at the end (`uncached_tokens`); the decode batch (own "
               "requests past their first token); distinct KV blocks of its requests in flight (Dynamo's "
               "active blocks; output blocks not counted, at most 4 per request here); distinct prompt blocks "
@@ -260,6 +273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--ours", default="predictive", help="the arm judged against the peers")
     ap.add_argument("--points", default="all", help="comma list of point names, or 'all'")
     ap.add_argument("--arms", default="", help="extra arms beyond ours, the peers and the baselines")
+    ap.add_argument("--credit", choices=tuple(CREDIT_SEEN), default="multi",
+                    help="prefix credit for every arm: LMCache stores (multi) or GPU caches via KV events (gpu)")
     ap.add_argument("--out", type=Path, default=Path("out/experiment/grid"))
     ap.add_argument("--doc", type=Path, default=None, help="docs/results.md to update")
     ap.add_argument("--cache", type=Path, default=Path("out/experiment/grid-workloads"),
@@ -267,6 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--prepare-only", action="store_true", help="build the workloads into --cache and stop")
     args = ap.parse_args(argv)
     points = POINTS if args.points == "all" else tuple(POINTS_BY_NAME[n.strip()] for n in args.points.split(","))
+    points = tuple(with_credit(gp, args.credit) for gp in points)
     names = [args.ours, *BASELINES, *PEERS] + [a.strip() for a in args.arms.split(",") if a.strip()]
     arms = [arm_named(n) for n in dict.fromkeys(names)]
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
@@ -279,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     command = "python -m experiment.grid " + " ".join(argv if argv is not None else sys.argv[1:])
     section = report(results, args.ours, [a.name for a in arms], len(seeds), command.strip(), wall, args.jobs,
-                     args.first_seed)
+                     args.first_seed, args.credit)
     write_per_seed(args.out / "per_seed.csv", results)
     (args.out / "report.md").write_text(section + "\n")
     if args.doc is not None:

@@ -3,19 +3,26 @@
     python -m experiment.grid --ours predictive-headroom --first-seed 201 --seeds 30 --out out/experiment/grid-headroom
     python -m experiment.placement_probe seeds --point queueing --arms predictive,predictive-headroom
 
-Each is `predictive` (loadaware/policies/predictive.py) with one change; docs/findings.md has what each did on
-the grid and why it was not adopted. `arm(name)` resolves these names and everything `experiment.des.arm_by_name`
-knows, so the grid and the probe take either.
+The `predictive-*` arms are `predictive` (loadaware/policies/predictive.py) with one change. The `lane-*` arms
+price a request with its predicted TTFT from a prefill clock at the engines' known speeds (a design bound: the
+sidecar learns speeds, it is not told them). docs/findings.md has what each did on the grid and why it was not
+adopted. `arm(name)` resolves these names and everything `experiment.des.arm_by_name` knows, so the grid and
+the probe take either.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from experiment.calibration import CALIBRATED
 from experiment.des import Arm, arm_by_name
-from loadaware.policies.base import Candidate
+from loadaware.policies.base import Candidate, Choice, Policy, argmax_with_tiebreak
 from loadaware.policies.predictive import Predictive
+from sim.service_model import ServiceModel
+
+if TYPE_CHECKING:
+    from experiment.des import Simulation
 
 
 class PredictiveClampedCrowd(Predictive):
@@ -75,8 +82,81 @@ class PredictiveHeadroom(Predictive):
         return out
 
 
-VARIANTS: dict[str, type[Predictive]] = {"predictive-crowd-clamped": PredictiveClampedCrowd,
-                                         "predictive-headroom": PredictiveHeadroom}
+class LaneTtft:
+    """Predicted TTFT from a prefill clock, at the engines' known speeds, times the decode batch's weight.
+
+        ttft(i) = max(free(i) - now, 0) + prefill_seconds_i(uncached(i)) + first_token_seconds_i(load(i) + 1)
+        cost(i) = ttft(i) x (decode(i) + 1) ^ k                                               lowest wins
+        after the decision: free(j) = max(free(j), now) + prefill_seconds_j(uncached(j)) for the chosen j
+
+    free(i) is when the prefill work this router sent to engine i ends, by a clock it keeps itself (a virtual
+    FIFO lane that drains while time passes, where `predictive`'s lane counts every routed token until its
+    first token is seen); prefill_seconds and first_token_seconds are the engine's own service model
+    (`sim.service_model`), which the simulation hands over (`bind_simulation`): the speeds are known here,
+    learned in the sidecar. k = 0 is the greedy predicted-TTFT choice; k = 0.5 weighs a long decode batch
+    (LMetric's (decode + 1) factor, at its square root), which keeps a holder from filling to its admission
+    cap. A DES arm only: it needs the simulation's clock and engines, and `choose` advances the clock, so it
+    must be called once per routed request (the simulator does)."""
+
+    def __init__(self, exponent: float, name: str) -> None:
+        self.uses_prefix = True
+        self.uses_signals = True
+        self.exponent = exponent
+        self.name = name
+        self.formula = ("cost(i) = (lane wait(i) + own prefill(i) + first-token steps(i)) x (decode(i) + 1)^"
+                        f"{exponent:g}; known engine speeds; lowest wins")
+        self._now: Callable[[], float] = lambda: 0.0
+        self._service: dict[str, ServiceModel] = {}
+        self._free: dict[str, float] = {}
+
+    def bind_simulation(self, sim: Simulation) -> None:
+        self._now = lambda: sim.now
+        self._service = {e.name: e.svc for e in sim.engines}
+
+    def ttft(self, prompt_tokens: int, c: Candidate, now: float) -> float:
+        svc = self._service.get(c.endpoint, CALIBRATED)
+        uncached = prompt_tokens - max(0, min(prompt_tokens, c.matched_tokens))
+        wait = max(self._free.get(c.endpoint, 0.0) - now, 0.0)
+        return wait + svc.prefill_seconds(uncached) + svc.first_token_seconds(int(c.load) + 1)
+
+    def costs(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> list[float]:
+        now = self._now()
+        return [self.ttft(prompt_tokens, c, now) * (c.decode_batch + 1) ** self.exponent for c in candidates]
+
+    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate], mean_load: float | None = None
+               ) -> Choice | None:
+        if not candidates:
+            return None
+        scores = [-x for x in self.costs(prompt_tokens, candidates)]
+        i = argmax_with_tiebreak(scores, candidates)
+        c, now = candidates[i], self._now()
+        svc = self._service.get(c.endpoint, CALIBRATED)
+        uncached = prompt_tokens - max(0, min(prompt_tokens, c.matched_tokens))
+        self._free[c.endpoint] = max(self._free.get(c.endpoint, 0.0), now) + svc.prefill_seconds(uncached)
+        return Choice(i, tuple(scores))
+
+
+class LaneGreedy(LaneTtft):
+    """k = 0: the engine with the lowest predicted TTFT (the clairvoyant-speed greedy choice)."""
+
+    def __init__(self) -> None:
+        super().__init__(0.0, "lane-greedy")
+
+
+class LaneProduct(LaneTtft):
+    """k = 0.5."""
+
+    def __init__(self) -> None:
+        super().__init__(0.5, "lane-product")
+
+
+# Classes, not closures: the grid pickles arms into its worker processes.
+VARIANTS: dict[str, Callable[[], Policy]] = {
+    "predictive-crowd-clamped": PredictiveClampedCrowd,
+    "predictive-headroom": PredictiveHeadroom,
+    "lane-greedy": LaneGreedy,
+    "lane-product": LaneProduct,
+}
 
 
 def arm(name: str) -> Arm:

@@ -31,10 +31,11 @@ class RealArm:
 
     @property
     def credit(self) -> str:
-        """How the arm's prefix source credits holders, in the DES's terms ("single" | "multi" | "")."""
+        """How the arm's prefix source credits holders, in the DES's terms ("single" | "gpu" | ""): stock
+        LMCache one holder per chunk, KV events every engine's own GPU prefix cache."""
         if self.kind != "sidecar" or self.policy in ("roundrobin", "leastload"):
             return ""
-        return "multi" if self.prefix_source == "kv-events" else "single"
+        return "gpu" if self.prefix_source == "kv-events" else "single"
 
     def sidecar_args(self) -> list[str]:
         if self.kind != "sidecar":

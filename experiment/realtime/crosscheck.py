@@ -6,9 +6,10 @@
 
 For every sidecar arm and seed of the real-time run it simulates the same workload on the same service
 model with `experiment.des`, set up as the real stack runs: stock-LMCache arms get single-holder credit,
-KV-events arms multi-holder credit; the router refines its own in-flight counts with engine scrapes every
-second (the sidecar's default `--scrape-interval-s`); the metrics are sampled at the driver's scrape
-interval. KV-events credit is modelled from the engines' GPU prefix caches (`KvEventsCreditSimulation`).
+KV-events arms every engine's own GPU prefix-cache match (`experiment.des`'s "gpu" credit: what the engines
+publish as KV events, evictions included; the LMCache stores' "multi" credit would keep crediting a holder
+that evicted a prefix); the router refines its own in-flight counts with engine scrapes every second (the
+sidecar's default `--scrape-interval-s`); the metrics are sampled at the driver's scrape interval.
 Peer arms have no twin (their code is not ours to simulate). It writes `des_twin.csv` (the same
 columns as per_seed.csv) next to the run, and prints how closely the two modes agree per arm.
 
@@ -16,7 +17,7 @@ columns as per_seed.csv) next to the run, and prints how closely the two modes a
 and which engines served the hottest prefixes, to see where the two modes part.
 
 `des` runs the same simulation on its own, over many seeds, for the real-time arm set (including the
-KV-events arms, which `experiment.des_run` does not model: its "multi" credit reads the LMCache stores),
+KV-events arms on "gpu" credit, which `experiment.des_run` leaves to its --credit flag),
 and writes a des_run-style per_seed.csv (with a `point` column) that `experiment.results_doc` reads.
 """
 
@@ -45,24 +46,6 @@ SIDECAR_SCRAPE_S = 1.0  # the sidecar's --scrape-interval-s default, which the r
 COMPARED = ("imbalance", "prefix_hit_rate", "ttft_mean", "ttft_p95", "itl_p50", "slo_miss")
 
 
-class KvEventsCreditSimulation(des.Simulation):
-    """Prefix credit as the sidecar's KV-events source sees it on this fleet: every engine is credited with
-    its own GPU prefix-cache match (16-token blocks, LRU-evicted at kv_capacity_tokens), because that cache
-    is what the simulated engines publish as vLLM KV events (medium GPU). `experiment.des`'s "multi" credit
-    reads the LMCache CPU stores instead, which hold every prefix at this operating point and never let a
-    holder lose its credit; with KV events an engine that evicted a prefix stops being its holder, and the
-    next request for it is placed by load. The difference is large at the reference point (see
-    docs/results.md), so the twin of a KV-events arm must be this one."""
-
-    def _matches(self, s: des.SimRequest) -> dict[str, int]:
-        out = {}
-        for e in self.engines:
-            m = e.cache.match_keys(s.block_keys)
-            if m:
-                out[e.name] = m
-        return out
-
-
 def des_arm(arm: RealArm) -> des.Arm:
     return replace(des.arm_by_name(arm.name.removesuffix("-kvev")), name=arm.name)
 
@@ -70,11 +53,10 @@ def des_arm(arm: RealArm) -> des.Arm:
 def twin_run(prepared: des.Prepared, service: ServiceModel, engines: int, arm: RealArm, seed: int,
              sample_interval_s: float = 0.5) -> RunRecords:
     """One sidecar arm's seed, simulated as the real stack runs it."""
-    credit: des.Credit = "multi" if arm.credit == "multi" else "single"
+    credit: des.Credit = "gpu" if arm.credit == "gpu" else "single"
     fleet = des.FleetConfig(engines=engines, service=service, credit=credit,
                             sample_interval_s=sample_interval_s, router_scrape_interval_s=SIDECAR_SCRAPE_S)
-    sim_cls = KvEventsCreditSimulation if arm.prefix_source == "kv-events" else des.Simulation
-    return sim_cls(prepared, des_arm(arm), fleet, seed).run()
+    return des.Simulation(prepared, des_arm(arm), fleet, seed).run()
 
 
 def simulate_twin(workload: WorkloadSpec, service: ServiceModel, engines: int, arms: Sequence[RealArm],

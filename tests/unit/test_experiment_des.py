@@ -68,6 +68,20 @@ def test_single_holder_credit_goes_to_the_first_registered_engine(tiny: Prepared
     assert multi._matches(req) == {"engine-000": len(req.chunks) * 256, "engine-001": len(req.chunks) * 256}
 
 
+def test_gpu_credit_reads_each_engines_own_prefix_cache_not_the_lmcache_stores(tiny: Prepared) -> None:
+    sim = Simulation(tiny, arm_by_name("kvaware"), FleetConfig(engines=2, credit="gpu"))
+    req = tiny.warmup[0]
+    for e in sim.engines:
+        e.lmcache.admit_keys(req.chunks)
+    assert sim._matches(req) == {}  # the CPU stores hold it, no GPU does: a KV-events index credits nobody
+    sim.engines[1].cache.insert_blocks(req.blocks[:5])
+    assert sim._matches(req) == {"engine-001": 5 * 16}  # block depth, not 256-token chunks
+    sim.engines[0].cache.insert_blocks(req.blocks)
+    assert sim._matches(req) == {"engine-000": len(req.blocks) * 16, "engine-001": 80}
+    short = replace(req, chunks=())  # shorter than one LMCache chunk: the GPU blocks still count
+    assert sim._matches(short) == {"engine-000": len(req.blocks) * 16, "engine-001": 80}
+
+
 def test_every_sidecar_arm_runs_deterministically_and_yields_sane_metrics(tiny: Prepared) -> None:
     fleet = FleetConfig(engines=2, service=CALIBRATED)
     for arm in SIDECAR_ARMS:

@@ -48,13 +48,13 @@ def test_arm_names_match_the_des_and_flags() -> None:
     assert arm_by_name("loadaware-b0.5").sidecar_args() == ["--policy", "loadaware", "--loadaware-beta", "0.5",
                                                              "--prefix-source", "lmcache"]
     kv = arm_by_name("loadaware-b1.0-kvev")
-    assert kv.prefix_source == "kv-events" and kv.beta == 1.0 and kv.credit == "multi"
+    assert kv.prefix_source == "kv-events" and kv.beta == 1.0 and kv.credit == "gpu"
     assert arm_by_name("kvaware").credit == "single"
     assert arm_by_name("roundrobin").credit == ""
     assert arm_by_name("loadaware-b3").name == "loadaware-b3.0"  # any beta, named as the DES names it
     assert arm_by_name("loadaware-b0").name == "loadaware-b0"
     predictive = arm_by_name("predictive-kvev")  # every sidecar policy by its --policy name
-    assert predictive.sidecar_args()[:2] == ["--policy", "predictive"] and predictive.credit == "multi"
+    assert predictive.sidecar_args()[:2] == ["--policy", "predictive"] and predictive.credit == "gpu"
     with pytest.raises(ValueError):
         arm_by_name("random")
     with pytest.raises(ValueError):

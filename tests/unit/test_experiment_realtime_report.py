@@ -15,7 +15,6 @@ from experiment.metrics import SeedMetrics, seed_metrics
 from experiment.realtime import outputs
 from experiment.realtime.arms import parse_arms
 from experiment.realtime.crosscheck import (
-    KvEventsCreditSimulation,
     agreement,
     des_arm,
     engine_timeline,
@@ -76,7 +75,8 @@ def test_des_twin_credits_gpu_cache_holders_for_kv_events_arms() -> None:
     p = point_by_name("tiny")
     prepared = des.prepare(build(p.workload, 1), p.service.block_size)
     arm = parse_arms("loadaware-b0.5-kvev")[0]
-    sim = KvEventsCreditSimulation(prepared, des_arm(arm), des.FleetConfig(engines=2, service=p.service), 1)
+    assert arm.credit == "gpu"
+    sim = des.Simulation(prepared, des_arm(arm), des.FleetConfig(engines=2, service=p.service, credit="gpu"), 1)
     s = prepared.requests[0]
     assert sim._matches(s) == {}  # cold fleet: nobody holds anything
     sim.engines[0].cache.insert_blocks(s.blocks)

@@ -9,11 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from experiment.grid import POINTS_BY_NAME, run_grid
+from experiment.des import FleetConfig, Simulation, prepare
+from experiment.grid import POINTS_BY_NAME, run_grid, with_credit
 from experiment.placement_probe import main, probe_costs, probe_seeds
-from experiment.variants import PredictiveClampedCrowd, PredictiveHeadroom, arm
+from experiment.variants import LaneGreedy, LaneProduct, PredictiveClampedCrowd, PredictiveHeadroom, arm
+from experiment.workload import WorkloadSpec, build
 from loadaware.policies.base import Candidate
 from loadaware.policies.predictive import Predictive
+from sim.service_model import ServiceModel
 from tests.unit.test_experiment_grid import TINY
 
 
@@ -101,3 +104,53 @@ def test_cli_refuses_a_bad_seed_range_with_a_usage_error(capsys: pytest.CaptureF
     with pytest.raises(SystemExit) as exit_:
         main(["seeds", "--point", "queueing", "--seeds", "x"])
     assert exit_.value.code == 2 and "--seeds" in capsys.readouterr().err
+
+
+def _bound(policy: LaneGreedy | LaneProduct, services: tuple[ServiceModel, ...]) -> Simulation:
+    work = prepare(build(WorkloadSpec(n_prefixes=2, n_requests=1, warmup_passes=0), 1))
+    fleet = FleetConfig(engines=len(services), service=services[0], engine_services=services)
+    sim = Simulation(work, arm("lmetric"), fleet)
+    policy.bind_simulation(sim)
+    return sim
+
+
+def test_lane_arms_price_the_predicted_ttft_at_each_engines_own_speed() -> None:
+    fast = ServiceModel(prefill_tokens_per_s=4000, prefill_overhead_ms=10, decode_base_ms=8, decode_per_seq_ms=1,
+                        ttft_decode_steps=2)
+    slow = ServiceModel(prefill_tokens_per_s=2000, prefill_overhead_ms=20, decode_base_ms=16, decode_per_seq_ms=2,
+                        ttft_decode_steps=2)
+    greedy, product = LaneGreedy(), LaneProduct()
+    for p in (greedy, product):
+        _bound(p, (fast, slow))
+    a = Candidate("engine-000", 1000, 9.0)
+    b = Candidate("engine-001", 2000, 3.0)
+    a.decode_batch, b.decode_batch = 8.0, 3.0
+    want_a = 0.010 + 1000 / 4000 + 2 * (0.008 + 0.001 * 10)  # cold lane: own prefill + 2 steps at load + 1
+    want_b = 0.020 + 0 + 2 * (0.016 + 0.002 * 4)
+    assert greedy.costs(2000, [a, b]) == pytest.approx([want_a, want_b])
+    assert product.costs(2000, [a, b]) == pytest.approx([want_a * 3.0, want_b * 2.0])  # x sqrt(decode + 1)
+
+
+def test_the_lane_clock_fills_with_each_decision_and_drains_with_time() -> None:
+    svc = ServiceModel(prefill_tokens_per_s=1000, prefill_overhead_ms=0, ttft_decode_steps=0)
+    policy = LaneGreedy()
+    sim = _bound(policy, (svc, svc))
+    one, two = Candidate("engine-000", 0, 0.0), Candidate("engine-001", 0, 0.0)
+    first = policy.choose(500, [one, two])
+    assert first is not None and first.index == 0  # a tie goes to the lexically smaller endpoint
+    assert policy.costs(500, [one, two]) == pytest.approx([1.0, 0.5])  # 0.5 s of work ahead on engine-000
+    second = policy.choose(500, [one, two])
+    assert second is not None and second.index == 1
+    sim.now = 0.3  # time passes: both lanes drain, each had 0.5 s queued at t = 0
+    assert policy.costs(500, [one, two]) == pytest.approx([0.7, 0.7])
+    sim.now = 2.0  # both idle: a clock never runs below now
+    assert policy.costs(500, [one, two]) == pytest.approx([0.5, 0.5])
+    assert policy.choose(0, []) is None
+
+
+def test_the_grid_runs_lane_arms_on_gpu_credit(tmp_path: Path) -> None:
+    point = with_credit(TINY, "gpu")
+    assert point.point.fleet.credit == "gpu" and TINY.point.fleet.credit == "multi"
+    res = run_grid([point], [arm("lane-product"), arm("lane-greedy")], [1, 2], jobs=2, cache=tmp_path)["tiny"]
+    assert all(m.ok == 30 and m.errors == 0 and m.ttft_p95 > 0 for ms in res.values() for m in ms)
+    assert [m.seed for m in res["lane-product"]] == [1, 2]
