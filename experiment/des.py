@@ -265,6 +265,9 @@ class Simulation:
         bind = getattr(self.policy, "bind_simulation", None)
         if bind is not None:  # a design-experiment arm that reads engine speeds and the clock (experiment.variants)
             bind(self)
+        # ...and one that learns from first tokens as the sidecar's response path shows them.
+        self._first_token_seen: Callable[[str, float, float], None] | None = getattr(
+            self.policy, "first_token_seen", None)
 
     # ---- event queue ---------------------------------------------------------------------------------
     def _push(self, t: float, kind: int, payload: object) -> None:
@@ -383,6 +386,8 @@ class Simulation:
         e.prefill_matched -= r.matched
         e.decoding += 1
         e.ttft_model.observe(r.ahead, r.running_at, t - r.decided_t, r.matched_ahead)
+        if self._first_token_seen is not None:
+            self._first_token_seen(e.name, r.decided_t, t)
 
     def _track_ended(self, e: _Engine, r: _Req) -> None:
         e.uncached_tokens -= r.uncached
