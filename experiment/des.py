@@ -47,6 +47,7 @@ from typing import Literal
 from experiment.peers import PEER_POLICIES
 from experiment.records import EngineSample, RequestRecord, RunRecords
 from experiment.workload import Request, Workload
+from loadaware.load.prefill_clock import PrefillClock
 from loadaware.load.tracker import EngineStats, Lease, LoadTracker
 from loadaware.policies import POLICY_NAMES, Policy, make_policy
 from loadaware.policies.base import Candidate
@@ -181,8 +182,8 @@ _ARRIVE, _LANE_DONE, _PREFILL_DONE, _TOKEN, _SAMPLE, _SCRAPE, _APPLY = range(7)
 
 class _Engine:
     __slots__ = ("active", "cache", "chunk_s", "decoding", "hits", "index", "kv_refs", "lane_free", "lmcache",
-                 "name", "prefill_matched", "prefill_tokens", "queries", "routed", "running", "served", "step", "svc",
-                 "ttft_model", "uncached_tokens", "waiting")
+                 "name", "prefill_clock", "prefill_matched", "prefill_tokens", "queries", "routed", "running", "served",
+                 "step", "svc", "ttft_model", "uncached_tokens", "waiting")
 
     def __init__(self, name: str, index: int, svc: ServiceModel) -> None:
         self.name = name
@@ -200,6 +201,7 @@ class _Engine:
         self.kv_refs: dict[int, int] = {}  # block key -> requests in flight here holding it
         self.routed: set[int] = set()  # block keys ever routed here (an approximate radix tree)
         self.ttft_model = TtftModel()
+        self.prefill_clock = PrefillClock()  # the router's clock of this engine's prefill work (policies "lane")
         self.cache = PrefixCache(svc.kv_capacity_blocks, svc.block_size)
         self.lmcache = LMCacheStore(svc.lmcache_capacity_chunks)
         self.lane_free = 0.0
@@ -212,8 +214,8 @@ class _Engine:
 
 
 class _Req:
-    __slots__ = ("ahead", "decided_t", "engine", "last_t", "lease", "matched", "matched_ahead", "prefilled", "produced",
-                 "record", "running_at", "sim", "uncached")
+    __slots__ = ("ahead", "decided_t", "engine", "idle", "last_t", "lease", "matched", "matched_ahead", "prefilled",
+                 "produced", "record", "running_at", "sim", "uncached")
 
     def __init__(self, sim: SimRequest, record: RequestRecord | None) -> None:
         self.sim = sim
@@ -229,6 +231,7 @@ class _Req:
         self.matched_ahead = 0  # the router's matched tokens ahead at the decision (queue + the request's own)
         self.running_at = 0.0  # the router's load of the engine at the decision
         self.decided_t = 0.0
+        self.idle = False  # decided on an idle prefill clock with no admission queue (the clock learns from it)
 
 
 @dataclass
@@ -265,9 +268,6 @@ class Simulation:
         bind = getattr(self.policy, "bind_simulation", None)
         if bind is not None:  # a design-experiment arm that reads engine speeds and the clock (experiment.variants)
             bind(self)
-        # ...and one that learns from first tokens as the sidecar's response path shows them.
-        self._first_token_seen: Callable[[str, float, float], None] | None = getattr(
-            self.policy, "first_token_seen", None)
 
     # ---- event queue ---------------------------------------------------------------------------------
     def _push(self, t: float, kind: int, payload: object) -> None:
@@ -355,6 +355,7 @@ class Simulation:
         as a fresh scrape would show them (waiting, KV usage: an idealised zero-lag scrape)."""
         m = e.ttft_model
         learned = m.observations > 0
+        lane_wait, idle_base, idle_per_token, idle_per_running = e.prefill_clock.view(self.now)
         return Candidate(e.name, matched, load, prefill_tokens=float(e.prefill_tokens),
                          uncached_tokens=float(e.uncached_tokens), decode_batch=float(e.decoding),
                          waiting=float(len(e.waiting)), kv_usage=self._kv_usage(e) if self._gauges else None,
@@ -364,7 +365,9 @@ class Simulation:
                          ttft_per_token_s=m.per_token_s if learned else None,
                          ttft_per_running_s=m.per_running_s if learned else None,
                          ttft_per_matched_token_s=m.per_matched_token_s if learned else None,
-                         prefill_matched_tokens=float(e.prefill_matched))
+                         prefill_matched_tokens=float(e.prefill_matched), lane_wait_s=lane_wait,
+                         idle_ttft_base_s=idle_base, idle_ttft_per_token_s=idle_per_token,
+                         idle_ttft_per_running_s=idle_per_running)
 
     # ---- the router's own per-engine signals (what the sidecar tracks from decisions and responses) -----
     def _track_decided(self, e: _Engine, r: _Req, matched: int, t: float) -> None:
@@ -373,6 +376,8 @@ class Simulation:
         r.matched = r.sim.n_tokens - r.uncached
         r.matched_ahead = e.prefill_matched + r.matched
         r.decided_t = t
+        r.idle = not e.waiting and e.prefill_clock.idle(t)
+        e.prefill_clock.book(r.uncached, t)
         e.prefill_tokens += r.uncached
         e.prefill_matched += r.matched
         e.uncached_tokens += r.uncached
@@ -386,8 +391,8 @@ class Simulation:
         e.prefill_matched -= r.matched
         e.decoding += 1
         e.ttft_model.observe(r.ahead, r.running_at, t - r.decided_t, r.matched_ahead)
-        if self._first_token_seen is not None:
-            self._first_token_seen(e.name, r.decided_t, t)
+        if r.idle:
+            e.prefill_clock.learn(r.uncached, r.running_at, t - r.decided_t)
 
     def _track_ended(self, e: _Engine, r: _Req) -> None:
         e.uncached_tokens -= r.uncached

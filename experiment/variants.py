@@ -1,13 +1,13 @@
 """Placement formulas tried for issue 17 and not adopted: experiment arms only, never a sidecar `--policy`.
 
     python -m experiment.grid --ours predictive-headroom --first-seed 201 --seeds 30 --out out/experiment/grid-headroom
-    python -m experiment.grid --credit gpu --ours lane-learned --arms lane-product,lane-greedy --out out/experiment/g
+    python -m experiment.grid --credit gpu --ours lane --arms lane-product,lane-greedy --out out/experiment/g
     python -m experiment.placement_probe seeds --point queueing --arms predictive,predictive-headroom
 
 The `predictive-*` arms are `predictive` (loadaware/policies/predictive.py) with one change. The `lane-*` arms
-price a request with its predicted TTFT from a prefill clock the router keeps per engine: `lane-greedy` and
-`lane-product` at the engines' known speeds (a design bound: the sidecar is not told them), `lane-learned` at
-speeds learned from first tokens, as the sidecar could. docs/findings.md has what each did on the grid and why
+are the sidecar's `lane` policy (loadaware/policies/lane.py) at the engines' known speeds instead of learned
+ones: `lane-product` exactly so, `lane-greedy` without the decode factor (a design bound: the sidecar is not
+told the speeds). docs/findings.md has what each did on the grid and why
 it was not adopted. `arm(name)` resolves these names and everything `experiment.des.arm_by_name` knows, so the
 grid and the probe take either.
 """
@@ -21,7 +21,6 @@ from experiment.calibration import CALIBRATED
 from experiment.des import Arm, arm_by_name
 from loadaware.policies.base import Candidate, Choice, Policy, argmax_with_tiebreak
 from loadaware.policies.predictive import Predictive
-from loadaware.policies.ttft_model import TtftModel
 from sim.service_model import ServiceModel
 
 if TYPE_CHECKING:
@@ -166,60 +165,12 @@ class LaneProduct(LaneTtft):
         super().__init__(0.5, "lane-product")
 
 
-class LaneLearned(LaneTtft):
-    """`lane-product` without being told the speeds: each engine's are learned from its first tokens.
-
-        ttft(i) = max(free(i) - now, 0) + per_token(i) x uncached(i) + base(i) + per_running(i) x load(i)
-        free(j) = max(free(j), now) + per_token(j) x uncached(j)         after the decision, for the chosen j
-
-    (base, per_token, per_running) is a TtftModel (loadaware.policies.ttft_model: the same online ridge
-    regression, prior and decay as the sidecar's) fitted only on requests decided while the engine's clock was
-    idle and it had no admission queue (scraped waiting 0), so that the observed TTFT is the request's own
-    prefill and first-token steps, with nothing ahead of it. Without the waiting condition a saturated
-    fleet's admission waits are learned as prices (the overload point's p95 went from 2.87 to 7.55 s on the
-    design seeds). `predictive`'s model is fitted on every request, against its lane's tokens in flight,
-    which counts work that has partly drained: its per-token price comes out wrong. The sidecar sees the same
-    first tokens (picker mode) and could keep the same clock; the simulator reports them through
-    `first_token_seen(endpoint, decided_t, t)`."""
-
-    IDLE_S = 1e-3  # a clock this close to now counts as idle
-
-    def __init__(self) -> None:
-        super().__init__(0.5, "lane-learned")
-        self._models: dict[str, TtftModel] = {}
-        self._pending: dict[tuple[str, float], tuple[int, float]] = {}  # (endpoint, decided) -> (uncached, load)
-
-    def _model(self, endpoint: str) -> TtftModel:
-        m = self._models.get(endpoint)
-        if m is None:
-            m = self._models[endpoint] = TtftModel()
-        return m
-
-    def prefill_s(self, endpoint: str, uncached: int) -> float:
-        return self._model(endpoint).per_token_s * uncached
-
-    def first_token_s(self, endpoint: str, load: float) -> float:
-        m = self._model(endpoint)
-        return m.base_s + m.per_running_s * load
-
-    def decided(self, c: Candidate, uncached: int, now: float) -> None:
-        if c.waiting == 0 and self.wait_s(c.endpoint, now) < self.IDLE_S and len(self._pending) < 100_000:
-            self._pending[(c.endpoint, now)] = (uncached, c.load)
-
-    def first_token_seen(self, endpoint: str, decided_t: float, t: float) -> None:
-        idle = self._pending.pop((endpoint, decided_t), None)
-        if idle is not None:
-            uncached, load = idle
-            self._model(endpoint).observe(uncached, load, t - decided_t)
-
-
 # Classes, not closures: the grid pickles arms into its worker processes.
 VARIANTS: dict[str, Callable[[], Policy]] = {
     "predictive-crowd-clamped": PredictiveClampedCrowd,
     "predictive-headroom": PredictiveHeadroom,
     "lane-greedy": LaneGreedy,
     "lane-product": LaneProduct,
-    "lane-learned": LaneLearned,
 }
 
 

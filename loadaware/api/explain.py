@@ -71,6 +71,13 @@ def token_signals(c: Candidate, observed_ttft_s: float | None = None) -> pb.Toke
         msg.ttft_per_token_seconds = c.ttft_per_token_s
     if c.ttft_per_running_s is not None:
         msg.ttft_per_running_seconds = c.ttft_per_running_s
+    msg.prefill_lane_seconds = c.lane_wait_s
+    if c.idle_ttft_base_s is not None:
+        msg.idle_ttft_base_seconds = c.idle_ttft_base_s
+    if c.idle_ttft_per_token_s is not None:
+        msg.idle_ttft_per_token_seconds = c.idle_ttft_per_token_s
+    if c.idle_ttft_per_running_s is not None:
+        msg.idle_ttft_per_running_seconds = c.idle_ttft_per_running_s
     return msg
 
 

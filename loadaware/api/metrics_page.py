@@ -46,10 +46,13 @@ class MetricsPage:
         if self.tokenizer is not None:
             pieces = self.tokenizer.tokenizer.pieces
             self.metrics.tokenizer_pieces_seen(pieces.hits, pieces.misses, pieces.enabled)
+        now = self.signals.clock()
         for endpoint in fleet:
             sig = self.signals.get(endpoint)
-            if sig is not None:
-                self.metrics.token_signals(endpoint, sig.prefill_tokens, sig.uncached_tokens, sig.decoding, sig.ttft_s)
+            if sig is not None:  # the clock's lead read, not viewed: a render off the loop never refits its model
+                lane = max(0.0, sig.prefill_clock.free_at - now)
+                self.metrics.token_signals(endpoint, sig.prefill_tokens, sig.uncached_tokens, sig.decoding, sig.ttft_s,
+                                           lane)
         return self.metrics.render(self.loads.snapshot, fleet)
 
 

@@ -5,6 +5,8 @@
     uncached_tokens(i) = uncached prompt tokens of every request in flight on i (until it ends)
     decoding(i)        = own requests on i past their first token (seen or estimated)
     ttft(i)            = observed time to first response chunk (EWMA), and the endpoint's learned TTFT model
+    clock(i)           = the prefill clock (prefill_clock.py): when the prefill work routed to i is done, at
+                         the speed i showed on requests decided while its clock was idle
 
 "Uncached" = prompt tokens minus the tokens the prefix source said i holds, at the decision. A request's
 prefill is retired when its first response chunk passes the sidecar (the response path: picker / full-duplex
@@ -15,7 +17,8 @@ is known, at the end. Once any first chunk has passed, the response path is ther
 
 Cost on the hot path: a decision adds one small record (the request's share) and a clock read; the
 estimate's queue is settled on the next read of the endpoint (`get`) or decision, so a request costs O(1)
-amortized; later response chunks cost nothing here. Counts move with the request when a retry lands on
+amortized; a first chunk adds one or two rank-one updates of a TTFT model (~2 us each, no solve); later
+response chunks cost nothing here. Counts move with the request when a retry lands on
 another engine (served), and each request is retired exactly once. An endpoint that leaves the fleet is
 forgotten (`drop`).
 """
@@ -28,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from loadaware.lifecycle import Decision
+from loadaware.load.prefill_clock import PrefillClock
 from loadaware.load.prefill_estimate import TtftFromCounters
 from loadaware.load.tracker import EngineStats
 from loadaware.policies.ttft_model import TtftModel
@@ -49,6 +53,7 @@ class _Ticket:
     prefilled: bool = False
     estimated: bool = False  # prefilled by the BUFFERED-mode estimate, not by a first chunk seen
     ended: bool = False
+    idle: bool = False  # decided on an idle prefill clock and no scraped admission queue: the idle model learns
 
 
 @dataclass(slots=True)
@@ -60,6 +65,7 @@ class EndpointSignals:
     ttft_s: float | None = None  # EWMA of observed time to first chunk
     model: TtftModel = field(default_factory=TtftModel)
     counters: TtftFromCounters = field(default_factory=TtftFromCounters)  # the engine's own TTFT histogram
+    prefill_clock: PrefillClock = field(default_factory=PrefillClock)  # in the tracker's time
     # Requests in decision order whose prefill the estimate has not retired yet (BUFFERED mode only; made
     # at the first, as an empty deque costs 760 B an endpoint).
     pending: deque[_Ticket] | None = None
@@ -89,10 +95,10 @@ class SignalTracker:
         ep = decision.endpoint
         if ep is None:
             return
-        matched, load = 0, 0.0
+        matched, load, waiting = 0, 0.0, 0.0
         for c in decision.candidates:
             if c.endpoint == ep:
-                matched, load = c.matched_tokens, c.load
+                matched, load, waiting = c.matched_tokens, c.load, c.waiting
                 break
         uncached = decision.prompt_tokens - matched
         if uncached < 0:
@@ -107,6 +113,8 @@ class SignalTracker:
         s.prefill_tokens += uncached
         s.prefill_matched_tokens += held
         s.uncached_tokens += uncached
+        ticket.idle = waiting <= 0 and s.prefill_clock.idle(now)
+        s.prefill_clock.book(uncached, now)
         decision.signals = ticket
         if self.estimating and s.counters.mean_s is not None:
             if s.pending is None:
@@ -119,7 +127,10 @@ class SignalTracker:
             return
         self._retire(t)
         t.endpoint = decision.served
+        t.idle = False  # its first chunk will carry the failed attempt's time too
         s = self._of(t.endpoint)
+        if not t.prefilled:
+            s.prefill_clock.book(t.uncached, self.clock())
         t.ahead = s.prefill_tokens + t.uncached
         t.matched_ahead = s.prefill_matched_tokens + t.matched
         s.uncached_tokens += t.uncached
@@ -149,6 +160,8 @@ class SignalTracker:
         ttft = self.clock() - t.at
         s.ttft_s = ttft if s.ttft_s is None else s.ttft_s + TTFT_EWMA_ALPHA * (ttft - s.ttft_s)
         s.model.observe(t.ahead, t.load, ttft, t.matched_ahead)
+        if t.idle:
+            s.prefill_clock.learn(t.uncached, t.load, ttft)
 
     def on_ended(self, decision: Decision) -> None:
         t = decision.signals

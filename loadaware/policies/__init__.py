@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from loadaware.policies.base import Candidate, Choice, Policy, ranked
 from loadaware.policies.kvaware import KvAware
+from loadaware.policies.lane import Lane
 from loadaware.policies.leastload import LeastLoad
 from loadaware.policies.loadaware import LoadAware
 from loadaware.policies.predictive import Predictive
 from loadaware.policies.roundrobin import RoundRobin
 
-POLICY_NAMES = ("loadaware", "kvaware", "roundrobin", "leastload", "predictive")
+POLICY_NAMES = ("loadaware", "kvaware", "roundrobin", "leastload", "predictive", "lane")
 
 
 def make_policy(name: str, beta: float = 1.0) -> Policy:
@@ -23,6 +24,8 @@ def make_policy(name: str, beta: float = 1.0) -> Policy:
         return LeastLoad()
     if name == "predictive":
         return Predictive()
+    if name == "lane":
+        return Lane()
     raise ValueError(f"unknown policy {name!r}; expected one of {', '.join(POLICY_NAMES)}")
 
 
@@ -31,6 +34,7 @@ __all__ = [
     "Candidate",
     "Choice",
     "KvAware",
+    "Lane",
     "LeastLoad",
     "LoadAware",
     "Policy",

@@ -11,7 +11,7 @@ from typing import Protocol
 @dataclass(slots=True)
 class Candidate:
     """One endpoint as the policy sees it for one request. Read-only by convention (policies are pure), not
-    frozen: a frozen dataclass sets each of these 13 fields through object.__setattr__ in __init__, ~10x the
+    frozen: a frozen dataclass sets each of these fields through object.__setattr__ in __init__, ~10x the
     cost of plain slots, and a decision builds one candidate per endpoint it scores (bench/signals_cost.py)."""
 
     endpoint: str
@@ -35,6 +35,14 @@ class Candidate:
     # Matched (prefix-held) prompt tokens of the requests counted in prefill_tokens: work too whenever a "held"
     # token must still be loaded (e.g. from LMCache's CPU store); its price is ttft_per_matched_token_s.
     prefill_matched_tokens: float = 0.0
+    # The endpoint's prefill clock (loadaware.load.signals): seconds until the prefill work routed here is done
+    # at the endpoint's learned speed; and the TTFT model that speed comes from, fitted only on requests decided
+    # while the clock was idle and no admission queue was scraped: ttft ~ base + per_token x uncached prompt +
+    # per_running x load. None: not learned (the policy uses its prior).
+    lane_wait_s: float = 0.0
+    idle_ttft_base_s: float | None = None
+    idle_ttft_per_token_s: float | None = None
+    idle_ttft_per_running_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

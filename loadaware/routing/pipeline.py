@@ -301,8 +301,8 @@ class Decider:
 
     def signalled(self, ep: str, matched: int, load: float) -> Candidate:
         """A candidate with the endpoint's token signals: own counts, the scrape's waiting queue and KV usage
-        (when fresh), the decode batch (scraped running plus own decisions since, else own count), and the
-        endpoint's learned TTFT model."""
+        (when fresh), the decode batch (scraped running plus own decisions since, else own count), the
+        endpoint's learned TTFT model, and its prefill clock with the idle model that prices it."""
         assert self.signals is not None
         sig = self.signals.get(ep)
         stats = self._fresh_stats(ep) if self._fresh_stats is not None else None
@@ -318,12 +318,15 @@ class Decider:
             return Candidate(ep, matched, load, decode_batch=decoding, waiting=waiting, kv_usage=kv)
         m = sig.model
         learned = m.observations > 0
+        lane_wait, idle_base, idle_per_token, idle_per_running = sig.prefill_clock.view(self.signals.clock())
         return Candidate(ep, matched, load, float(sig.prefill_tokens), float(sig.uncached_tokens), decoding, waiting,
                          kv, ttft_base_s=m.base_s if learned else None,
                          ttft_per_token_s=m.per_token_s if learned else None,
                          ttft_per_running_s=m.per_running_s if learned else None,
                          ttft_per_matched_token_s=m.per_matched_token_s if learned else None,
-                         prefill_matched_tokens=float(sig.prefill_matched_tokens))
+                         prefill_matched_tokens=float(sig.prefill_matched_tokens), lane_wait_s=lane_wait,
+                         idle_ttft_base_s=idle_base, idle_ttft_per_token_s=idle_per_token,
+                         idle_ttft_per_running_s=idle_per_running)
 
     def _empty(self, request_id: str, subset: frozenset[str] | None, n_tokens: int, stages: dict[str, float],
                started: float, count: bool, model: str | None = None) -> Decision:

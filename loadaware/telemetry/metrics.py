@@ -72,6 +72,9 @@ class Metrics:
                                      "their first response chunk", ["endpoint"], registry=r)
         self.signal_ttft = Gauge("loadaware_endpoint_observed_ttft_seconds", "Observed time to first response "
                                  "chunk on the endpoint (EWMA)", ["endpoint"], registry=r)
+        self.signal_lane = Gauge("loadaware_endpoint_prefill_lane_seconds", "Seconds until the prefill work routed "
+                                 "to the endpoint is done, by the sidecar's prefill clock at the endpoint's learned "
+                                 "speed", ["endpoint"], registry=r)
         self.endpoint_models = Gauge("loadaware_endpoint_models", "1 for each model an endpoint serves (served "
                                      "names and LoRA adapters, from its /v1/models)", ["endpoint", "model"],
                                      registry=r)
@@ -216,7 +219,7 @@ class Metrics:
         self._inflight_shown.pop(endpoint, None)
         for gauge in (self.inflight, self.scraped_running, self.scraped_waiting, self.scraped_kv,
                       self.kv_connected, self.kv_index_blocks, self.approx_blocks, self.signal_prefill,
-                      self.signal_uncached, self.signal_decoding, self.signal_ttft):
+                      self.signal_uncached, self.signal_decoding, self.signal_ttft, self.signal_lane):
             try:
                 gauge.remove(endpoint)
             except KeyError:
@@ -245,10 +248,11 @@ class Metrics:
         self.tokenizer_pieces.labels("enabled").set(1 if enabled else 0)
 
     def token_signals(self, endpoint: str, prefill: float, uncached: float, decoding: float,
-                      ttft_s: float | None) -> None:
+                      ttft_s: float | None, lane_s: float = 0.0) -> None:
         self.signal_prefill.labels(endpoint).set(prefill)
         self.signal_uncached.labels(endpoint).set(uncached)
         self.signal_decoding.labels(endpoint).set(decoding)
+        self.signal_lane.labels(endpoint).set(lane_s)
         if ttft_s is not None:
             self.signal_ttft.labels(endpoint).set(ttft_s)
 

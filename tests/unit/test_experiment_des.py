@@ -8,12 +8,13 @@ from dataclasses import dataclass, replace
 import pytest
 
 from experiment.calibration import CALIBRATED, fleet_flags
-from experiment.des import SIDECAR_ARMS, FleetConfig, Prepared, Simulation, arm_by_name, prepare, simulate
+from experiment.des import SIDECAR_ARMS, FleetConfig, Prepared, Simulation, _Req, arm_by_name, prepare, simulate
 from experiment.metrics import seed_metrics
 from experiment.workload import WorkloadSpec, build
 from loadaware.load.tracker import EngineStats, LoadTracker
 from loadaware.policies import Policy
 from loadaware.policies.base import Candidate, Choice
+from loadaware.policies.ttft_model import TtftPrior
 from sim.service_model import ServiceModel
 
 TINY = WorkloadSpec(n_prefixes=8, n_requests=40, rate=8.0, max_tokens=8)
@@ -186,3 +187,22 @@ def test_sim_model_key_entry_points_match_token_entry_points() -> None:
     assert svc.decode_step_seconds(4, pending_prefill_s=5.0) == pytest.approx(0.114)  # at most one chunk
     assert svc.first_token_seconds(4) == pytest.approx(0.028)
     assert ServiceModel().first_token_seconds(4) == 0 and ServiceModel().decode_step_seconds(4, 9.0) == 0.005
+
+
+def test_the_router_keeps_each_engines_prefill_clock_as_the_sidecar_does(tiny: Prepared) -> None:
+    sim = Simulation(tiny, arm_by_name("lane"), FleetConfig(engines=1, service=CALIBRATED))
+    e, (a, b) = sim.engines[0], (_Req(s, None) for s in tiny.requests[:2])
+    price = TtftPrior().per_token_s
+    sim.now = 1.0
+    sim._track_decided(e, a, 0, 1.0)  # a cold engine: every prompt token uncached
+    sim._track_decided(e, b, 0, 1.0)
+    assert a.idle and not b.idle  # b is decided behind a on the same clock
+    c = sim._candidate(e, 0, 2.0)
+    assert c.lane_wait_s == pytest.approx(price * (a.sim.n_tokens + b.sim.n_tokens))
+    assert c.idle_ttft_per_token_s is None  # nothing learned yet: the policy's prior
+    sim._track_first_token(e, a, 1.4)
+    sim._track_first_token(e, b, 1.8)
+    assert e.prefill_clock.model.observations == 1  # only a, decided on an idle clock, teaches it
+    sim.now = 10.0
+    learned = sim._candidate(e, 0, 0.0)
+    assert learned.lane_wait_s == 0.0 and learned.idle_ttft_per_token_s is not None

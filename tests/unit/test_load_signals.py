@@ -13,8 +13,9 @@ from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import RequestLifecycle
 from loadaware.load.signals import SignalTracker
 from loadaware.load.tracker import EngineStats, LoadTracker
-from loadaware.policies import make_policy
+from loadaware.policies import Candidate, make_policy
 from loadaware.policies.kvaware import KvAware
+from loadaware.policies.ttft_model import TtftPrior
 from loadaware.routing.pipeline import Decider
 from loadaware.routing.request import InferenceRequest
 
@@ -251,3 +252,90 @@ def test_the_sidecar_feeds_each_scrape_to_the_buffered_estimate() -> None:
     app.loads.record(FLEET[0], EngineStats(0, 0, None, 2.0, ttft_sum=30.0, ttft_count=100.0))
     s = app.signals.get(FLEET[0])
     assert s is not None and s.counters.mean_s == pytest.approx(0.3)
+
+
+def test_the_prefill_clock_books_each_decision_and_drains_with_time() -> None:
+    decider, signals, lifecycle, clock, _ = rig({FLEET[0]: 600}, policy="lane")
+    price = TtftPrior().per_token_s
+    first = asyncio.run(decider.decide(prompt(1000), "r1"))
+    assert first.endpoint == FLEET[0]
+    s = signals.get(FLEET[0])
+    assert s is not None and s.prefill_clock.free_at == pytest.approx(clock.t + 400 * price)
+    second = asyncio.run(decider.decide(prompt(1000), "r2"))
+    by_ep = {c.endpoint: c for c in second.candidates}
+    assert by_ep[FLEET[0]].lane_wait_s == pytest.approx(400 * price)  # the first one's prefill is ahead
+    assert by_ep[FLEET[1]].lane_wait_s == 0.0 and by_ep[FLEET[0]].idle_ttft_base_s is None
+    clock.t += 0.05
+    third = asyncio.run(decider.decide(prompt(1000), "r3"))
+    ahead = (2 if second.endpoint == FLEET[0] else 1) * 400 * price - 0.05
+    assert {c.endpoint: c for c in third.candidates}[FLEET[0]].lane_wait_s == pytest.approx(ahead)
+    clock.t += 5.0
+    idle = asyncio.run(decider.decide(prompt(1000), "r4", count=False))
+    assert all(c.lane_wait_s == 0.0 for c in idle.candidates)  # never below now
+    for d in (first, second, third):
+        lifecycle.ended(d)
+
+
+def test_the_clock_learns_its_speed_only_from_requests_decided_on_it_idle_and_unqueued() -> None:
+    decider, signals, lifecycle, clock, loads = rig({FLEET[0]: 900}, policy="lane")  # FLEET[0] holds a prefix
+    for i, n in enumerate((1000, 1600, 1200, 1400)):  # far apart: each finds the clock idle
+        clock.t += 10.0
+        d = asyncio.run(decider.decide(prompt(n), f"r{i}"))
+        assert d.endpoint == FLEET[0]
+        clock.t += 0.05 + TtftPrior().per_token_s * (n - 900)  # its own prefill and steps, nothing ahead
+        lifecycle.first_chunk(d)
+        lifecycle.ended(d)
+    s0 = signals.get(FLEET[0])
+    assert s0 is not None and s0.prefill_clock.model.observations == 4
+    learned = 4
+    # Back to back: the second is decided behind the first on the same clock, so it teaches nothing.
+    clock.t += 10.0
+    one = asyncio.run(decider.decide(prompt(1000), "b1"))
+    two = asyncio.run(decider.decide(prompt(1000), "b2"))
+    assert one.endpoint == two.endpoint == FLEET[0]
+    clock.t += 1.0
+    lifecycle.first_chunk(one)
+    lifecycle.first_chunk(two)
+    assert s0.prefill_clock.model.observations == learned + 1
+    # Nor does one decided while the engine showed an admission queue.
+    clock.t += 10.0
+    loads.record(FLEET[0], EngineStats(running=64, waiting=3, kv_usage=0.9, at=clock.t))
+    loads.record(FLEET[1], EngineStats(running=64, waiting=9, kv_usage=0.9, at=clock.t))
+    queued = asyncio.run(decider.decide(prompt(1000), "q"))
+    assert queued.endpoint == FLEET[0]
+    clock.t += 1.0
+    lifecycle.first_chunk(queued)
+    assert s0.prefill_clock.model.observations == learned + 1
+    view = {c.endpoint: c for c in asyncio.run(decider.decide(prompt(10), "v", count=False)).candidates}
+    assert view[FLEET[0]].idle_ttft_per_token_s is not None
+
+
+def test_a_retry_books_its_prefill_on_the_engine_that_served_and_teaches_neither() -> None:
+    decider, signals, lifecycle, clock, _ = rig({FLEET[0]: 600}, policy="lane")
+    d = asyncio.run(decider.decide(prompt(1000), "r1"))
+    assert d.endpoint == FLEET[0]
+    lifecycle.served(d, FLEET[1])
+    b = signals.get(FLEET[1])
+    assert b is not None and b.prefill_clock.free_at == pytest.approx(clock.t + 400 * TtftPrior().per_token_s)
+    clock.t += 0.3
+    lifecycle.first_chunk(d)
+    a = signals.get(FLEET[0])
+    assert a is not None and a.prefill_clock.model.observations == 0 == b.prefill_clock.model.observations
+
+
+def test_explain_and_metrics_show_the_prefill_clock() -> None:
+    from loadaware.api.explain import token_signals
+    from loadaware.telemetry.metrics import Metrics
+
+    unlearned = token_signals(Candidate("a", 0, 1.0, lane_wait_s=0.25))
+    assert unlearned.prefill_lane_seconds == 0.25 and not unlearned.HasField("idle_ttft_per_token_seconds")
+    learned = token_signals(Candidate("a", 0, 1.0, idle_ttft_base_s=0.03, idle_ttft_per_token_s=4e-4,
+                                      idle_ttft_per_running_s=0.002))
+    assert (learned.idle_ttft_base_seconds, learned.idle_ttft_per_token_seconds,
+            learned.idle_ttft_per_running_seconds) == (0.03, 4e-4, 0.002)
+    metrics = Metrics("lane")
+    metrics.token_signals(FLEET[0], 400, 400, 0, None, 0.125)
+    text = metrics.render(dict, (FLEET[0],)).decode()
+    assert f'loadaware_endpoint_prefill_lane_seconds{{endpoint="{FLEET[0]}"}} 0.125' in text
+    metrics.forget_endpoint(FLEET[0])
+    assert "loadaware_endpoint_prefill_lane_seconds{" not in metrics.render(dict, ()).decode()

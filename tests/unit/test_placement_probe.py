@@ -14,7 +14,6 @@ from experiment.grid import POINTS_BY_NAME, run_grid, with_credit
 from experiment.placement_probe import main, probe_costs, probe_seeds
 from experiment.variants import (
     LaneGreedy,
-    LaneLearned,
     LaneProduct,
     PredictiveClampedCrowd,
     PredictiveHeadroom,
@@ -113,10 +112,7 @@ def test_cli_refuses_a_bad_seed_range_with_a_usage_error(capsys: pytest.CaptureF
     assert exit_.value.code == 2 and "--seeds" in capsys.readouterr().err
 
 
-CALIBRATED_LIKE = ServiceModel(prefill_tokens_per_s=4000, ttft_decode_steps=2)
-
-
-def _bound(policy: LaneGreedy | LaneProduct | LaneLearned, services: tuple[ServiceModel, ...]) -> Simulation:
+def _bound(policy: LaneGreedy | LaneProduct, services: tuple[ServiceModel, ...]) -> Simulation:
     work = prepare(build(WorkloadSpec(n_prefixes=2, n_requests=1, warmup_passes=0), 1))
     fleet = FleetConfig(engines=len(services), service=services[0], engine_services=services)
     sim = Simulation(work, arm("lmetric"), fleet)
@@ -158,50 +154,10 @@ def test_the_lane_clock_fills_with_each_decision_and_drains_with_time() -> None:
     assert policy.choose(0, []) is None
 
 
-def test_the_learned_lane_fits_speeds_only_on_decisions_made_with_an_idle_clock() -> None:
-    policy = LaneLearned()
-    sim = _bound(policy, (CALIBRATED_LIKE, CALIBRATED_LIKE))
-    a, b = Candidate("engine-000", 0, 2.0), Candidate("engine-001", 0, 2.0)
-    prior = LaneLearned()
-    assert policy.costs(1000, [a]) == prior.costs(1000, [a])  # nothing seen yet: the TtftModel prior
-    per_token, base, per_running = 0.0004, 0.03, 0.002  # the engine's true speeds, to be learned
-    t = 0.0
-    for i in range(300):
-        sim.now = t = t + 5.0  # far apart: each decision finds both clocks idle
-        n = 200 + (i * 37) % 1500
-        c = a if i % 2 else b
-        c.load = float(i % 20)
-        choice = policy.choose(n, [c])
-        assert choice is not None
-        policy.first_token_seen(c.endpoint, t, t + base + per_token * n + per_running * c.load)
-    # The ridge prior (0.25 ms per token) still pulls a little: the fit remembers ~50 observations.
-    assert policy.prefill_s("engine-000", 1000) == pytest.approx(0.4, rel=0.1)
-    assert prior.prefill_s("engine-000", 1000) == pytest.approx(0.25)
-    predicted = policy.prefill_s("engine-001", 800) + policy.first_token_s("engine-001", 10.0)
-    assert predicted == pytest.approx(base + 800 * per_token + 10 * per_running, rel=0.05)
-    # A decision made while the clock is busy is not learned from: its TTFT includes the queue ahead.
-    sim.now = t = t + 5.0
-    policy.choose(1000, [a])
-    policy.choose(1000, [a])  # 0.4 s behind the first
-    before = policy.prefill_s("engine-000", 1000)
-    policy.first_token_seen("engine-000", t, t + 5.0)  # the idle one, with an absurd TTFT: learned from
-    assert policy.prefill_s("engine-000", 1000) != before
-    after = policy.prefill_s("engine-000", 1000)
-    policy.first_token_seen("engine-000", t, t + 50.0)  # the same key again: already consumed, ignored
-    assert policy.prefill_s("engine-000", 1000) == after
-    # Nor one made while the engine had an admission queue: its TTFT includes the wait for a slot.
-    sim.now = t = t + 5.0
-    a.waiting = 3.0
-    policy.choose(1000, [a])
-    policy.first_token_seen("engine-000", t, t + 50.0)
-    assert policy.prefill_s("engine-000", 1000) == after
-    assert arm("lane-learned").make().name == "lane-learned"
-
-
 def test_the_grid_runs_lane_arms_on_gpu_credit(tmp_path: Path) -> None:
     point = with_credit(TINY, "gpu")
     assert point.point.fleet.credit == "gpu" and TINY.point.fleet.credit == "multi"
-    arms = [arm("lane-product"), arm("lane-greedy"), arm("lane-learned")]
+    arms = [arm("lane-product"), arm("lane-greedy"), arm("lane")]
     res = run_grid([point], arms, [1, 2], jobs=2, cache=tmp_path)["tiny"]
     assert all(m.ok == 30 and m.errors == 0 and m.ttft_p95 > 0 for ms in res.values() for m in ms)
     assert [m.seed for m in res["lane-product"]] == [1, 2]

@@ -7,8 +7,9 @@ import itertools
 
 import pytest
 
-from loadaware.policies import Candidate, KvAware, LeastLoad, LoadAware, Predictive, RoundRobin, make_policy
+from loadaware.policies import Candidate, KvAware, Lane, LeastLoad, LoadAware, Predictive, RoundRobin, make_policy
 from loadaware.policies.loadaware import benefit, loadaware_scores, relative_loads
+from loadaware.policies.ttft_model import TtftPrior
 
 
 def cands(*spec: tuple[str, int, float]) -> list[Candidate]:
@@ -226,3 +227,35 @@ def test_predictive_saturated_fleet_minimises_prefill_work() -> None:
 
 def test_predictive_empty_fleet() -> None:
     assert make_policy("predictive").choose(10, ()) is None
+
+
+def test_lane_prices_the_clock_ahead_the_own_prefill_and_the_steps_then_weighs_the_batch() -> None:
+    p = Lane()
+    assert isinstance(make_policy("lane"), Lane)
+    learned = Candidate("a", 1000, 9.0, decode_batch=8.0, lane_wait_s=0.2, idle_ttft_base_s=0.03,
+                        idle_ttft_per_token_s=4e-4, idle_ttft_per_running_s=0.002)
+    prior = Candidate("b", 0, 3.0, decode_batch=3.0)  # nothing learned: the prior's prices, an idle clock
+    pr = TtftPrior()
+    want_a = (0.2 + 4e-4 * 600 + 0.03 + 0.002 * 9) * 3.0  # x sqrt(8 + 1)
+    want_b = (pr.per_token_s * 1600 + pr.base_s + pr.per_running_s * 3) * 2.0  # x sqrt(3 + 1)
+    assert p.costs(1600, [learned, prior]) == pytest.approx([want_a, want_b])
+    choice = p.choose(1600, [learned, prior])
+    assert choice is not None and choice.scores == pytest.approx((-want_a, -want_b))
+    assert p.choose(1600, []) is None
+
+
+def test_lane_leaves_a_holder_whose_clock_is_far_behind() -> None:
+    p = make_policy("lane")
+    holder = Candidate("a", 1536, 10.0, decode_batch=10.0)
+    other = Candidate("b", 0, 10.0, decode_batch=10.0)
+    assert chosen(p, 1578, [holder, other]) == "a"  # a hit saves ~0.4 s of prefill
+    holder.lane_wait_s = 1.0  # a second of prefill work queued ahead of it
+    assert chosen(p, 1578, [holder, other]) == "b"
+
+
+def test_lane_keeps_a_hit_off_a_batch_many_times_larger() -> None:
+    p = make_policy("lane")
+    full = Candidate("a", 1536, 60.0, decode_batch=60.0)
+    idle = Candidate("b", 0, 2.0, decode_batch=2.0)
+    assert chosen(p, 1578, [full, idle]) == "b"  # the greedy choice (the hit) would fill the holder to its cap
+    assert Lane().ttft(1578, full) < Lane().ttft(1578, idle)

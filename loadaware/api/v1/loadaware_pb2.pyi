@@ -46,7 +46,7 @@ class ScrapedLoad(_message.Message):
     def __init__(self, running: _Optional[float] = ..., waiting: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., age_seconds: _Optional[float] = ..., fresh: _Optional[bool] = ...) -> None: ...
 
 class TokenSignals(_message.Message):
-    __slots__ = ("prefill_tokens", "uncached_tokens_in_flight", "decode_batch", "kv_cache_usage", "observed_ttft_seconds", "ttft_base_seconds", "ttft_per_token_seconds", "ttft_per_running_seconds")
+    __slots__ = ("prefill_tokens", "uncached_tokens_in_flight", "decode_batch", "kv_cache_usage", "observed_ttft_seconds", "ttft_base_seconds", "ttft_per_token_seconds", "ttft_per_running_seconds", "prefill_lane_seconds", "idle_ttft_base_seconds", "idle_ttft_per_token_seconds", "idle_ttft_per_running_seconds")
     PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     UNCACHED_TOKENS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     DECODE_BATCH_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,10 @@ class TokenSignals(_message.Message):
     TTFT_BASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TTFT_PER_TOKEN_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TTFT_PER_RUNNING_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_LANE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_TTFT_BASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_TTFT_PER_TOKEN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_TTFT_PER_RUNNING_SECONDS_FIELD_NUMBER: _ClassVar[int]
     prefill_tokens: float
     uncached_tokens_in_flight: float
     decode_batch: float
@@ -63,7 +67,11 @@ class TokenSignals(_message.Message):
     ttft_base_seconds: float
     ttft_per_token_seconds: float
     ttft_per_running_seconds: float
-    def __init__(self, prefill_tokens: _Optional[float] = ..., uncached_tokens_in_flight: _Optional[float] = ..., decode_batch: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., observed_ttft_seconds: _Optional[float] = ..., ttft_base_seconds: _Optional[float] = ..., ttft_per_token_seconds: _Optional[float] = ..., ttft_per_running_seconds: _Optional[float] = ...) -> None: ...
+    prefill_lane_seconds: float
+    idle_ttft_base_seconds: float
+    idle_ttft_per_token_seconds: float
+    idle_ttft_per_running_seconds: float
+    def __init__(self, prefill_tokens: _Optional[float] = ..., uncached_tokens_in_flight: _Optional[float] = ..., decode_batch: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., observed_ttft_seconds: _Optional[float] = ..., ttft_base_seconds: _Optional[float] = ..., ttft_per_token_seconds: _Optional[float] = ..., ttft_per_running_seconds: _Optional[float] = ..., prefill_lane_seconds: _Optional[float] = ..., idle_ttft_base_seconds: _Optional[float] = ..., idle_ttft_per_token_seconds: _Optional[float] = ..., idle_ttft_per_running_seconds: _Optional[float] = ...) -> None: ...
 
 class EndpointScore(_message.Message):
     __slots__ = ("endpoint", "lmcache_instance_id", "matched_tokens", "benefit", "inflight", "scraped", "load", "relative_load", "score", "chosen", "models", "routing_state", "signals")

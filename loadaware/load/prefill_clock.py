@@ -1,0 +1,51 @@
+"""One endpoint's prefill clock: when the prefill work routed to it is done, at its learned speed. Pure: the
+caller passes the time.
+
+    book:  free_at = max(free_at, now) + price x uncached tokens        at each decision on the endpoint
+    wait:  max(free_at - now, 0)                                        what a new request would queue behind
+
+The price per token is the endpoint's idle TTFT model's (ttft ~ base + per_token x uncached + per_running x
+load), fitted only on requests decided while the clock was idle and no admission queue was scraped: such a
+request's first chunk shows its own prefill and first-token decode steps, with nothing ahead of it. The
+model refits (a 4x4 solve) only when `view` is read, so a policy that never reads the clock never pays for it;
+until then the clock keeps the price of the last read (the prior's at first).
+
+The signal tracker (signals.py) keeps one per endpoint; the simulator (experiment.des) keeps the same per engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from loadaware.policies.ttft_model import TtftModel, TtftPrior
+
+IDLE_S = 1e-3  # a clock this close to now counts as idle
+
+
+@dataclass(slots=True)
+class PrefillClock:
+    free_at: float = 0.0
+    model: TtftModel = field(default_factory=TtftModel)
+    price_s: float = TtftPrior().per_token_s  # per uncached token, as of the last view
+
+    def idle(self, now: float) -> bool:
+        return self.free_at - now < IDLE_S
+
+    def book(self, uncached: int, now: float) -> None:
+        start = self.free_at if self.free_at > now else now
+        self.free_at = start + self.price_s * uncached
+
+    def learn(self, uncached: int, load: float, ttft_s: float) -> None:
+        """A first chunk of a request decided on an idle clock with no admission queue."""
+        self.model.observe(uncached, load, ttft_s)
+
+    def view(self, now: float) -> tuple[float, float | None, float | None, float | None]:
+        """(seconds until idle, then the model's base, per-token and per-running prices, None until learned)."""
+        wait = self.free_at - now
+        if wait < 0:
+            wait = 0.0
+        m = self.model
+        if m.observations == 0:
+            return wait, None, None, None
+        self.price_s = m.per_token_s
+        return wait, m.base_s, self.price_s, m.per_running_s
