@@ -27,12 +27,13 @@ APPROX_BYTES_PER_BLOCK = 190
 # are int objects of their own) plus its share of the piece's text (measured 48.5 B).
 PIECE_CACHE_BYTES_PER_TOKEN = 50
 # Recent-decisions ring (telemetry/decisions.py): one decision, plus one of the ranked head's candidates (at most
-# RING_CANDIDATES; a Candidate with its optional token-signal fields), measured 641 B and 221 B with tracemalloc.
+# RING_CANDIDATES; a Candidate with its optional token-signal fields), measured 641 B and 269 B with tracemalloc.
 RECENT_DECISION_BYTES = 720
-RECENT_CANDIDATE_BYTES = 240
-# Token signals (load/signals.py): one endpoint's entry (its counts, learned TTFT model and histogram
-# counters), measured 989 B with tracemalloc over 10,000 scraped endpoints.
-TOKEN_SIGNALS_BYTES_PER_ENDPOINT = 1000
+RECENT_CANDIDATE_BYTES = 280
+# Token signals (load/signals.py): one endpoint's entry (its counts, learned TTFT model, histogram counters and
+# prefill clock), measured with tracemalloc over 10,000 endpoints: 1,029 B scraped only, 2,709 B once both
+# TTFT models (the endpoint's and its clock's) have learned from first chunks (picker mode).
+TOKEN_SIGNALS_BYTES_PER_ENDPOINT = 2800
 # A request in flight holds its prompt's token ids (a list of ints) until its stream ends: per token.
 INFLIGHT_BYTES_PER_TOKEN = 48
 

@@ -15,18 +15,22 @@ The signal tracker (signals.py) keeps one per endpoint; the simulator (experimen
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from loadaware.policies.ttft_model import TtftModel, TtftPrior
 
 IDLE_S = 1e-3  # a clock this close to now counts as idle
 
 
+_PRIOR_PRICE_S = TtftPrior().per_token_s
+
+
 @dataclass(slots=True)
 class PrefillClock:
     free_at: float = 0.0
-    model: TtftModel = field(default_factory=TtftModel)
-    price_s: float = TtftPrior().per_token_s  # per uncached token, as of the last view
+    # Made at the first lesson (~780 B): an endpoint that never shows a first chunk (BUFFERED mode) keeps none.
+    model: TtftModel | None = None
+    price_s: float = _PRIOR_PRICE_S  # per uncached token, as of the last view
 
     def idle(self, now: float) -> bool:
         return self.free_at - now < IDLE_S
@@ -37,6 +41,8 @@ class PrefillClock:
 
     def learn(self, uncached: int, load: float, ttft_s: float) -> None:
         """A first chunk of a request decided on an idle clock with no admission queue."""
+        if self.model is None:
+            self.model = TtftModel()
         self.model.observe(uncached, load, ttft_s)
 
     def view(self, now: float) -> tuple[float, float | None, float | None, float | None]:
@@ -45,7 +51,7 @@ class PrefillClock:
         if wait < 0:
             wait = 0.0
         m = self.model
-        if m.observations == 0:
+        if m is None or m.observations == 0:
             return wait, None, None, None
         self.price_s = m.per_token_s
         return wait, m.base_s, self.price_s, m.per_running_s

@@ -686,3 +686,34 @@ def test_a_non_utf8_request_id_is_still_routed_by_the_picker(gateway: EnvoyProc,
     decision = picker.decision(tag + "\ufffd")  # decoded tolerantly: the picker decided this very request
     assert decision["endpoint"] == fleet.by_name[reply.served_by], decision
     assert counter(gateway, f"{HCM_STAT}.ext_proc.streams_failed") == failed
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 9. the lane policy learns each engine's speed from the first chunks the picker sees
+# ---------------------------------------------------------------------------------------------------------
+
+def test_the_lane_policy_learns_engine_speeds_from_first_chunks_and_shows_its_clock(log_dir: Path,
+                                                                                     fleet: Fleet) -> None:
+    """`--policy lane` behind the shipped picker config: one request at a time (each decided on an idle
+    clock, no engine queueing), streamed back through the full-duplex path, so every first chunk teaches its
+    engine's clock; the next decisions carry the learned prices and /metrics the clock."""
+    lane = Picker(log_dir, fleet.endpoints, name="sidecar-lane", extra=("--policy", "lane"))
+    with lane.proc, start_envoy(log_dir, "envoy-lane", lane.port, fleet.endpoints) as envoy:
+        served: list[str] = []
+        tags = []
+        for _ in range(12):
+            tag = request_id("lane")
+            reply = http1(envoy.url, "POST", "/v1/completions", request_body("completions", True, unique("lane")),
+                          headers={"x-request-id": tag.encode()})
+            assert reply.status == 200 and reply.served_by in fleet.by_name, reply
+            served.append(fleet.by_name[reply.served_by])
+            tags.append(tag)
+        last = lane.decision(tags[-1])
+        assert last["endpoint"] == served[-1], last
+        prices = {c["endpoint"]: c.get("idle_ttft_per_token_s") for c in last["candidates"]}
+        assert all(prices.get(ep) for ep in set(served[:-1])), last  # each learned from its first chunks
+        assert all(p is None or p > 0 for p in prices.values()), prices
+        with urllib.request.urlopen(f"http://{lane.metrics}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        for ep in set(served):
+            assert f'loadaware_endpoint_prefill_lane_seconds{{endpoint="{ep}"}}' in text, text

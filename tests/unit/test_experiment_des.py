@@ -202,7 +202,8 @@ def test_the_router_keeps_each_engines_prefill_clock_as_the_sidecar_does(tiny: P
     assert c.idle_ttft_per_token_s is None  # nothing learned yet: the policy's prior
     sim._track_first_token(e, a, 1.4)
     sim._track_first_token(e, b, 1.8)
-    assert e.prefill_clock.model.observations == 1  # only a, decided on an idle clock, teaches it
+    model = e.prefill_clock.model
+    assert model is not None and model.observations == 1  # only a, decided on an idle clock, teaches it
     sim.now = 10.0
     learned = sim._candidate(e, 0, 0.0)
     assert learned.lane_wait_s == 0.0 and learned.idle_ttft_per_token_s is not None
