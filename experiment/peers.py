@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from loadaware.policies.base import Candidate, Choice, argmax_with_tiebreak
+from loadaware.policies.base import Candidate, Choice, argmax_with_tiebreak, lowest_cost
 
 BLOCK_TOKENS = 16  # vLLM's block size in the simulated fleet
 
@@ -40,11 +40,6 @@ def _uncached(c: Candidate, prompt_tokens: int) -> float:
     return float(max(0, prompt_tokens - c.matched_tokens))
 
 
-def _lowest_cost(costs: Sequence[float], candidates: Sequence[Candidate]) -> Choice:
-    scores = [-x for x in costs]
-    return Choice(argmax_with_tiebreak(scores, candidates), tuple(scores))
-
-
 @dataclass
 class LMetric:
     name: str = "lmetric"
@@ -55,7 +50,7 @@ class LMetric:
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:
         if not candidates:
             return None
-        return _lowest_cost([(c.prefill_tokens + _uncached(c, prompt_tokens)) * (c.decode_batch + 1)
+        return lowest_cost([(c.prefill_tokens + _uncached(c, prompt_tokens)) * (c.decode_batch + 1)
                              for c in candidates], candidates)
 
 
@@ -78,7 +73,7 @@ class DynamoLinear:
             overlap = self.overlap_credit * (c.matched_tokens // BLOCK_TOKENS)
             prefill = c.prefill_tokens / BLOCK_TOKENS + incoming - overlap
             costs.append(self.prefill_load_scale * max(prefill, 0.0) + c.kv_blocks + incoming)
-        return _lowest_cost(costs, candidates)
+        return lowest_cost(costs, candidates)
 
 
 @dataclass
@@ -99,7 +94,7 @@ class LlmdTokenAware:
         keep = sticky if any(sticky) else [True] * len(candidates)
         costs = [c.uncached_tokens + prompt_tokens * (1 - _hit(c, prompt_tokens)) if k else math.inf
                  for c, k in zip(candidates, keep)]
-        return _lowest_cost(costs, candidates)
+        return lowest_cost(costs, candidates)
 
 
 @dataclass
@@ -145,12 +140,12 @@ class SglangCacheAware:
         loads = [c.load for c in candidates]
         hi, lo = max(loads), min(loads)
         if hi - lo > self.balance_abs_threshold and hi > self.balance_rel_threshold * lo:
-            return _lowest_cost(loads, candidates)
+            return lowest_cost(loads, candidates)
         best = max(range(len(candidates)), key=lambda i: (candidates[i].matched_tokens, -i))
         if _hit(candidates[best], prompt_tokens) > self.cache_threshold:
             scores = [float(c.matched_tokens) for c in candidates]
             return Choice(argmax_with_tiebreak(scores, candidates), tuple(scores))
-        return _lowest_cost([c.routed_tokens for c in candidates], candidates)
+        return lowest_cost([c.routed_tokens for c in candidates], candidates)
 
 
 PEER_POLICIES = {"lmetric": LMetric, "dynamo": DynamoLinear, "llmd-token": LlmdTokenAware,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from experiment.calibration import CALIBRATED
 from experiment.des import Arm, arm_by_name
-from loadaware.policies.base import Candidate, Choice, Policy, argmax_with_tiebreak
+from loadaware.policies.base import Candidate, Choice, Policy, lowest_cost
 from loadaware.policies.predictive import Predictive
 from sim.service_model import ServiceModel
 
@@ -139,13 +139,12 @@ class LaneTtft:
                ) -> Choice | None:
         if not candidates:
             return None
-        scores = [-x for x in self.costs(prompt_tokens, candidates)]
-        i = argmax_with_tiebreak(scores, candidates)
-        c, now = candidates[i], self._now()
+        choice = lowest_cost(self.costs(prompt_tokens, candidates), candidates)
+        c, now = candidates[choice.index], self._now()
         uncached = prompt_tokens - max(0, min(prompt_tokens, c.matched_tokens))
         self.decided(c, uncached, now)
         self._free[c.endpoint] = max(self._free.get(c.endpoint, 0.0), now) + self.prefill_s(c.endpoint, uncached)
-        return Choice(i, tuple(scores))
+        return choice
 
     def decided(self, c: Candidate, uncached: int, now: float) -> None:
         """Called with each choice before the clock advances (a learning subclass remembers it)."""

@@ -65,20 +65,18 @@ def token_signals(c: Candidate, observed_ttft_s: float | None = None) -> pb.Toke
         msg.kv_cache_usage = c.kv_usage
     if observed_ttft_s is not None:
         msg.observed_ttft_seconds = observed_ttft_s
-    if c.ttft_base_s is not None:
-        msg.ttft_base_seconds = c.ttft_base_s
-    if c.ttft_per_token_s is not None:
-        msg.ttft_per_token_seconds = c.ttft_per_token_s
-    if c.ttft_per_running_s is not None:
-        msg.ttft_per_running_seconds = c.ttft_per_running_s
     msg.prefill_lane_seconds = c.lane_wait_s
-    if c.idle_ttft_base_s is not None:
-        msg.idle_ttft_base_seconds = c.idle_ttft_base_s
-    if c.idle_ttft_per_token_s is not None:
-        msg.idle_ttft_per_token_seconds = c.idle_ttft_per_token_s
-    if c.idle_ttft_per_running_s is not None:
-        msg.idle_ttft_per_running_seconds = c.idle_ttft_per_running_s
+    for field, value in ((name, getattr(c, attr)) for attr, name in _LEARNED_TTFT):
+        if value is not None:
+            setattr(msg, field, value)
     return msg
+
+
+# The learned TTFT models' prices: Candidate attribute -> TokenSignals field (absent while not learned).
+_LEARNED_TTFT = (("ttft_base_s", "ttft_base_seconds"), ("ttft_per_token_s", "ttft_per_token_seconds"),
+                 ("ttft_per_running_s", "ttft_per_running_seconds"), ("idle_ttft_base_s", "idle_ttft_base_seconds"),
+                 ("idle_ttft_per_token_s", "idle_ttft_per_token_seconds"),
+                 ("idle_ttft_per_running_s", "idle_ttft_per_running_seconds"))
 
 
 def no_ttft(endpoint: str) -> float | None:

@@ -89,6 +89,13 @@ def argmax_with_tiebreak(scores: Sequence[float], candidates: Sequence[Candidate
     return best
 
 
+def lowest_cost(costs: Sequence[float], candidates: Sequence[Candidate]) -> Choice:
+    """The candidate of lowest cost (a cost policy's choice); its scores are the negated costs, so higher is
+    better as for every policy, and ties break as argmax_with_tiebreak says."""
+    scores = [-x for x in costs]
+    return Choice(argmax_with_tiebreak(scores, candidates), tuple(scores))
+
+
 def ranked(choice: Choice, candidates: Sequence[Candidate], limit: int) -> tuple[int, ...]:
     """The chosen candidate first, then the next best by score (ties broken as in argmax_with_tiebreak), at
     most `limit` in all: the fallbacks a proxy's retries walk when the chosen engine refuses."""

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from loadaware.policies.base import Candidate, Choice, argmax_with_tiebreak
+from loadaware.policies.base import Candidate, Choice, lowest_cost
 from loadaware.policies.ttft_model import TtftPrior
 
 DECODE_EXPONENT = 0.5
@@ -58,7 +58,4 @@ class Lane:
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate], mean_load: float | None = None
                ) -> Choice | None:
-        if not candidates:
-            return None
-        scores = [-x for x in self.costs(prompt_tokens, candidates)]
-        return Choice(argmax_with_tiebreak(scores, candidates), tuple(scores))
+        return lowest_cost(self.costs(prompt_tokens, candidates), candidates) if candidates else None

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from loadaware.policies.base import Candidate, Choice, argmax_with_tiebreak
+from loadaware.policies.base import Candidate, Choice, lowest_cost
 from loadaware.policies.ttft_model import TtftPrior
 
 
@@ -86,7 +86,4 @@ class Predictive:
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate], mean_load: float | None = None
                ) -> Choice | None:
-        if not candidates:
-            return None
-        scores = [-x for x in self.costs(prompt_tokens, candidates)]
-        return Choice(argmax_with_tiebreak(scores, candidates), tuple(scores))
+        return lowest_cost(self.costs(prompt_tokens, candidates), candidates) if candidates else None
