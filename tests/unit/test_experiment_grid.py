@@ -87,3 +87,14 @@ def test_half_speed_keeps_other_fields() -> None:
                    lmcache_load_tokens_per_s=CALIBRATED.lmcache_load_tokens_per_s,
                    decode_base_ms=CALIBRATED.decode_base_ms, decode_per_seq_ms=CALIBRATED.decode_per_seq_ms,
                    prefill_overhead_ms=CALIBRATED.prefill_overhead_ms) == CALIBRATED
+
+
+def test_the_report_says_whether_its_seeds_are_held_out() -> None:
+    res = {"tiny": {"ours": [_m("ours", s, 1.0, 0.5, 0.3) for s in range(3)],
+                    "lmetric": [_m("lmetric", s, 2.0, 0.4, 0.5) for s in range(3)]}}
+    held_out = report(res, "ours", ["ours", "lmetric"], 20, "cmd", 1.0, 1, first_seed=101)
+    design = report(res, "ours", ["ours", "lmetric"], 10, "cmd", 1.0, 1, first_seed=1)
+    overlapping = report(res, "ours", ["ours", "lmetric"], 5, "cmd", 1.0, 1, first_seed=8)
+    assert "seeds 101-120: held out" in held_out
+    assert "seeds 1-10: they overlap the design seeds" in design and "held out" not in design
+    assert "not a held-out test" in overlapping
