@@ -245,9 +245,9 @@ def report(results: Mapping[str, Mapping[str, Sequence[SeedMetrics]]], ours: str
               "the first token (`prefill_tokens`) or at the end (`uncached_tokens`); the decode batch (own "
               "requests past their first token); distinct KV blocks of its requests in flight (Dynamo's "
               "active blocks; output blocks not counted, at most 4 per request here); distinct prompt blocks "
-              "ever routed to an engine (the size of SGLang's approximate tree, never evicted); and, for "
-              "`llmd-blend`, the engines' waiting queue and KV usage as a zero-lag scrape would show them (a "
-              "favour: the sidecar scrapes every second)."]
+              "ever routed to an engine (the size of SGLang's approximate tree, never evicted); the engines' "
+              "waiting queue (read by `llmd-blend` and `lane`) and, for `llmd-blend`, KV usage, as a zero-lag "
+              "scrape would show them (a favour: the sidecar scrapes every second)."]
     lines += ["", f"Command: `{command}` ({wall_s / 60:.1f} min wall, {jobs} worker processes).", "", GRID_END]
     return "\n".join(lines)
 

@@ -97,7 +97,8 @@ class LaneTtft:
     (`sim.service_model`), which the simulation hands over (`bind_simulation`): the speeds are known here,
     learned in the sidecar. k = 0 is the greedy predicted-TTFT choice; k = 0.5 weighs a long decode batch
     (LMetric's (decode + 1) factor, at its square root), which keeps a holder from filling to its admission
-    cap. A DES arm only: it needs the simulation's clock and engines, and `choose` advances the clock, so it
+    cap. Both add `lane`'s saturation term, own prefill x the engine's admission queue. A DES arm only: it
+    needs the simulation's clock and engines, and `choose` advances the clock, so it
     must be called once per routed request (the simulator does)."""
 
     def __init__(self, exponent: float, name: str) -> None:
@@ -106,7 +107,7 @@ class LaneTtft:
         self.exponent = exponent
         self.name = name
         self.formula = ("cost(i) = (lane wait(i) + own prefill(i) + first-token steps(i)) x (decode(i) + 1)^"
-                        f"{exponent:g}; known engine speeds; lowest wins")
+                        f"{exponent:g} + own prefill(i) x waiting(i); known engine speeds; lowest wins")
         self._now: Callable[[], float] = lambda: 0.0
         self._service: dict[str, ServiceModel] = {}
         self._free: dict[str, float] = {}
@@ -133,7 +134,9 @@ class LaneTtft:
 
     def costs(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> list[float]:
         now = self._now()
-        return [self.ttft(prompt_tokens, c, now) * (c.decode_batch + 1) ** self.exponent for c in candidates]
+        return [self.ttft(prompt_tokens, c, now) * (c.decode_batch + 1) ** self.exponent
+                + self.prefill_s(c.endpoint, prompt_tokens - max(0, min(prompt_tokens, c.matched_tokens))) * c.waiting
+                for c in candidates]
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate], mean_load: float | None = None
                ) -> Choice | None:

@@ -259,3 +259,16 @@ def test_lane_keeps_a_hit_off_a_batch_many_times_larger() -> None:
     idle = Candidate("b", 0, 2.0, decode_batch=2.0)
     assert chosen(p, 1578, [full, idle]) == "b"  # the greedy choice (the hit) would fill the holder to its cap
     assert Lane().ttft(1578, full) < Lane().ttft(1578, idle)
+
+
+def test_lane_keeps_a_saturated_fleet_s_prefixes_where_they_are_cached() -> None:
+    p = make_policy("lane")
+    holder = Candidate("a", 1536, 70.0, decode_batch=64.0, lane_wait_s=0.5)
+    other = Candidate("b", 0, 66.0, decode_batch=64.0)
+    # With free slots everywhere (no admission queue scraped) the holder's backed-up clock sends the miss away.
+    assert chosen(p, 1578, [holder, other]) == "b"
+    # Both engines queue for admission: the miss's own 0.4 s of prefill would delay the ~5 requests queued on b.
+    holder.waiting, other.waiting = 6.0, 5.0
+    assert chosen(p, 1578, [holder, other]) == "a"
+    own_b = TtftPrior().per_token_s * 1578
+    assert p.costs(1578, [holder, other])[1] == pytest.approx(Lane().ttft(1578, other) * 65 ** 0.5 + own_b * 5.0)
