@@ -271,4 +271,4 @@ def test_lane_keeps_a_saturated_fleet_s_prefixes_where_they_are_cached() -> None
     holder.waiting, other.waiting = 6.0, 5.0
     assert chosen(p, 1578, [holder, other]) == "a"
     own_b = TtftPrior().per_token_s * 1578
-    assert p.costs(1578, [holder, other])[1] == pytest.approx(Lane().ttft(1578, other) * 65 ** 0.5 + own_b * 5.0)
+    assert Lane().costs(1578, [holder, other])[1] == pytest.approx(Lane().ttft(1578, other) * 65 ** 0.5 + own_b * 5.0)
