@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from experiment.calibration import CALIBRATED
 from experiment.des import Arm, arm_by_name
-from loadaware.policies.base import Candidate, Choice, Policy, lowest_cost
+from loadaware.policies.base import Candidate, Choice, Policy, lowest_cost, own_uncached
 from loadaware.policies.predictive import Predictive
 from sim.service_model import ServiceModel
 
@@ -128,14 +128,14 @@ class LaneTtft:
         return max(self._free.get(endpoint, 0.0) - now, 0.0)
 
     def ttft(self, prompt_tokens: int, c: Candidate, now: float) -> float:
-        uncached = prompt_tokens - max(0, min(prompt_tokens, c.matched_tokens))
+        uncached = own_uncached(prompt_tokens, c)
         return self.wait_s(c.endpoint, now) + self.prefill_s(c.endpoint, uncached) + self.first_token_s(c.endpoint,
                                                                                                         c.load)
 
     def costs(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> list[float]:
         now = self._now()
         return [self.ttft(prompt_tokens, c, now) * (c.decode_batch + 1) ** self.exponent
-                + self.prefill_s(c.endpoint, prompt_tokens - max(0, min(prompt_tokens, c.matched_tokens))) * c.waiting
+                + self.prefill_s(c.endpoint, own_uncached(prompt_tokens, c)) * c.waiting
                 for c in candidates]
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate], mean_load: float | None = None
@@ -144,7 +144,7 @@ class LaneTtft:
             return None
         choice = lowest_cost(self.costs(prompt_tokens, candidates), candidates)
         c, now = candidates[choice.index], self._now()
-        uncached = prompt_tokens - max(0, min(prompt_tokens, c.matched_tokens))
+        uncached = own_uncached(prompt_tokens, c)
         self.decided(c, uncached, now)
         self._free[c.endpoint] = max(self._free.get(c.endpoint, 0.0), now) + self.prefill_s(c.endpoint, uncached)
         return choice

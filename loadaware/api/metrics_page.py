@@ -50,7 +50,7 @@ class MetricsPage:
         for endpoint in fleet:
             sig = self.signals.get(endpoint)
             if sig is not None:  # the clock's lead read, not viewed: a render off the loop never refits its model
-                lane = max(0.0, sig.prefill_clock.free_at - now)
+                lane = sig.prefill_clock.lead(now)
                 self.metrics.token_signals(endpoint, sig.prefill_tokens, sig.uncached_tokens, sig.decoding, sig.ttft_s,
                                            lane)
         return self.metrics.render(self.loads.snapshot, fleet)

@@ -45,11 +45,14 @@ class PrefillClock:
             self.model = TtftModel()
         self.model.observe(uncached, load, ttft_s)
 
+    def lead(self, now: float) -> float:
+        """Seconds until the booked prefill work is done (0 when idle)."""
+        wait = self.free_at - now
+        return wait if wait > 0 else 0.0
+
     def view(self, now: float) -> tuple[float, float | None, float | None, float | None]:
         """(seconds until idle, then the model's base, per-token and per-running prices, None until learned)."""
-        wait = self.free_at - now
-        if wait < 0:
-            wait = 0.0
+        wait = self.lead(now)
         m = self.model
         if m is None or m.observations == 0:
             return wait, None, None, None

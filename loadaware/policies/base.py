@@ -89,6 +89,11 @@ def argmax_with_tiebreak(scores: Sequence[float], candidates: Sequence[Candidate
     return best
 
 
+def own_uncached(prompt_tokens: int, c: Candidate) -> int:
+    """The request's own prompt tokens that c does not hold (its match clamped to the prompt)."""
+    return prompt_tokens - max(0, min(prompt_tokens, c.matched_tokens))
+
+
 def lowest_cost(costs: Sequence[float], candidates: Sequence[Candidate]) -> Choice:
     """The candidate of lowest cost (a cost policy's choice); its scores are the negated costs, so higher is
     better as for every policy, and ties break as argmax_with_tiebreak says."""

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from loadaware.policies.base import Candidate, Choice, lowest_cost
+from loadaware.policies.base import Candidate, Choice, lowest_cost, own_uncached
 from loadaware.policies.ttft_model import TtftPrior
 
 DECODE_EXPONENT = 0.5
@@ -56,7 +56,7 @@ class Lane:
     def own_prefill_s(self, prompt_tokens: int, c: Candidate) -> float:
         """The request's own prefill on c: its uncached tokens at c's learned price."""
         per_token = self.prior.per_token_s if c.idle_ttft_per_token_s is None else c.idle_ttft_per_token_s
-        return per_token * (prompt_tokens - max(0, min(prompt_tokens, c.matched_tokens)))
+        return per_token * own_uncached(prompt_tokens, c)
 
     def ttft(self, prompt_tokens: int, c: Candidate) -> float:
         """The request's predicted time to first token on c."""

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from loadaware.policies.base import Candidate, Choice, lowest_cost
+from loadaware.policies.base import Candidate, Choice, lowest_cost, own_uncached
 from loadaware.policies.ttft_model import TtftPrior
 
 
@@ -64,8 +64,7 @@ class Predictive:
             out = []
             for c in candidates:
                 per_token = p.per_token_s if c.ttft_per_token_s is None else c.ttft_per_token_s
-                uncached = prompt_tokens - max(0, min(prompt_tokens, c.matched_tokens))
-                out.append(per_token * (c.prefill_tokens + uncached) * (c.decode_batch + 1))
+                out.append(per_token * (c.prefill_tokens + own_uncached(prompt_tokens, c)) * (c.decode_batch + 1))
             return out
         return [own + stall + crowd for own, stall, crowd in (self.terms(prompt_tokens, c) for c in candidates)]
 
