@@ -157,6 +157,7 @@ def _median(values: Sequence[float]) -> float:
 
 
 DESIGN_SEEDS = (1, 10)  # the seeds the policies were tuned on
+DEFAULT_REQUESTS = WorkloadSpec().n_requests
 
 
 def best_peer(res: Mapping[str, Sequence[SeedMetrics]], metric: str, peers: Sequence[str] = PEERS) -> str:
@@ -195,6 +196,11 @@ def with_credit(gp: GridPoint, credit: Credit) -> GridPoint:
     return replace(gp, point=replace(gp.point, fleet=replace(gp.point.fleet, credit=credit)))
 
 
+def with_requests(gp: GridPoint, n_requests: int) -> GridPoint:
+    """The point with `n_requests` measured requests per seed (its warm-up unchanged)."""
+    return replace(gp, point=replace(gp.point, spec=replace(gp.point.spec, n_requests=n_requests)))
+
+
 def _seed_role(first_seed: int, seeds: int) -> str:
     """Whether the seeds are held out from the ones the policies were designed on (1-10)."""
     if first_seed > DESIGN_SEEDS[1] or first_seed + seeds - 1 < DESIGN_SEEDS[0]:
@@ -203,10 +209,11 @@ def _seed_role(first_seed: int, seeds: int) -> str:
 
 
 def report(results: Mapping[str, Mapping[str, Sequence[SeedMetrics]]], ours: str, arms: Sequence[str],
-           seeds: int, command: str, wall_s: float, jobs: int, first_seed: int = 1, credit: Credit = "multi") -> str:
+           seeds: int, command: str, wall_s: float, jobs: int, first_seed: int = 1, credit: Credit = "multi",
+           requests: int = DEFAULT_REQUESTS) -> str:
     lines = [GRID_START, "## The placement grid (discrete-event mode, `experiment.grid`)", "",
              f"{seeds} paired seeds per point (seeds {first_seed}-{first_seed + seeds - 1}: "
-             f"{_seed_role(first_seed, seeds)}), 500 measured requests per seed; medians over seeds. Ours = "
+             f"{_seed_role(first_seed, seeds)}), {requests:,} measured requests per seed; medians over seeds. Ours = "
              f"`{ours}`. Every test is one-sided exact Wilcoxon of ours against the best peer at that point by "
              "that metric (α = 0.025; effect = median paired relative change, bootstrap 95% CI; bold = "
              "significant). Peers: " + ", ".join(f"`{p}`" for p in PEERS) + " (formulas and sources in "
@@ -285,6 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--arms", default="", help="extra arms beyond ours, the peers and the baselines")
     ap.add_argument("--credit", choices=tuple(CREDIT_SEEN), default="multi",
                     help="prefix credit for every arm: LMCache stores (multi) or GPU caches via KV events (gpu)")
+    ap.add_argument("--requests", type=int, default=DEFAULT_REQUESTS,
+                    help="measured requests per seed and point (longer windows: steadier per-seed tails)")
     ap.add_argument("--out", type=Path, default=Path("out/experiment/grid"))
     ap.add_argument("--doc", type=Path, default=None, help="docs/results.md to update")
     ap.add_argument("--cache", type=Path, default=Path("out/experiment/grid-workloads"),
@@ -292,7 +301,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--prepare-only", action="store_true", help="build the workloads into --cache and stop")
     args = ap.parse_args(argv)
     points = POINTS if args.points == "all" else tuple(POINTS_BY_NAME[n.strip()] for n in args.points.split(","))
-    points = tuple(with_credit(gp, args.credit) for gp in points)
+    if args.requests < 1:
+        ap.error("--requests must be >= 1")
+    points = tuple(with_requests(with_credit(gp, args.credit), args.requests) for gp in points)
     names = [args.ours, *BASELINES, *PEERS] + [a.strip() for a in args.arms.split(",") if a.strip()]
     arms = [arm_named(n) for n in dict.fromkeys(names)]
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
@@ -305,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     command = "python -m experiment.grid " + " ".join(argv if argv is not None else sys.argv[1:])
     section = report(results, args.ours, [a.name for a in arms], len(seeds), command.strip(), wall, args.jobs,
-                     args.first_seed, args.credit)
+                     args.first_seed, args.credit, args.requests)
     write_per_seed(args.out / "per_seed.csv", results)
     (args.out / "report.md").write_text(section + "\n")
     if args.doc is not None:

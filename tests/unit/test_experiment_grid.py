@@ -19,6 +19,7 @@ from experiment.grid import (
     half_speed,
     report,
     run_grid,
+    with_requests,
     write_doc,
 )
 from experiment.metrics import SeedMetrics
@@ -98,3 +99,15 @@ def test_the_report_says_whether_its_seeds_are_held_out() -> None:
     assert "seeds 101-120: held out" in held_out
     assert "seeds 1-10: they overlap the design seeds" in design and "held out" not in design
     assert "not a held-out test" in overlapping
+
+
+def test_a_longer_window_changes_only_the_measured_requests(tmp_path: Path) -> None:
+    longer = with_requests(TINY, 45)
+    assert longer.point.spec == replace(TINY.point.spec, n_requests=45)
+    assert longer.point.fleet == TINY.point.fleet and TINY.point.spec.n_requests == 30
+    res = run_grid([longer], [arm_by_name("lmetric")], [1], jobs=1, cache=tmp_path)["tiny"]
+    assert res["lmetric"][0].ok == 45
+    text = report({"tiny": {"ours": [_m("ours", s, 1.0, 0.5, 0.3) for s in range(3)],
+                            "lmetric": [_m("lmetric", s, 2.0, 0.4, 0.5) for s in range(3)]}},
+                  "ours", ["ours", "lmetric"], 3, "cmd", 1.0, 1, requests=2000)
+    assert "2,000 measured requests per seed" in text
