@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from experiment.calibration import CALIBRATED
 from experiment.des import Arm, arm_by_name
 from loadaware.policies.base import Candidate, Choice, Policy, lowest_cost, own_uncached
+from loadaware.policies.lane import DECODE_EXPONENT
 from loadaware.policies.predictive import Predictive
 from sim.service_model import ServiceModel
 
@@ -95,8 +96,8 @@ class LaneTtft:
     FIFO lane that drains while time passes, where `predictive`'s lane counts every routed token until its
     first token is seen); prefill_seconds and first_token_seconds are the engine's own service model
     (`sim.service_model`), which the simulation hands over (`bind_simulation`): the speeds are known here,
-    learned in the sidecar. k = 0 is the greedy predicted-TTFT choice; k = 0.5 weighs a long decode batch
-    (LMetric's (decode + 1) factor, at its square root), which keeps a holder from filling to its admission
+    learned in the sidecar. k = 0 is the greedy predicted-TTFT choice; `lane`'s k (0.75) weighs a long decode
+    batch (LMetric's (decode + 1) factor, at that power), which keeps a holder from filling to its admission
     cap. Both add `lane`'s saturation term, own prefill x the engine's admission queue. A DES arm only: it
     needs the simulation's clock and engines, and `choose` advances the clock, so it
     must be called once per routed request (the simulator does)."""
@@ -161,10 +162,10 @@ class LaneGreedy(LaneTtft):
 
 
 class LaneProduct(LaneTtft):
-    """k = 0.5."""
+    """k = `lane`'s decode exponent."""
 
     def __init__(self) -> None:
-        super().__init__(0.5, "lane-product")
+        super().__init__(DECODE_EXPONENT, "lane-product")
 
 
 # Classes, not closures: the grid pickles arms into its worker processes.

@@ -134,7 +134,7 @@ def test_lane_arms_price_the_predicted_ttft_at_each_engines_own_speed() -> None:
     want_a = 0.010 + 1000 / 4000 + 2 * (0.008 + 0.001 * 10)  # cold lane: own prefill + 2 steps at load + 1
     want_b = 0.020 + 0 + 2 * (0.016 + 0.002 * 4)
     assert greedy.costs(2000, [a, b]) == pytest.approx([want_a, want_b])
-    assert product.costs(2000, [a, b]) == pytest.approx([want_a * 3.0, want_b * 2.0])  # x sqrt(decode + 1)
+    assert product.costs(2000, [a, b]) == pytest.approx([want_a * 9 ** 0.75, want_b * 4 ** 0.75])  # x (decode + 1)^0.75
 
 
 def test_the_lane_clock_fills_with_each_decision_and_drains_with_time() -> None:

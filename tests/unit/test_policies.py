@@ -236,8 +236,8 @@ def test_lane_prices_the_clock_ahead_the_own_prefill_and_the_steps_then_weighs_t
                         idle_ttft_per_token_s=4e-4, idle_ttft_per_running_s=0.002)
     prior = Candidate("b", 0, 3.0, decode_batch=3.0)  # nothing learned: the prior's prices, an idle clock
     pr = TtftPrior()
-    want_a = (0.2 + 4e-4 * 600 + 0.03 + 0.002 * 9) * 3.0  # x sqrt(8 + 1)
-    want_b = (pr.per_token_s * 1600 + pr.base_s + pr.per_running_s * 3) * 2.0  # x sqrt(3 + 1)
+    want_a = (0.2 + 4e-4 * 600 + 0.03 + 0.002 * 9) * 9 ** 0.75  # x (8 + 1)^0.75
+    want_b = (pr.per_token_s * 1600 + pr.base_s + pr.per_running_s * 3) * 4 ** 0.75  # x (3 + 1)^0.75
     assert p.costs(1600, [learned, prior]) == pytest.approx([want_a, want_b])
     choice = p.choose(1600, [learned, prior])
     assert choice is not None and choice.scores == pytest.approx((-want_a, -want_b))
@@ -263,12 +263,12 @@ def test_lane_keeps_a_hit_off_a_batch_many_times_larger() -> None:
 
 def test_lane_keeps_a_saturated_fleet_s_prefixes_where_they_are_cached() -> None:
     p = make_policy("lane")
-    holder = Candidate("a", 1536, 70.0, decode_batch=64.0, lane_wait_s=0.5)
+    holder = Candidate("a", 1536, 70.0, decode_batch=64.0, lane_wait_s=0.45)
     other = Candidate("b", 0, 66.0, decode_batch=64.0)
     # With free slots everywhere (no admission queue scraped) the holder's backed-up clock sends the miss away.
     assert chosen(p, 1578, [holder, other]) == "b"
-    # Both engines queue for admission: the miss's own 0.4 s of prefill would delay the ~5 requests queued on b.
-    holder.waiting, other.waiting = 6.0, 5.0
+    # Both engines queue for admission: the miss's own 0.4 s of prefill would delay the ~9 requests queued on b.
+    holder.waiting, other.waiting = 10.0, 9.0
     assert chosen(p, 1578, [holder, other]) == "a"
     own_b = TtftPrior().per_token_s * 1578
-    assert Lane().costs(1578, [holder, other])[1] == pytest.approx(Lane().ttft(1578, other) * 65 ** 0.5 + own_b * 5.0)
+    assert Lane().costs(1578, [holder, other])[1] == pytest.approx(Lane().ttft(1578, other) * 65 ** 0.75 + own_b * 9.0)
