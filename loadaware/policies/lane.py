@@ -50,9 +50,9 @@ class Lane:
     name: str = "lane"
     formula: ClassVar[str] = (
         "cost(i) = (lane_wait(i) + per_token(i) x uncached(i) + base(i) + per_running(i) x load(i)) x "
-        "(decode(i) + 1)^0.75 + per_token(i) x uncached(i) x waiting(i); lane_wait: the endpoint's prefill clock; "
-        "base, per_token, per_running: its TTFT model learned from requests decided on an idle clock; waiting: "
-        "its scraped admission queue; lowest wins")
+        f"(decode(i) + 1)^{DECODE_EXPONENT:g} + per_token(i) x uncached(i) x waiting(i); lane_wait: the "
+        "endpoint's prefill clock; base, per_token, per_running: its TTFT model learned from requests decided on "
+        "an idle clock; waiting: its scraped admission queue; lowest wins")
     uses_prefix: bool = True
     uses_signals: bool = True
 
@@ -63,14 +63,18 @@ class Lane:
 
     def ttft(self, prompt_tokens: int, c: Candidate) -> float:
         """The request's predicted time to first token on c."""
+        return self._ttft_after(self.own_prefill_s(prompt_tokens, c), c)
+
+    def _ttft_after(self, own_s: float, c: Candidate) -> float:
+        """ttft with the request's own prefill (own_s) already priced: cost reuses it for its last term."""
         p = self.prior
         base = p.base_s if c.idle_ttft_base_s is None else c.idle_ttft_base_s
         per_running = p.per_running_s if c.idle_ttft_per_running_s is None else c.idle_ttft_per_running_s
-        return c.lane_wait_s + self.own_prefill_s(prompt_tokens, c) + base + per_running * c.load
+        return c.lane_wait_s + own_s + base + per_running * c.load
 
     def cost(self, prompt_tokens: int, c: Candidate) -> float:
         own = self.own_prefill_s(prompt_tokens, c)
-        return self.ttft(prompt_tokens, c) * (c.decode_batch + 1) ** DECODE_EXPONENT + own * c.waiting
+        return self._ttft_after(own, c) * (c.decode_batch + 1) ** DECODE_EXPONENT + own * c.waiting
 
     def costs(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> list[float]:
         return [self.cost(prompt_tokens, c) for c in candidates]
