@@ -38,7 +38,6 @@ table are what make 20 seeds x 7 arms run in seconds. See `experiment.des_run` f
 from __future__ import annotations
 
 import heapq
-import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +51,7 @@ from loadaware.load.tracker import EngineStats, Lease, LoadTracker
 from loadaware.policies import POLICY_NAMES, Policy, make_policy
 from loadaware.policies.base import Candidate
 from loadaware.policies.ttft_model import TtftModel
+from sim.held_blocks import HeldBlocks, private_blocks
 from sim.lmcache_chunks import LMCACHE_CHUNK_SIZE, LMCacheStore, chunk_keys
 from sim.prefix_cache import Block, PrefixCache, block_key, iter_blocks
 from sim.service_model import ServiceModel, split_prompt
@@ -181,7 +181,7 @@ _ARRIVE, _LANE_DONE, _PREFILL_DONE, _TOKEN, _SAMPLE, _SCRAPE, _APPLY = range(7)
 
 
 class _Engine:
-    __slots__ = ("active", "cache", "chunk_s", "decoding", "hits", "index", "kv_refs", "lane_free", "lmcache",
+    __slots__ = ("active", "cache", "chunk_s", "decoding", "held", "hits", "index", "kv_refs", "lane_free", "lmcache",
                  "name", "prefill_clock", "prefill_matched", "prefill_tokens", "queries", "routed", "running", "served",
                  "step", "svc", "ttft_model", "uncached_tokens", "waiting")
 
@@ -198,7 +198,7 @@ class _Engine:
         self.prefill_matched = 0  # matched tokens of those requests
         self.uncached_tokens = 0  # uncached tokens of requests in flight here
         self.decoding = 0  # requests in flight here past their first token
-        self.kv_refs: dict[int, int] = {}  # block key -> requests in flight here holding it
+        self.kv_refs = HeldBlocks()  # blocks of the requests in flight here, as the router counts them
         self.routed: set[int] = set()  # block keys ever routed here (an approximate radix tree)
         self.ttft_model = TtftModel()
         self.prefill_clock = PrefillClock()  # the router's clock of this engine's prefill work (policies "lane")
@@ -208,6 +208,7 @@ class _Engine:
         self.running = 0
         self.waiting: deque[_Req] = deque()
         self.active: set[_Req] = set()  # admitted: in prefill or decoding
+        self.held = HeldBlocks()  # full prompt blocks the admitted requests reference (the engine's KV usage)
         self.queries = 0
         self.hits = 0
         self.served = 0
@@ -381,9 +382,7 @@ class Simulation:
         e.prefill_tokens += r.uncached
         e.prefill_matched += r.matched
         e.uncached_tokens += r.uncached
-        refs = e.kv_refs
-        for k in r.sim.block_keys:
-            refs[k] = refs.get(k, 0) + 1
+        e.kv_refs.hold(r.sim.block_keys)
         e.routed.update(r.sim.block_keys)
 
     def _track_first_token(self, e: _Engine, r: _Req, t: float) -> None:
@@ -397,13 +396,7 @@ class Simulation:
     def _track_ended(self, e: _Engine, r: _Req) -> None:
         e.uncached_tokens -= r.uncached
         e.decoding -= 1
-        refs = e.kv_refs
-        for k in r.sim.block_keys:
-            left = refs[k] - 1
-            if left:
-                refs[k] = left
-            else:
-                del refs[k]
+        e.kv_refs.release(r.sim.block_keys)
 
     def _matches(self, s: SimRequest) -> dict[str, int]:
         if self.config.credit == "gpu":
@@ -440,6 +433,7 @@ class Simulation:
         svc, s = e.svc, r.sim
         e.running += 1
         e.active.add(r)
+        e.held.hold(s.block_keys)
         n = s.n_tokens
         gpu_hit = e.cache.match_keys(s.block_keys)
         lm_hit = e.lmcache.match_keys(s.chunks)
@@ -484,6 +478,7 @@ class Simulation:
         e = r.engine
         assert e is not None
         e.active.discard(r)
+        e.held.release(r.sim.block_keys)
         e.served += 1
         self.loads.release(r.lease)
         self._track_ended(e, r)
@@ -509,12 +504,11 @@ class Simulation:
 
     # ---- observation ---------------------------------------------------------------------------------
     def _kv_usage(self, e: _Engine) -> float:
+        """vllm:kv_cache_usage_perc (sim.held_blocks): the blocks the admitted requests hold, cached blocks no
+        request holds excluded."""
         bs = e.svc.block_size
-        private = 0
-        for r in e.active:
-            n = r.sim.n_tokens
-            private += math.ceil(((n % bs) + r.produced) / bs) if r.prefilled else math.ceil(n / bs)
-        return min(1.0, (len(e.cache) + private) / max(1, e.svc.kv_capacity_blocks))
+        e.held.private = sum(private_blocks(r.sim.n_tokens, r.produced, bs) for r in e.active)
+        return e.held.usage(e.svc.kv_capacity_blocks)
 
     def _sample(self, t: float) -> None:
         if self.samples and self.samples[-1].t == t:

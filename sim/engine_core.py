@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sim.held_blocks import HeldBlocks, private_blocks
 from sim.lmcache_chunks import LMCacheStore
 from sim.lmcache_reporter import LMCacheReporter
 from sim.metrics import EngineMetrics
-from sim.prefix_cache import PrefixCache
+from sim.prefix_cache import Block, PrefixCache, iter_blocks
 from sim.scheduler import Scheduler
 from sim.service_model import PrefillLane, ServiceModel, split_prompt
 
@@ -56,16 +56,15 @@ class EngineCore:
         self.phantom = Phantom()
         self.stats = EngineStats()
         self.metrics = EngineMetrics(model_id, self.gauges)
-        self._private_blocks = 0  # KV blocks held by running requests beyond the shared prefix cache
+        self._held = HeldBlocks()  # KV blocks the admitted requests reference (vllm:kv_cache_usage_perc)
         self._prefill_lane = PrefillLane()
 
     # ---- reported state --------------------------------------------------------------------------------
     def gauges(self) -> dict[str, float]:
-        used = len(self.prefix_cache) + self._private_blocks
         return {
             "vllm:num_requests_running": self.scheduler.running + self.phantom.running,
             "vllm:num_requests_waiting": self.scheduler.waiting + self.phantom.waiting,
-            "vllm:kv_cache_usage_perc": min(1.0, used / max(1, self.service.kv_capacity_blocks)),
+            "vllm:kv_cache_usage_perc": self._held.usage(self.service.kv_capacity_blocks),
         }
 
     def state(self) -> dict[str, Any]:
@@ -102,13 +101,19 @@ class EngineCore:
         async with self.scheduler.slot():
             admitted_at = loop.time()
             self.metrics.queue_time.observe(admitted_at - arrival)
-            gpu_hit = self.prefix_cache.match(prompt)
+            blocks = iter_blocks(prompt, bs)  # hashed once: matched now, cached after the prefill
+            keys = [b.key for b in blocks]
+            gpu_hit = self.prefix_cache.match_keys(keys)
             lm_hit = self.lmcache.match(prompt)
             computed, loaded = split_prompt(n, gpu_hit, lm_hit)
             self.metrics.prefix_cache_queries += n
             self.metrics.prefix_cache_hits += min(gpu_hit, n - computed)
-            held = math.ceil(n / bs)  # while prefilling, the whole prompt occupies private blocks
-            self._private_blocks += held
+            # From admission the request references every block of its prompt (vLLM allocates them when it
+            # schedules the prefill); full blocks shared with other in-flight requests count once.
+            held = self._held
+            held.hold(keys)
+            own = private_blocks(n, 0, bs)
+            held.private += own
             produced = 0
             finished = False
             try:
@@ -120,12 +125,8 @@ class EngineCore:
                 first = svc.first_token_seconds(self.scheduler.running)
                 if first:
                     await asyncio.sleep(first)
-                self._cache_prompt(prompt)
+                self._cache_prompt(prompt, blocks)
                 self.metrics.prompt_tokens += n
-                # Full prompt blocks now live in the shared cache; the partial tail and the output stay private.
-                self._private_blocks -= held
-                held = 1 if n % bs else 0
-                self._private_blocks += held
                 for i in range(max_tokens):
                     if i > 0:
                         pending = self._prefill_lane.free_at - loop.time() if svc.serialize_prefill else 0.0
@@ -134,14 +135,15 @@ class EngineCore:
                     self.metrics.generation_tokens += 1
                     if i == 0:
                         self.metrics.ttft.observe(loop.time() - arrival)
-                    grown = math.ceil(((n % bs) + produced) / bs) - held
+                    grown = private_blocks(n, produced, bs) - own
                     if grown > 0:
-                        self._private_blocks += grown
-                        held += grown
+                        held.private += grown
+                        own += grown
                     yield self.filler[i % len(self.filler)]
                 finished = True
             finally:
-                self._private_blocks -= held
+                held.private -= own
+                held.release(keys)
                 if finished:
                     self.stats.served += 1
                     self.metrics.request_success += 1
@@ -149,8 +151,8 @@ class EngineCore:
                 else:
                     self.stats.aborted += 1
 
-    def _cache_prompt(self, prompt: Sequence[int]) -> None:
-        self.prefix_cache.insert(prompt)
+    def _cache_prompt(self, prompt: Sequence[int], blocks: Sequence[Block]) -> None:
+        self.prefix_cache.insert_blocks(blocks)
         admitted, evicted = self.lmcache.admit(prompt)
         if self.reporter is not None and (admitted or evicted):
             self.reporter.report(admitted, evicted)

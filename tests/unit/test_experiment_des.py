@@ -207,3 +207,25 @@ def test_the_router_keeps_each_engines_prefill_clock_as_the_sidecar_does(tiny: P
     sim.now = 10.0
     learned = sim._candidate(e, 0, 0.0)
     assert learned.lane_wait_s == 0.0 and learned.idle_ttft_per_token_s is not None
+
+
+def test_kv_usage_counts_the_blocks_admitted_requests_hold_not_the_idle_cache(tiny: Prepared) -> None:
+    # vLLM's kv_cache_usage_perc (BlockPool.get_usage) counts blocks some request references; a cached prefix
+    # block nobody references is free (evictable), and a prefix two requests share is one block.
+    sim = Simulation(tiny, arm_by_name("kvaware"), FleetConfig(engines=1, service=CALIBRATED))
+    e, req, bs = sim.engines[0], tiny.warmup[0], CALIBRATED.block_size
+    cap = CALIBRATED.kv_capacity_blocks
+    assert sim._kv_usage(e) == 0.0
+    for _ in range(2):
+        r = _Req(req, None)
+        r.engine = e
+        sim._admit(e, r, 0.0)
+    partial = 1 if req.n_tokens % bs else 0
+    assert len(req.block_keys) == req.n_tokens // bs
+    assert sim._kv_usage(e) == pytest.approx((len(req.block_keys) + 2 * partial) / cap)
+    # A whole run ends with warm caches and nothing in flight: the cache is full of prefixes, usage is 0.
+    run = Simulation(tiny, arm_by_name("kvaware"), FleetConfig(engines=2, service=CALIBRATED))
+    records = run.run()
+    assert all(len(x.cache) > 0 and run._kv_usage(x) == 0.0 for x in run.engines)
+    seen = [s.kv_usage for s in records.samples]
+    assert 0.0 < max(seen) < 1.0
