@@ -1,6 +1,7 @@
 """The metrics the sidecar scrapes, as this vLLM really exports them: the live page has the captured golden's
 shape (every vllm: family with its label names), which the parser's unit test reads
-(tests/unit/test_vllm_metrics_golden.py), and the load gauges move with real running requests."""
+(tests/unit/test_vllm_metrics_golden.py), the load gauges move with real running requests, and KV usage
+counts the blocks requests hold, not the prefix cache (what the simulator's sim/held_blocks.py reproduces)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from loadaware.load.vllm_metrics import parse_vllm_gauges
 from testkit.vllm import VllmEngine
 from tests.conftest import wait_until
-from tests.vllm.conftest import token_prompt
+from tests.vllm.conftest import Hits, complete, token_prompt
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32.0-metrics.txt"
 
@@ -60,3 +61,21 @@ def test_running_requests_show_in_the_scraped_gauges(pair: tuple[VllmEngine, Vll
         for w in workers:
             w.join(120)
     wait_until(lambda: parse_vllm_gauges(b.metrics_text()).get("running") == 0, timeout=60, message="drained")
+
+
+def test_kv_usage_is_zero_on_an_idle_engine_whose_prefix_stays_cached(pair: tuple[VllmEngine, VllmEngine]) -> None:
+    """vLLM's kv_cache_usage_perc counts blocks some request references: a finished request's blocks stay
+    cached (the next request hits them) but are free, so an idle warm engine reports 0, not a full cache."""
+    a, _ = pair
+    prompt = token_prompt(4242, 8 * a.block_size)
+
+    def idle() -> bool:
+        gauges = parse_vllm_gauges(a.metrics_text())
+        return gauges.get("running") == 0 and gauges.get("kv_usage") == 0.0
+
+    complete(a, prompt)
+    wait_until(idle, timeout=60, message="the finished request's blocks are free")
+    hits = Hits(a)
+    complete(a, prompt)
+    assert hits.delta(len(prompt)) == 7 * a.block_size  # still cached: every block but the last token's
+    wait_until(idle, timeout=60, message="free again")
