@@ -56,5 +56,6 @@ class PrefillClock:
         m = self.model
         if m is None or m.observations == 0:
             return wait, None, None, None
-        self.price_s = m.per_token_s
-        return wait, m.base_s, self.price_s, m.per_running_s
+        base, per_token, _, per_running = m.prices()
+        self.price_s = per_token
+        return wait, base, per_token, per_running

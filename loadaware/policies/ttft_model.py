@@ -85,6 +85,11 @@ class TtftModel:
             self._theta = tuple(max(0.0, v) for v in theta)
         return self._theta
 
+    def prices(self) -> tuple[float, float, float, float]:
+        """(base_s, per_token_s, per_matched_token_s, per_running_s) from one fit: what a candidate copies."""
+        t = self._fit()
+        return t[0], t[1] / _TOKEN_SCALE, t[2] / _TOKEN_SCALE, t[3] / _RUNNING_SCALE
+
     @property
     def base_s(self) -> float:
         return self._fit()[0]

@@ -295,15 +295,19 @@ class Decider:
         if self.signals is not None and (self.policy.uses_signals or previewing()):
             # The token signals, for a policy that reads them (never pruned) and for Explain; the seed's
             # policies read only matches and loads, and filling the rest would cost every decision.
-            return tuple(self.signalled(ep, min(matches.get(ep, 0), n_tokens), load)
+            now = self.signals.clock()
+            return tuple(self.signalled(ep, min(matches.get(ep, 0), n_tokens), load, now)
                          for ep, load in zip(endpoints, loads))
         return tuple(Candidate(ep, min(matches.get(ep, 0), n_tokens), load) for ep, load in zip(endpoints, loads))
 
-    def signalled(self, ep: str, matched: int, load: float) -> Candidate:
+    def signalled(self, ep: str, matched: int, load: float, now: float | None = None) -> Candidate:
         """A candidate with the endpoint's token signals: own counts, the scrape's waiting queue and KV usage
         (when fresh), the decode batch (scraped running plus own decisions since, else own count), the
-        endpoint's learned TTFT model, and its prefill clock with the idle model that prices it."""
+        endpoint's learned TTFT model, and its prefill clock with the idle model that prices it. `now`: the
+        signals' clock, read once per decision by the caller (None: read here)."""
         assert self.signals is not None
+        if now is None:
+            now = self.signals.clock()
         sig = self.signals.get(ep)
         stats = self._fresh_stats(ep) if self._fresh_stats is not None else None
         if sig is None and stats is None:
@@ -317,16 +321,13 @@ class Decider:
         if sig is None:
             return Candidate(ep, matched, load, decode_batch=decoding, waiting=waiting, kv_usage=kv)
         m = sig.model
-        learned = m.observations > 0
-        lane_wait, idle_base, idle_per_token, idle_per_running = sig.prefill_clock.view(self.signals.clock())
+        base = per_token = per_matched = per_running = None
+        if m.observations > 0:
+            base, per_token, per_matched, per_running = m.prices()
+        lane_wait, idle_base, idle_per_token, idle_per_running = sig.prefill_clock.view(now)
         return Candidate(ep, matched, load, float(sig.prefill_tokens), float(sig.uncached_tokens), decoding, waiting,
-                         kv, ttft_base_s=m.base_s if learned else None,
-                         ttft_per_token_s=m.per_token_s if learned else None,
-                         ttft_per_running_s=m.per_running_s if learned else None,
-                         ttft_per_matched_token_s=m.per_matched_token_s if learned else None,
-                         prefill_matched_tokens=float(sig.prefill_matched_tokens), lane_wait_s=lane_wait,
-                         idle_ttft_base_s=idle_base, idle_ttft_per_token_s=idle_per_token,
-                         idle_ttft_per_running_s=idle_per_running)
+                         kv, 0.0, 0.0, base, per_token, per_running, per_matched,
+                         float(sig.prefill_matched_tokens), lane_wait, idle_base, idle_per_token, idle_per_running)
 
     def _empty(self, request_id: str, subset: frozenset[str] | None, n_tokens: int, stages: dict[str, float],
                started: float, count: bool, model: str | None = None) -> Decision:

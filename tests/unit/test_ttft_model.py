@@ -28,6 +28,9 @@ def test_recovers_a_linear_law() -> None:
     assert m.per_token_s == pytest.approx(1 / 2000, rel=0.05)
     assert m.per_running_s == pytest.approx(0.004, rel=0.15)
     assert m.predict(1000, 10) == pytest.approx(0.03 + 0.5 + 0.04, rel=0.05)
+    # prices(): the four coefficients from one fit, as a candidate copies them (the hot path reads it once).
+    assert m.prices() == (m.base_s, m.per_token_s, m.per_matched_token_s, m.per_running_s)
+    assert m.prices()[1] == pytest.approx(1 / 2000, rel=0.05)
 
 
 def test_forgets_an_old_speed() -> None:
