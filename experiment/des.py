@@ -507,8 +507,8 @@ class Simulation:
         """vllm:kv_cache_usage_perc (sim.held_blocks): the blocks the admitted requests hold, cached blocks no
         request holds excluded."""
         bs = e.svc.block_size
-        e.held.private = sum(private_blocks(r.sim.n_tokens, r.produced, bs) for r in e.active)
-        return e.held.usage(e.svc.kv_capacity_blocks)
+        private = sum(private_blocks(r.sim.n_tokens, r.produced, bs) for r in e.active)
+        return e.held.usage(e.svc.kv_capacity_blocks, private)
 
     def _sample(self, t: float) -> None:
         if self.samples and self.samples[-1].t == t:

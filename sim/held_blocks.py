@@ -39,9 +39,10 @@ class HeldBlocks:
         """Distinct blocks held: shared prefix blocks once, plus every private block."""
         return len(self._refs) + self.private
 
-    def usage(self, capacity_blocks: int) -> float:
-        """vllm:kv_cache_usage_perc for a pool of `capacity_blocks` (0..1)."""
-        return min(1.0, len(self) / max(1, capacity_blocks))
+    def usage(self, capacity_blocks: int, more_private: int = 0) -> float:
+        """vllm:kv_cache_usage_perc for a pool of `capacity_blocks` (0..1); `more_private`: unshared blocks
+        counted by the caller instead of in `private` (the DES sums them only when it samples)."""
+        return min(1.0, (len(self) + more_private) / max(1, capacity_blocks))
 
 
 def private_blocks(prompt_tokens: int, produced: int, block_size: int) -> int:

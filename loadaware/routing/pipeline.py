@@ -325,6 +325,9 @@ class Decider:
         if m.observations > 0:
             base, per_token, per_matched, per_running = m.prices()
         lane_wait, idle_base, idle_per_token, idle_per_running = sig.prefill_clock.view(now)
+        # Positional, in Candidate's field order (keywords cost ~0.5 µs per candidate): kv_blocks and
+        # routed_tokens (the router's tree signals, not tracked here), the TTFT model's four prices, then the
+        # clock's view. tests/unit/test_load_signals.py pins every field.
         return Candidate(ep, matched, load, float(sig.prefill_tokens), float(sig.uncached_tokens), decoding, waiting,
                          kv, 0.0, 0.0, base, per_token, per_running, per_matched,
                          float(sig.prefill_matched_tokens), lane_wait, idle_base, idle_per_token, idle_per_running)

@@ -339,3 +339,24 @@ def test_explain_and_metrics_show_the_prefill_clock() -> None:
     assert f'loadaware_endpoint_prefill_lane_seconds{{endpoint="{FLEET[0]}"}} 0.125' in text
     metrics.forget_endpoint(FLEET[0])
     assert "loadaware_endpoint_prefill_lane_seconds{" not in metrics.render(dict, ()).decode()
+
+
+def test_a_signalled_candidate_carries_each_model_price_in_its_own_field() -> None:
+    """The candidate is built positionally (keywords cost ~0.5 µs each on the hot path): every TTFT field holds
+    the learned model's own price and every clock field the prefill clock's own value."""
+    decider, signals, _, clock, _ = rig({FLEET[0]: 600}, policy="lane")
+    s = signals._of(FLEET[0])
+    for k in range(12):  # distinct, learned prices on both models
+        s.model.observe(100 + 40 * k, k % 5, 0.02 + 0.0003 * (100 + 40 * k) + 0.004 * (k % 5), 50 * (k % 3))
+        s.prefill_clock.learn(100 + 30 * k, k % 4, 0.01 + 0.0005 * (100 + 30 * k) + 0.002 * (k % 4))
+    s.prefill_clock.book(500, clock.t)
+    s.prefill_matched_tokens, s.prefill_tokens, s.uncached_tokens = 7, 11, 13
+    c = decider.signalled(FLEET[0], 300, 2.0)
+    m = s.model
+    assert (c.ttft_base_s, c.ttft_per_token_s, c.ttft_per_matched_token_s, c.ttft_per_running_s) == m.prices()
+    assert (c.ttft_base_s, c.ttft_per_token_s, c.ttft_per_running_s) == (m.base_s, m.per_token_s, m.per_running_s)
+    assert (c.lane_wait_s, c.idle_ttft_base_s, c.idle_ttft_per_token_s, c.idle_ttft_per_running_s) == \
+        s.prefill_clock.view(clock.t)
+    assert c.lane_wait_s > 0 and len({c.idle_ttft_base_s, c.idle_ttft_per_token_s, c.idle_ttft_per_running_s}) == 3
+    assert (c.prefill_tokens, c.uncached_tokens, c.prefill_matched_tokens) == (11, 13, 7)
+    assert (c.kv_blocks, c.routed_tokens, c.matched_tokens, c.load) == (0.0, 0.0, 300, 2.0)
