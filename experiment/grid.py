@@ -42,11 +42,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
-
 from experiment.calibration import CALIBRATED
-from experiment.des import PEER_ARMS, Arm, Credit, FleetConfig, Prepared, prepare, simulate
+from experiment.des import Arm, Credit, FleetConfig, Prepared, prepare, simulate
 from experiment.des_run import Point
+from experiment.grid_blocks import PEERS, best_peer, block_table, median_over_seeds
 from experiment.metrics import DEFAULT_SLO_S, SeedMetrics, seed_metrics
 from experiment.stats import PairedComparison, paired_comparison
 from experiment.variants import arm as arm_named
@@ -71,7 +70,7 @@ PEER_SOURCES = (
     "else the smallest tree.",
 )
 METRICS = ("ttft_p95", "ttft_mean", "slo_miss")
-PEERS = tuple(a.name for a in PEER_ARMS)
+BLOCK = 20  # the grid's usual seeds per run: a longer run also reports its 20-seed blocks
 BASELINES = ("loadaware",)  # the seed's default (beta 1.0); kvaware decides as llmd-token does here
 
 
@@ -152,16 +151,8 @@ def run_grid(points: Sequence[GridPoint], arms: Sequence[Arm], seeds: Sequence[i
 
 
 # ---- analysis ------------------------------------------------------------------------------------------
-def _median(values: Sequence[float]) -> float:
-    return float(np.median(values)) if values else float("nan")
-
-
 DESIGN_SEEDS = (1, 10)  # the seeds the policies were tuned on
 DEFAULT_REQUESTS = WorkloadSpec().n_requests
-
-
-def best_peer(res: Mapping[str, Sequence[SeedMetrics]], metric: str, peers: Sequence[str] = PEERS) -> str:
-    return min((p for p in peers if p in res), key=lambda p: _median([getattr(m, metric) for m in res[p]]))
 
 
 def against_best_peer(res: Mapping[str, Sequence[SeedMetrics]], ours: str,
@@ -224,7 +215,7 @@ def report(results: Mapping[str, Mapping[str, Sequence[SeedMetrics]]], ours: str
         lines += [f"### {title}, median over seeds", "", "| point | " + " | ".join(arms) + " |",
                   "|---|" + "---|" * len(arms)]
         for name, res in results.items():
-            meds = {a: _median([getattr(m, metric) for m in res[a]]) for a in arms if a in res}
+            meds = {a: median_over_seeds([getattr(m, metric) for m in res[a]]) for a in arms if a in res}
             best = min(meds.values())
             cells = [(f"**{_cell(meds[a])}**" if meds[a] == best else _cell(meds[a])) if a in meds else "–"
                      for a in arms]
@@ -238,12 +229,18 @@ def report(results: Mapping[str, Mapping[str, Sequence[SeedMetrics]]], ours: str
         n = sum(c.significant() for c in cmp.values())
         wins += cmp["ttft_p95"].significant()
         lines.append(f"| {name} | " + " | ".join(_cmp(cmp[m]) for m in METRICS) + f" | {n}/3 |")
-    lines += ["", f"Ours leads on TTFT p95 with p < 0.025 at {wins} of {len(results)} points.", "",
+    lines += ["", f"Ours leads on TTFT p95 with p < 0.025 at {wins} of {len(results)} points.", ""]
+    if seeds >= 2 * BLOCK:
+        lines += [f"The same run cut into {seeds // BLOCK} blocks of {BLOCK} seeds, each judged as a {BLOCK}-seed "
+                  "grid run is (against that block's best peer; `python -m experiment.grid_blocks`): how often "
+                  "a grid of that size would show the lead.", "", *block_table(results, ours, BLOCK), ""]
+    lines += [
               "Prefix hit rate and imbalance, median over seeds:", "",
               "| point | " + " | ".join(arms) + " |", "|---|" + "---|" * len(arms)]
     for name, res in results.items():
         lines.append(f"| {name} | " + " | ".join(
-            f"{_median([m.prefix_hit_rate for m in res[a]]):.3f} / {_median([m.imbalance for m in res[a]]):.2f}"
+            f"{median_over_seeds([m.prefix_hit_rate for m in res[a]]):.3f} / "
+            f"{median_over_seeds([m.imbalance for m in res[a]]):.2f}"
             if a in res else "–" for a in arms) + " |")
     lines += ["", "Points:", ""] + [f"- `{p.point.name}`: {p.description}" for p in POINTS if p.point.name in results]
     lines += ["", "Peer arms (our code from each published formula, `experiment/peers.py`):", "", *PEER_SOURCES, "",

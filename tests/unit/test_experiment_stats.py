@@ -35,6 +35,23 @@ def test_matches_scipy_exact_without_ties(seed: int, alternative: str) -> None:
         assert ours.statistic == pytest.approx(ref.statistic)
 
 
+@pytest.mark.parametrize("n", [61, 100, 200])
+def test_matches_scipy_exact_beyond_sixty_pairs(n: int) -> None:
+    """A 100-seed grid run tests 100 pairs exactly; the enumeration's big counts stay exact up to the cap."""
+    rng = np.random.default_rng(n)
+    x = rng.normal(0.0, 1.0, n)
+    y = x + rng.normal(0.15, 1.0, n)
+    ours = wilcoxon_exact(list(x), list(y), "less")
+    ref = scipy_stats.wilcoxon(x, y, alternative="less", method="exact")
+    assert ours.pvalue == pytest.approx(ref.pvalue, rel=1e-9, abs=1e-15)
+    assert ours.n == n
+
+
+def test_refuses_more_pairs_than_it_can_enumerate_quickly() -> None:
+    with pytest.raises(ValueError, match="n <= 200"):
+        wilcoxon_exact(list(range(1, 202)))
+
+
 def test_with_ties_and_zeros_matches_the_exact_permutation_distribution() -> None:
     xs = [1.0, 2.0, 2.0, 3.0, 5.0, 5.0, 1.0, 4.0, 0.5, 7.0]
     ys = [2.0, 1.0, 3.0, 3.0, 7.0, 3.0, 2.0, 6.0, 1.5, 9.0]  # ties in |d|, one zero
