@@ -11,6 +11,7 @@ import asyncio
 import os
 import random
 import threading
+import time
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -153,6 +154,19 @@ class KvView:
                     timeout: float = 30.0) -> None:
         wait_until(lambda: self.credit(tokens, salt) == want, timeout=timeout,
                    message=lambda: f"credit {want}, have {self.credit(tokens, salt)}")
+
+    def wait_settled(self, quiet_s: float = 1.0, timeout: float = 30.0) -> None:
+        """Until no KV-event block has arrived for `quiet_s`: vLLM publishes from its own thread, so the
+        removals of a finished request can still be on their way when an earlier one is already seen."""
+        blocks = self.metrics.kv_event_blocks
+        seen = [-1.0, time.monotonic()]
+
+        def quiet() -> bool:
+            now_total = blocks.labels("stored")._value.get() + blocks.labels("removed")._value.get()
+            if now_total != seen[0]:
+                seen[0], seen[1] = now_total, time.monotonic()
+            return time.monotonic() - seen[1] >= quiet_s
+        wait_until(quiet, timeout=timeout, interval=0.1, message=f"no KV-event block for {quiet_s} s")
 
     def close(self) -> None:
         for t in self.tasks:
