@@ -4,28 +4,31 @@
     python -m experiment.grid --credit gpu --ours lane --arms lane-product,lane-greedy --out out/experiment/g
     python -m experiment.placement_probe seeds --point queueing --arms predictive,predictive-headroom
 
-The `predictive-*` arms are `predictive` (loadaware/policies/predictive.py) with one change. The `lane-*` arms
-are the sidecar's `lane` policy (loadaware/policies/lane.py) at the engines' known speeds instead of learned
-ones: `lane-product` exactly so, `lane-greedy` without the decode factor (a design bound: the sidecar is not
-told the speeds). docs/findings.md has what each did on the grid and why
-it was not adopted. `arm(name)` resolves these names and everything `experiment.des.arm_by_name` knows, so the
+The `predictive-*` arms are `predictive` (loadaware/policies/predictive.py) with one change. `lane-product` and
+`lane-greedy` are the sidecar's `lane` policy (loadaware/policies/lane.py) at the engines' known speeds instead
+of learned ones: `lane-product` exactly so, `lane-greedy` without the decode factor (a design bound: the
+sidecar is not told the speeds). `lane-inflight` is `lane` with (load + 1) as its factor; the `lane-demand-*`,
+`lane-recurring-*`, `lane-popular-*` and `lane-cap2*` arms use that factor only while a gate reads room in
+the fleet's caches (and, for the popular ones, a popular prefix) from the routed block keys and the
+simulator's capacity. docs/findings.md has what each did on the grid and why it was not adopted. `arm(name)` resolves these names and everything `experiment.des.arm_by_name` knows, so the
 grid and the probe take either.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from experiment.calibration import CALIBRATED
 from experiment.des import Arm, arm_by_name
 from loadaware.policies.base import Candidate, Choice, Policy, lowest_cost, own_uncached
-from loadaware.policies.lane import DECODE_EXPONENT
+from loadaware.policies.lane import DECODE_EXPONENT, Lane
 from loadaware.policies.predictive import Predictive
 from sim.service_model import ServiceModel
 
 if TYPE_CHECKING:
-    from experiment.des import Simulation
+    from experiment.des import SimRequest, Simulation, _Engine, _Req
 
 
 class PredictiveClampedCrowd(Predictive):
@@ -168,12 +171,225 @@ class LaneProduct(LaneTtft):
         super().__init__(DECODE_EXPONENT, "lane-product")
 
 
+class LaneInFlight(Lane):
+    """`lane` with the in-flight factor (load(i) + 1)^1 in place of its decode factor while `room()` says the
+    fleet's caches have room for more copies, and `lane`'s own factor otherwise:
+
+        cost(i) = ttft(i) x (load(i) + 1) + own(i) x waiting(i)                     while room()
+        cost(i) = lane's cost(i)                                                     otherwise
+
+    Counting queued and prefilling requests spreads a hot prefix at once, which bursts need; the price is a
+    copy of the prefix in another cache, free while the caches have room and a lost hit rate when they do
+    not (docs/findings.md). This class has room always (`lane-inflight`); subclasses gate it."""
+
+    def __init__(self, name: str = "lane-inflight") -> None:
+        super().__init__(name=name)
+
+    def room(self) -> bool:
+        return True
+
+    def costs(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> list[float]:
+        if not self.room():
+            return super().costs(prompt_tokens, candidates)
+        out = []
+        for c in candidates:
+            own = self.own_prefill_s(prompt_tokens, c)
+            out.append(self._ttft_after(own, c) * (c.load + 1) + own * c.waiting)
+        return out
+
+
+class _RoutedDemand(LaneInFlight):
+    """Sees every decided request's block keys (the simulation's `_track_decided`, wrapped) and the fleet's
+    GPU cache capacity in blocks: a DES arm only."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.capacity_blocks = 0
+
+    def bind_simulation(self, sim: Simulation) -> None:
+        self.capacity_blocks = sum(e.svc.kv_capacity_blocks for e in sim.engines)
+        decided = sim._track_decided
+
+        def track(e: _Engine, r: _Req, matched: int, t: float) -> None:
+            self.observe(r.sim.block_keys)
+            decided(e, r, matched, t)
+
+        sim._track_decided = track  # type: ignore[method-assign]
+
+    def observe(self, keys: Sequence[int]) -> None:
+        raise NotImplementedError
+
+
+class LaneDemandOracle(_RoutedDemand):
+    """Room while the distinct prompt blocks ever routed (the fleet's union, suffixes included) are fewer
+    than `share` of the fleet's GPU cache blocks: the simulator's capacity, an oracle of what a sidecar could
+    learn from `vllm:cache_config_info`."""
+
+    def __init__(self, share: float = 0.5) -> None:
+        super().__init__(f"lane-demand-{share:g}")
+        self.share = share
+        self._seen: set[int] = set()
+
+    def observe(self, keys: Sequence[int]) -> None:
+        self._seen.update(keys)
+
+    def room(self) -> bool:
+        return len(self._seen) < self.share * self.capacity_blocks
+
+
+class LaneDemand08(LaneDemandOracle):
+    def __init__(self) -> None:
+        super().__init__(0.8)
+
+
+class LaneRecurring(_RoutedDemand):
+    """Room while the recurring working set is smaller than `share` of the fleet's GPU cache blocks. The
+    recurring working set: blocks routed again while still among the last `capacity` distinct blocks routed
+    (an LRU of the fleet's size over the routed stream; a block whose reuse distance is longer would miss in
+    any placement), so a request's unique suffix never counts. Sampled by key (1 in `sample`; SHARDS'
+    spatial sampling, Waldspurger et al., FAST '15) so that its cost per request is a few dict operations."""
+
+    def __init__(self, share: float = 0.5, sample: int = 1, name: str | None = None, window: float = 1.0) -> None:
+        super().__init__(name or f"lane-recurring-{share:g}" + (f"-s{sample}" if sample > 1 else ""))
+        self.share = share
+        self.sample = sample
+        self.window = window  # the LRU's size in fleet capacities
+        self._lru: OrderedDict[int, bool] = OrderedDict()  # sampled key -> seen again
+        self.recurring = 0
+
+    def observe(self, keys: Sequence[int]) -> None:
+        lru, mod = self._lru, self.sample
+        bound = max(1, int(self.window * self.capacity_blocks) // mod)
+        for k in keys:
+            if mod > 1 and k % mod:
+                continue
+            again = lru.get(k)
+            if again is None:
+                lru[k] = False
+                if len(lru) > bound and lru.popitem(last=False)[1]:
+                    self.recurring -= 1
+            else:
+                lru.move_to_end(k)
+                if not again:
+                    lru[k] = True
+                    self.recurring += 1
+
+    def room(self) -> bool:
+        return self.recurring * self.sample < self.share * self.capacity_blocks
+
+
+class LaneRecurring08(LaneRecurring):
+    def __init__(self) -> None:
+        super().__init__(0.8)
+
+
+class LaneRecurring1(LaneRecurring):
+    def __init__(self) -> None:
+        super().__init__(1.0)
+
+
+class LaneRecurringSampled(LaneRecurring):
+    def __init__(self) -> None:
+        super().__init__(0.5, 16)
+
+
+class LanePopular(LaneRecurring):
+    """`lane-recurring` whose in-flight factor also needs the request's prefix to be popular: the prompt's
+    block at the end of its longest match anywhere in the fleet has been routed at least `min_count` times
+    (1 = the number of engines) while among the last `capacity` distinct blocks routed. A copy made by a miss
+    then serves many later requests (a hot shared prefix), not a conversation's next turn or two."""
+
+    def __init__(self, share: float = 0.8, min_count: int = 1, name: str | None = None, window: float = 1.0
+                 ) -> None:
+        super().__init__(share, 1, name or f"lane-popular-{share:g}-c{min_count}", window)
+        self.min_count = min_count
+        self.block_size = CALIBRATED.block_size  # the simulator's GPU blocks, which matched tokens count
+        self._counts: OrderedDict[int, int] = OrderedDict()
+        self._keys: Sequence[int] = ()
+
+    def bind_simulation(self, sim: Simulation) -> None:
+        super().bind_simulation(sim)
+        decide = sim._decide
+
+        def deciding(s: SimRequest) -> tuple[_Engine, int]:
+            self._keys = s.block_keys
+            return decide(s)
+
+        sim._decide = deciding  # type: ignore[method-assign]
+
+    def observe(self, keys: Sequence[int]) -> None:
+        super().observe(keys)
+        counts, bound = self._counts, max(1, int(self.window * self.capacity_blocks))
+        for k in keys:
+            counts[k] = counts.pop(k, 0) + 1
+            if len(counts) > bound:
+                counts.popitem(last=False)
+
+    def popular(self, candidates: Sequence[Candidate]) -> bool:
+        deepest = max((c.matched_tokens for c in candidates), default=0) // self.block_size
+        if deepest < 1 or deepest > len(self._keys):
+            return False
+        need = self.min_count if self.min_count > 1 else len(candidates)
+        return self._counts.get(self._keys[deepest - 1], 0) >= need
+
+    def costs(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> list[float]:
+        if self.room() and self.popular(candidates):
+            return super().costs(prompt_tokens, candidates)
+        return Lane.costs(self, prompt_tokens, candidates)
+
+
+class LanePopularOpen(LanePopular):
+    def __init__(self) -> None:
+        super().__init__(1e9, 1, "lane-popular-c1")
+
+
+class LanePopular08(LanePopular):
+    def __init__(self) -> None:
+        super().__init__(0.8, 1)
+
+
+class LanePopular08C8(LanePopular):
+    def __init__(self) -> None:
+        super().__init__(0.8, 8)
+
+
+class LaneCapacity2(LaneRecurring):
+    """Room while the recurring working set, seen through an LRU of twice the fleet's capacity, is smaller
+    than the capacity: the caches hold every recurring block once with room to spare."""
+
+    def __init__(self) -> None:
+        super().__init__(1.0, 1, "lane-cap2", window=2.0)
+
+
+class LaneCapacity2Popular(LanePopular):
+    def __init__(self) -> None:
+        super().__init__(1.0, 1, "lane-cap2-popular", window=2.0)
+
+
+class LaneCapacity2Popular8(LanePopular):
+    def __init__(self) -> None:
+        super().__init__(1.0, 8, "lane-cap2-popular-c8", window=2.0)
+
+
 # Classes, not closures: the grid pickles arms into its worker processes.
 VARIANTS: dict[str, Callable[[], Policy]] = {
     "predictive-crowd-clamped": PredictiveClampedCrowd,
     "predictive-headroom": PredictiveHeadroom,
     "lane-greedy": LaneGreedy,
     "lane-product": LaneProduct,
+    "lane-inflight": LaneInFlight,
+    "lane-demand-0.5": LaneDemandOracle,
+    "lane-demand-0.8": LaneDemand08,
+    "lane-recurring-0.5": LaneRecurring,
+    "lane-recurring-0.8": LaneRecurring08,
+    "lane-recurring-1": LaneRecurring1,
+    "lane-recurring-0.5-s16": LaneRecurringSampled,
+    "lane-popular-c1": LanePopularOpen,
+    "lane-popular-0.8-c1": LanePopular08,
+    "lane-popular-0.8-c8": LanePopular08C8,
+    "lane-cap2": LaneCapacity2,
+    "lane-cap2-popular": LaneCapacity2Popular,
+    "lane-cap2-popular-c8": LaneCapacity2Popular8,
 }
 
 

@@ -13,14 +13,19 @@ from experiment.des import FleetConfig, Simulation, prepare
 from experiment.grid import POINTS_BY_NAME, run_grid, with_credit
 from experiment.placement_probe import main, probe_costs, probe_seeds
 from experiment.variants import (
+    LaneCapacity2Popular,
     LaneGreedy,
+    LaneInFlight,
+    LanePopular,
     LaneProduct,
+    LaneRecurring,
     PredictiveClampedCrowd,
     PredictiveHeadroom,
     arm,
 )
 from experiment.workload import WorkloadSpec, build
 from loadaware.policies.base import Candidate
+from loadaware.policies.lane import Lane
 from loadaware.policies.predictive import Predictive
 from sim.service_model import ServiceModel
 from tests.unit.test_experiment_grid import TINY
@@ -161,3 +166,59 @@ def test_the_grid_runs_lane_arms_on_gpu_credit(tmp_path: Path) -> None:
     res = run_grid([point], arms, [1, 2], jobs=2, cache=tmp_path)["tiny"]
     assert all(m.ok == 30 and m.errors == 0 and m.ttft_p95 > 0 for ms in res.values() for m in ms)
     assert [m.seed for m in res["lane-product"]] == [1, 2]
+
+
+def test_the_in_flight_factor_replaces_lanes_decode_factor_only_while_the_gate_is_open() -> None:
+    a, b = Candidate("engine-000", 1500, 6.0), Candidate("engine-001", 0, 1.0)
+    a.decode_batch, b.decode_batch, a.waiting = 2.0, 1.0, 3.0
+    lane, spread = Lane(), LaneInFlight()
+    want = [lane.ttft(1600, c) * (c.load + 1) + lane.own_prefill_s(1600, c) * c.waiting for c in (a, b)]
+    assert spread.costs(1600, [a, b]) == pytest.approx(want)
+    shut = LaneRecurring(share=0.0)  # no room ever: lane exactly
+    assert shut.costs(1600, [a, b]) == lane.costs(1600, [a, b])
+
+
+def test_the_recurring_set_counts_blocks_seen_again_within_the_lru_and_forgets_evicted_ones() -> None:
+    gate = LaneRecurring(share=0.5)
+    gate.capacity_blocks = 4  # an LRU of 4 keys; room while fewer than 2 recurring blocks
+    gate.observe([1, 2, 3])
+    assert gate.recurring == 0 and gate.room()  # a first sight never counts: unique suffixes stay out
+    gate.observe([1, 2])
+    assert gate.recurring == 2 and not gate.room()
+    gate.observe([1])
+    assert gate.recurring == 2  # a third sight counts once
+    gate.observe([7, 8, 9])  # 4 keys fit: 8 pushes out 3 (seen once), 9 pushes out 2 (recurring)
+    assert gate.recurring == 1 and gate.room()
+    gate.observe([6])  # and 1
+    assert gate.recurring == 0
+    sampled = LaneRecurring(share=0.5, sample=4)
+    sampled.capacity_blocks = 64
+    sampled.observe(list(range(16)) * 2)
+    assert sampled.recurring == 4  # keys 0, 4, 8, 12 are sampled, each counted for 4
+
+
+def test_popularity_is_the_count_where_the_longest_match_ends() -> None:
+    gate = LanePopular(share=1e9, min_count=1)
+    gate.capacity_blocks = 100
+    keys = [10, 11, 12, 13]
+    gate.observe(keys[:2])
+    gate._keys = keys
+    held = Candidate("engine-000", 2 * 16, 0.0)  # holds the first two blocks
+    cold = Candidate("engine-001", 0, 0.0)
+    assert not gate.popular([held, cold])  # key 11 routed once; 2 engines need 2
+    gate.observe(keys[:2])
+    assert gate.popular([held, cold])
+    assert not gate.popular([cold, Candidate("engine-002", 0, 0.0)])  # no match anywhere: nothing to spread
+    assert LanePopular(min_count=8).min_count == 8
+
+
+def test_the_gated_arm_runs_on_the_grid(tmp_path: Path) -> None:
+    point = with_credit(TINY, "gpu")
+    res = run_grid([point], [arm("lane-cap2-popular"), arm("lane-inflight")], [1], jobs=1, cache=tmp_path)["tiny"]
+    assert all(m.ok == 30 and m.errors == 0 for ms in res.values() for m in ms)
+    sim = Simulation(prepare(build(point.point.spec, 1)), arm("lane-cap2-popular"), point.point.fleet, 1)
+    policy = sim.policy
+    assert isinstance(policy, LaneCapacity2Popular)
+    assert policy.capacity_blocks == sum(e.svc.kv_capacity_blocks for e in sim.engines)
+    sim.run()
+    assert len(policy._counts) > 0  # the wrapped decision hook fed it every routed prompt
