@@ -10,8 +10,8 @@ of learned ones: `lane-product` exactly so, `lane-greedy` without the decode fac
 sidecar is not told the speeds). `lane-inflight` is `lane` with (load + 1) as its factor; the `lane-demand-*`,
 `lane-recurring-*`, `lane-popular-*` and `lane-cap2*` arms use that factor only while a gate reads room in
 the fleet's caches (and, for the popular ones, a popular prefix) from the routed block keys and the
-simulator's capacity. docs/findings.md has what each did on the grid and why it was not adopted. `arm(name)` resolves these names and everything `experiment.des.arm_by_name` knows, so the
-grid and the probe take either.
+simulator's capacity. docs/findings.md has what each did on the grid and why it was not adopted. `arm(name)`
+resolves these names and everything `experiment.des.arm_by_name` knows, so the grid and the probe take either.
 """
 
 from __future__ import annotations
