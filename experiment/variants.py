@@ -16,8 +16,10 @@ resolves these names and everything `experiment.des.arm_by_name` knows, so the g
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 from experiment.calibration import CALIBRATED
@@ -237,10 +239,6 @@ class LaneDemandOracle(_RoutedDemand):
         return len(self._seen) < self.share * self.capacity_blocks
 
 
-class LaneDemand08(LaneDemandOracle):
-    def __init__(self) -> None:
-        super().__init__(0.8)
-
 
 class LaneRecurring(_RoutedDemand):
     """Room while the recurring working set is smaller than `share` of the fleet's GPU cache blocks. The
@@ -278,19 +276,7 @@ class LaneRecurring(_RoutedDemand):
         return self.recurring * self.sample < self.share * self.capacity_blocks
 
 
-class LaneRecurring08(LaneRecurring):
-    def __init__(self) -> None:
-        super().__init__(0.8)
 
-
-class LaneRecurring1(LaneRecurring):
-    def __init__(self) -> None:
-        super().__init__(1.0)
-
-
-class LaneRecurringSampled(LaneRecurring):
-    def __init__(self) -> None:
-        super().__init__(0.5, 16)
 
 
 class LanePopular(LaneRecurring):
@@ -338,58 +324,33 @@ class LanePopular(LaneRecurring):
         return Lane.costs(self, prompt_tokens, candidates)
 
 
-class LanePopularOpen(LanePopular):
-    def __init__(self) -> None:
-        super().__init__(1e9, 1, "lane-popular-c1")
 
 
-class LanePopular08(LanePopular):
-    def __init__(self) -> None:
-        super().__init__(0.8, 1)
 
 
-class LanePopular08C8(LanePopular):
-    def __init__(self) -> None:
-        super().__init__(0.8, 8)
 
 
-class LaneCapacity2(LaneRecurring):
-    """Room while the recurring working set, seen through an LRU of twice the fleet's capacity, is smaller
-    than the capacity: the caches hold every recurring block once with room to spare."""
-
-    def __init__(self) -> None:
-        super().__init__(1.0, 1, "lane-cap2", window=2.0)
-
-
-class LaneCapacity2Popular(LanePopular):
-    def __init__(self) -> None:
-        super().__init__(1.0, 1, "lane-cap2-popular", window=2.0)
-
-
-class LaneCapacity2Popular8(LanePopular):
-    def __init__(self) -> None:
-        super().__init__(1.0, 8, "lane-cap2-popular-c8", window=2.0)
-
-
-# Classes, not closures: the grid pickles arms into its worker processes.
+# Classes or partials of them, not closures: the grid pickles arms into its worker processes.
 VARIANTS: dict[str, Callable[[], Policy]] = {
     "predictive-crowd-clamped": PredictiveClampedCrowd,
     "predictive-headroom": PredictiveHeadroom,
     "lane-greedy": LaneGreedy,
     "lane-product": LaneProduct,
     "lane-inflight": LaneInFlight,
-    "lane-demand-0.5": LaneDemandOracle,
-    "lane-demand-0.8": LaneDemand08,
-    "lane-recurring-0.5": LaneRecurring,
-    "lane-recurring-0.8": LaneRecurring08,
-    "lane-recurring-1": LaneRecurring1,
-    "lane-recurring-0.5-s16": LaneRecurringSampled,
-    "lane-popular-c1": LanePopularOpen,
-    "lane-popular-0.8-c1": LanePopular08,
-    "lane-popular-0.8-c8": LanePopular08C8,
-    "lane-cap2": LaneCapacity2,
-    "lane-cap2-popular": LaneCapacity2Popular,
-    "lane-cap2-popular-c8": LaneCapacity2Popular8,
+    "lane-demand-0.5": partial(LaneDemandOracle, 0.5),
+    "lane-demand-0.8": partial(LaneDemandOracle, 0.8),
+    "lane-recurring-0.5": partial(LaneRecurring, 0.5),
+    "lane-recurring-0.8": partial(LaneRecurring, 0.8),
+    "lane-recurring-1": partial(LaneRecurring, 1.0),
+    "lane-recurring-0.5-s16": partial(LaneRecurring, 0.5, 16),
+    "lane-popular-c1": partial(LanePopular, math.inf, 1, "lane-popular-c1"),
+    "lane-popular-0.8-c1": partial(LanePopular, 0.8, 1),
+    "lane-popular-0.8-c8": partial(LanePopular, 0.8, 8),
+    # cap2: the recurring blocks seen through an LRU of twice the fleet's capacity, room while fewer than the
+    # capacity: the caches hold every recurring block once with room to spare.
+    "lane-cap2": partial(LaneRecurring, 1.0, 1, "lane-cap2", 2.0),
+    "lane-cap2-popular": partial(LanePopular, 1.0, 1, "lane-cap2-popular", 2.0),
+    "lane-cap2-popular-c8": partial(LanePopular, 1.0, 8, "lane-cap2-popular-c8", 2.0),
 }
 
 

@@ -13,7 +13,6 @@ from experiment.des import FleetConfig, Simulation, prepare
 from experiment.grid import POINTS_BY_NAME, run_grid, with_credit
 from experiment.placement_probe import main, probe_costs, probe_seeds
 from experiment.variants import (
-    LaneCapacity2Popular,
     LaneGreedy,
     LaneInFlight,
     LanePopular,
@@ -218,7 +217,7 @@ def test_the_gated_arm_runs_on_the_grid(tmp_path: Path) -> None:
     assert all(m.ok == 30 and m.errors == 0 for ms in res.values() for m in ms)
     sim = Simulation(prepare(build(point.point.spec, 1)), arm("lane-cap2-popular"), point.point.fleet, 1)
     policy = sim.policy
-    assert isinstance(policy, LaneCapacity2Popular)
+    assert isinstance(policy, LanePopular) and policy.window == 2.0 and policy.min_count == 1
     assert policy.capacity_blocks == sum(e.svc.kv_capacity_blocks for e in sim.engines)
     sim.run()
     assert len(policy._counts) > 0  # the wrapped decision hook fed it every routed prompt
