@@ -239,11 +239,10 @@ class LaneDemandOracle(_RoutedDemand):
         return len(self._seen) < self.share * self.capacity_blocks
 
 
-
 class LaneRecurring(_RoutedDemand):
     """Room while the recurring working set is smaller than `share` of the fleet's GPU cache blocks. The
-    recurring working set: blocks routed again while still among the last `capacity` distinct blocks routed
-    (an LRU of the fleet's size over the routed stream; a block whose reuse distance is longer would miss in
+    recurring working set: blocks routed again while still among the last `window` x capacity distinct blocks
+    routed (an LRU over the routed stream; at window 1 a block whose reuse distance is longer would miss in
     any placement), so a request's unique suffix never counts. Sampled by key (1 in `sample`; SHARDS'
     spatial sampling, Waldspurger et al., FAST '15) so that its cost per request is a few dict operations."""
 
@@ -276,13 +275,10 @@ class LaneRecurring(_RoutedDemand):
         return self.recurring * self.sample < self.share * self.capacity_blocks
 
 
-
-
-
 class LanePopular(LaneRecurring):
     """`lane-recurring` whose in-flight factor also needs the request's prefix to be popular: the prompt's
     block at the end of its longest match anywhere in the fleet has been routed at least `min_count` times
-    (1 = the number of engines) while among the last `capacity` distinct blocks routed. A copy made by a miss
+    (1 = the number of engines) while among the last `window` x capacity distinct blocks routed. A copy made by a miss
     then serves many later requests (a hot shared prefix), not a conversation's next turn or two."""
 
     def __init__(self, share: float = 0.8, min_count: int = 1, name: str | None = None, window: float = 1.0
@@ -322,12 +318,6 @@ class LanePopular(LaneRecurring):
         if self.room() and self.popular(candidates):
             return super().costs(prompt_tokens, candidates)
         return Lane.costs(self, prompt_tokens, candidates)
-
-
-
-
-
-
 
 
 # Classes or partials of them, not closures: the grid pickles arms into its worker processes.
