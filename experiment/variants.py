@@ -320,6 +320,27 @@ class LanePopular(LaneRecurring):
         return Lane.costs(self, prompt_tokens, candidates)
 
 
+class LaneDiscovered(LanePopular):
+    """`lane-cap2-popular` that also waits until every prompt head it has seen (the prompt's first block: which
+    shared prefix or system prompt it starts with) has been seen at least twice (no singleton among them, the
+    f1 = 0 of a species count): until then the working set may still be growing, as in a cold start."""
+
+    def __init__(self) -> None:
+        super().__init__(1.0, 1, "lane-cap2-popular-discovered", 2.0)
+        self._heads: dict[int, int] = {}
+        self.singletons = 0
+
+    def observe(self, keys: Sequence[int]) -> None:
+        super().observe(keys)
+        if keys:
+            n = self._heads.get(keys[0], 0) + 1
+            self._heads[keys[0]] = n
+            self.singletons += 1 if n == 1 else -1 if n == 2 else 0
+
+    def room(self) -> bool:
+        return self.singletons == 0 and super().room()
+
+
 # Classes or partials of them, not closures: the grid pickles arms into its worker processes.
 VARIANTS: dict[str, Callable[[], Policy]] = {
     "predictive-crowd-clamped": PredictiveClampedCrowd,
@@ -341,6 +362,7 @@ VARIANTS: dict[str, Callable[[], Policy]] = {
     "lane-cap2": partial(LaneRecurring, 1.0, 1, "lane-cap2", 2.0),
     "lane-cap2-popular": partial(LanePopular, 1.0, 1, "lane-cap2-popular", 2.0),
     "lane-cap2-popular-c8": partial(LanePopular, 1.0, 8, "lane-cap2-popular-c8", 2.0),
+    "lane-cap2-popular-discovered": LaneDiscovered,
 }
 
 

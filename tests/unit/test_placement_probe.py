@@ -13,6 +13,7 @@ from experiment.des import FleetConfig, Simulation, prepare
 from experiment.grid import POINTS_BY_NAME, run_grid, with_credit
 from experiment.placement_probe import main, probe_costs, probe_seeds
 from experiment.variants import (
+    LaneDiscovered,
     LaneGreedy,
     LaneInFlight,
     LanePopular,
@@ -221,3 +222,18 @@ def test_the_gated_arm_runs_on_the_grid(tmp_path: Path) -> None:
     assert policy.capacity_blocks == sum(e.svc.kv_capacity_blocks for e in sim.engines)
     sim.run()
     assert len(policy._counts) > 0  # the wrapped decision hook fed it every routed prompt
+
+
+def test_the_discovered_gate_stays_shut_while_a_prompt_head_has_been_seen_once() -> None:
+    gate = LaneDiscovered()
+    gate.capacity_blocks = 100
+    assert gate.room()  # nothing seen: no singleton, no recurring block
+    gate.observe([1, 2])
+    assert gate.singletons == 1 and not gate.room()  # prompt head 1 seen once: the working set may still grow
+    gate.observe([1, 3])
+    assert gate.singletons == 0 and gate.room()
+    gate.observe([5, 6])
+    gate.observe([1, 2])
+    assert gate.singletons == 1 and not gate.room()  # head 5 once; head 1 a third time changes nothing
+    gate.observe([5])
+    assert gate.room()
