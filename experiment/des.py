@@ -51,6 +51,8 @@ from loadaware.load.tracker import EngineStats, Lease, LoadTracker
 from loadaware.policies import POLICY_NAMES, Policy, make_policy
 from loadaware.policies.base import Candidate
 from loadaware.policies.ttft_model import TtftModel
+from loadaware.prefix.working_set import BLOCK_TOKENS, STRIDE, WorkingSet
+from loadaware.prefix.working_set import fill_candidates as fill_working_set
 from sim.held_blocks import HeldBlocks, private_blocks
 from sim.lmcache_chunks import LMCACHE_CHUNK_SIZE, LMCacheStore, chunk_keys
 from sim.prefix_cache import Block, PrefixCache, block_key, iter_blocks
@@ -266,6 +268,14 @@ class Simulation:
         self.records: list[RequestRecord] = []
         self._measuring = False
         self._measured_open = 0
+        # The fleet's prefix working set, for a policy that reads it (loadaware.prefix.working_set): fed as the
+        # sidecar feeds it, with every STRIDE-th 16-token block of each routed prompt, its capacity from the
+        # engines' GPU caches (what the sidecar scrapes from vllm:cache_config_info).
+        self.working_set: WorkingSet | None = None
+        if getattr(self.policy, "uses_working_set", False):
+            self.working_set = WorkingSet()
+            self.working_set.set_capacity(sum(e.svc.kv_capacity_tokens for e in self.engines) / BLOCK_TOKENS)
+            self._sample_step = max(1, STRIDE * BLOCK_TOKENS // self.svc.block_size)
         bind = getattr(self.policy, "bind_simulation", None)
         if bind is not None:  # a design-experiment arm that reads engine speeds and the clock (experiment.variants)
             bind(self)
@@ -347,8 +357,14 @@ class Simulation:
         n = s.n_tokens
         candidates = tuple(self._candidate(e, min(matches.get(e.name, 0), n), load)
                            for e, load in zip(self.engines, loads))
+        ws = self.working_set
+        if ws is not None:  # as the sidecar's pipeline fills them (loadaware.routing.pipeline)
+            keys = s.block_keys[::self._sample_step]
+            fill_working_set(candidates, ws, keys)
         choice = self.policy.choose(n, candidates)
         assert choice is not None
+        if ws is not None:
+            ws.observe(keys)
         return self.engines[choice.index], candidates[choice.index].matched_tokens
 
     def _candidate(self, e: _Engine, matched: int, load: float) -> Candidate:

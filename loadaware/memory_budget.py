@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from loadaware.prefix.working_set import MAX_ENTRIES as WORKING_SET_MAX_ENTRIES
 from loadaware.telemetry.decisions import RING_CANDIDATES
 
 MiB = 1 << 20
@@ -27,9 +28,13 @@ APPROX_BYTES_PER_BLOCK = 190
 # are int objects of their own) plus its share of the piece's text (measured 48.5 B).
 PIECE_CACHE_BYTES_PER_TOKEN = 50
 # Recent-decisions ring (telemetry/decisions.py): one decision, plus one of the ranked head's candidates (at most
-# RING_CANDIDATES; a Candidate with its optional token-signal fields), measured 641 B and 269 B with tracemalloc.
+# RING_CANDIDATES; a Candidate with its optional token-signal and working-set fields), measured 641 B and 285 B
+# with tracemalloc.
 RECENT_DECISION_BYTES = 720
-RECENT_CANDIDATE_BYTES = 280
+RECENT_CANDIDATE_BYTES = 300
+# The prefix working set (prefix/working_set.py): one sampled key or prompt head in its LRU (a 62-bit int key and
+# an OrderedDict slot), measured 177 B; it holds at most 2 x MAX_ENTRIES of them whatever the fleet's size.
+WORKING_SET_BYTES_PER_ENTRY = 190
 # Token signals (load/signals.py): one endpoint's entry (its counts, learned TTFT model, histogram counters and
 # prefill clock), measured with tracemalloc over 10,000 endpoints: 1,029 B scraped only, 2,709 B once both
 # TTFT models (the endpoint's and its clock's) have learned from first chunks (picker mode).
@@ -81,6 +86,7 @@ def worst_case(bounds: Bounds) -> dict[str, int]:
         "recent_decisions": bounds.recent_decisions * (
             RECENT_DECISION_BYTES + min(bounds.endpoints, RING_CANDIDATES) * RECENT_CANDIDATE_BYTES),
         "token_signals": bounds.endpoints * TOKEN_SIGNALS_BYTES_PER_ENDPOINT,
+        "working_set": 2 * WORKING_SET_MAX_ENTRIES * WORKING_SET_BYTES_PER_ENTRY,
     }
 
 

@@ -55,7 +55,7 @@ class EngineCore:
         self.reporter = reporter
         self.phantom = Phantom()
         self.stats = EngineStats()
-        self.metrics = EngineMetrics(model_id, self.gauges)
+        self.metrics = EngineMetrics(model_id, self.gauges, (service.kv_capacity_blocks, service.block_size))
         self._held = HeldBlocks()  # KV blocks the admitted requests reference (vllm:kv_cache_usage_perc)
         self._prefill_lane = PrefillLane()
 

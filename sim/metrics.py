@@ -42,8 +42,10 @@ def _fmt(v: float) -> str:
 class EngineMetrics:
     """Counters and histograms the engine updates; gauges are read from callbacks at scrape time."""
 
-    def __init__(self, model_name: str, gauges: Callable[[], dict[str, float]]) -> None:
+    def __init__(self, model_name: str, gauges: Callable[[], dict[str, float]],
+                 cache_config: tuple[int, int] | None = None) -> None:
         self.labels = f'engine="0",model_name="{model_name}"'
+        self.cache_config = cache_config  # (num_gpu_blocks, block_size): vllm:cache_config_info's labels
         self._gauges = gauges
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
@@ -65,6 +67,13 @@ class EngineMetrics:
             ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
         ):
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name}{{{lb}}} {_fmt(gauges[name])}"]
+        if self.cache_config is not None:
+            # vLLM's info gauge: the cache configuration in labels (a subset of vLLM's, in its sorted order).
+            blocks, size = self.cache_config
+            name = "vllm:cache_config_info"
+            lines += [f"# HELP {name} Information of the LLMEngine CacheConfig", f"# TYPE {name} gauge",
+                      f'{name}{{block_size="{size}",enable_prefix_caching="True",engine="0",'
+                      f'num_gpu_blocks="{blocks}"}} 1.0']
         for name, value, help_text in (
             ("vllm:num_preemptions", self.num_preemptions, "Cumulative number of preemption from the engine."),
             ("vllm:prefix_cache_queries", self.prefix_cache_queries, "Prefix cache queries, in terms of tokens."),

@@ -14,6 +14,7 @@ from loadaware.fleet.registry import EndpointRegistry
 from loadaware.load.signals import SignalTracker
 from loadaware.load.tracker import LoadTracker
 from loadaware.prefix.wiring import PrefixWiring
+from loadaware.prefix.working_set import BLOCK_TOKENS, WorkingSet
 from loadaware.telemetry.epp import PodLoad
 from loadaware.telemetry.metrics import Metrics
 from loadaware.tokenize.tokenizer import AsyncTokenizer
@@ -21,7 +22,9 @@ from loadaware.tokenize.tokenizer import AsyncTokenizer
 
 class MetricsPage:
     def __init__(self, metrics: Metrics, registry: EndpointRegistry, loads: LoadTracker, health: EndpointHealth,
-                 signals: SignalTracker, prefixes: PrefixWiring, tokenizer: AsyncTokenizer | None) -> None:
+                 signals: SignalTracker, prefixes: PrefixWiring, tokenizer: AsyncTokenizer | None,
+                 working_set: WorkingSet | None = None) -> None:
+        self.working_set = working_set
         self.metrics = metrics
         self.registry = registry
         self.loads = loads
@@ -46,6 +49,11 @@ class MetricsPage:
         if self.tokenizer is not None:
             pieces = self.tokenizer.tokenizer.pieces
             self.metrics.tokenizer_pieces_seen(pieces.hits, pieces.misses, pieces.enabled)
+        self.metrics.fleet_kv_capacity.set(self.loads.kv_capacity_tokens())
+        ws = self.working_set
+        if ws is not None:  # two int reads: safe from this thread
+            self.metrics.working_set_tokens.set(ws.recurring_blocks() * BLOCK_TOKENS)
+            self.metrics.working_set_new_heads.set(ws.singletons)
         now = self.signals.clock()
         for endpoint in fleet:
             sig = self.signals.get(endpoint)

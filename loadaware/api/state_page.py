@@ -18,6 +18,7 @@ from loadaware.fleet.registry import EndpointRegistry
 from loadaware.load.tracker import LoadTracker
 from loadaware.prefix.lmcache.bridge import InstanceBridge
 from loadaware.prefix.wiring import PrefixWiring
+from loadaware.prefix.working_set import WorkingSet
 
 
 class ReadinessView(Protocol):
@@ -34,8 +35,9 @@ class StatePage:
     def __init__(self, registry: EndpointRegistry, loads: LoadTracker, health: EndpointHealth,
                  models: EndpointModels | None, bridge: InstanceBridge, prefixes: PrefixWiring,
                  readiness: ReadinessView, tasks: Callable[[], list[dict[str, Any]]], streams: StreamCounts,
-                 config: Callable[[], list[dict[str, Any]]]) -> None:
+                 config: Callable[[], list[dict[str, Any]]], working_set: WorkingSet | None = None) -> None:
         self.registry = registry
+        self.working_set = working_set
         self.loads = loads
         self.health = health
         self.models = models
@@ -60,10 +62,12 @@ class StatePage:
                          "routing_health": asdict(self.health.view(ep)),
                          "instance_id": self.bridge.instance_for(ep), "models": models.get(ep),
                          "scraped": None if st is None else {"running": st.running, "waiting": st.waiting,
-                                                             "kv_usage": st.kv_usage}})
+                                                             "kv_usage": st.kv_usage,
+                                                             "kv_capacity_tokens": st.kv_capacity_tokens}})
         reason = self.readiness.reason()
         return {"ready": not reason, "not_ready_reason": reason, "tasks": self.tasks(),
                 "open_streams": self.streams.open_streams, "streams_by_mode": dict(self.streams.modes),
                 "inflight": self.loads.snapshot(), "inflight_total": self.loads.total(), "endpoints": rows,
                 "instance_map": self.bridge.mapping(), "config": self.config(),
-                "prefix": self.prefixes.state()}
+                "prefix": self.prefixes.state(), "fleet_kv_capacity_tokens": self.loads.kv_capacity_tokens(),
+                "working_set": None if self.working_set is None else self.working_set.state()}

@@ -67,7 +67,8 @@ class MetricsScraper:
         if endpoint not in self.registry:
             return False  # vanished while we waited
         stats = EngineStats(gauges.get("running", 0.0), gauges.get("waiting", 0.0), gauges.get("kv_usage"),
-                            time.monotonic(), gauges.get("ttft_sum"), gauges.get("ttft_count"))
+                            time.monotonic(), gauges.get("ttft_sum"), gauges.get("ttft_count"),
+                            gauges.get("kv_capacity_tokens"))
         self.loads.record(endpoint, stats)
         self.metrics.scraped(endpoint, stats.running, stats.waiting, stats.kv_usage)
         return True

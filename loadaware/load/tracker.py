@@ -43,6 +43,9 @@ class EngineStats:
     # the token-signal tracker learns each engine's mean TTFT from them (load/prefill_estimate.py).
     ttft_sum: float | None = None
     ttft_count: float | None = None
+    # The engine's GPU KV cache in tokens (vllm:cache_config_info's num_gpu_blocks x block_size), None when
+    # its page does not say.
+    kv_capacity_tokens: float | None = None
 
 
 @dataclass(slots=True)
@@ -63,6 +66,8 @@ class LoadTracker:
         self._generation: dict[str, int] = {}
         self._generations = 0
         self._stats: dict[str, EngineStats] = {}
+        self._capacity: dict[str, float] = {}  # endpoint -> its stated KV capacity in tokens
+        self._fleet_capacity = 0.0  # their sum
         self._snapshot_epoch: dict[str, int] = {}
         self._started_after: dict[str, int] = {}
         self._ended_after: dict[str, int] = {}
@@ -125,6 +130,9 @@ class LoadTracker:
     def record(self, endpoint: str, stats: EngineStats) -> None:
         """A scrape of `endpoint` arrived: it starts a new snapshot epoch for the correction."""
         self._stats[endpoint] = stats
+        if stats.kv_capacity_tokens is not None:
+            self._fleet_capacity += stats.kv_capacity_tokens - self._capacity.get(endpoint, 0.0)
+            self._capacity[endpoint] = stats.kv_capacity_tokens
         self._snapshot_epoch[endpoint] = self._snapshot_epoch.get(endpoint, 0) + 1
         self._started_after[endpoint] = 0
         self._ended_after[endpoint] = 0
@@ -168,8 +176,14 @@ class LoadTracker:
         return [self.load(ep, now) for ep in endpoints]
 
     # ---- the fleet ----
+    def kv_capacity_tokens(self) -> float:
+        """The fleet's GPU KV capacity in tokens: the last capacity each present endpoint's page stated (a
+        configuration, so it does not go stale with the scrape); 0 when none stated one."""
+        return self._fleet_capacity if self._capacity else 0.0
+
     def drop(self, endpoint: str) -> None:
         """An endpoint left the fleet: forget its counts and stats; outstanding leases become no-ops."""
+        self._fleet_capacity -= self._capacity.pop(endpoint, 0.0)
         self._counts.pop(endpoint, None)
         self._started_after.pop(endpoint, None)
         self._ended_after.pop(endpoint, None)

@@ -9,6 +9,7 @@ checks it reads the same values as prometheus_client on the same text.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 WANTED = {
@@ -23,11 +24,18 @@ WANTED = {
 }
 
 
+# An info gauge (value 1) whose labels carry the engine's KV cache configuration. Its size in tokens,
+# num_gpu_blocks x block_size, is the room the fleet's prefix working set is measured against
+# (loadaware/prefix/working_set.py); newer vLLM also labels kv_cache_size_tokens, the same product.
+CACHE_CONFIG = "vllm:cache_config_info"
+
+
 def parse_vllm_gauges(text: str) -> dict[str, float]:
     """Sum each wanted gauge over its label sets (a multi-engine server reports one series per engine).
 
-    Returns keys among running, waiting, kv_usage, ttft_sum, ttft_count; a metric absent from the text is
-    absent from the result. kv_usage is averaged over series rather than summed, since it is a fraction.
+    Returns keys among running, waiting, kv_usage, ttft_sum, ttft_count and kv_capacity_tokens (from the
+    cache_config_info labels); a metric absent from the text is absent from the result. kv_usage is averaged
+    over series rather than summed, since it is a fraction.
     """
     samples: list[tuple[str, float]] = []
     for line in text.splitlines():
@@ -38,8 +46,13 @@ def parse_vllm_gauges(text: str) -> dict[str, float]:
             if ch == "{" or ch == " ":
                 name_end = i
                 break
-        key = WANTED.get(line[:name_end])
+        name = line[:name_end]
+        key = WANTED.get(name)
         if key is None:
+            if name == CACHE_CONFIG:
+                capacity = kv_capacity_tokens(line)
+                if capacity is not None:
+                    samples.append(("kv_capacity_tokens", capacity))
             continue
         value_text = line.rsplit("}", 1)[-1].split()
         if not value_text:
@@ -50,6 +63,36 @@ def parse_vllm_gauges(text: str) -> dict[str, float]:
             continue
         samples.append((key, value))
     return combine(samples)
+
+
+def label_value(line: str, label: str) -> str | None:
+    """The value of `label` in a sample line's label set (exact name: `block_size` is not
+    `effective_attention_block_size`), None when absent. Values read here are numbers: no escapes."""
+    for opener in ("{", ","):
+        start = line.find(f'{opener}{label}="')
+        if start >= 0:
+            start += len(label) + 3
+            end = line.find('"', start)
+            return line[start:end] if end >= 0 else None
+    return None
+
+
+def kv_capacity_tokens(line: str) -> float | None:
+    """An engine's GPU KV cache in tokens from its cache_config_info sample: num_gpu_blocks x block_size, else
+    kv_cache_size_tokens; None when neither is a positive number (e.g. "None" before profiling)."""
+    blocks, size = _positive(label_value(line, "num_gpu_blocks")), _positive(label_value(line, "block_size"))
+    if blocks is not None and size is not None:
+        return blocks * size
+    return _positive(label_value(line, "kv_cache_size_tokens"))
+
+
+def _positive(text: str | None) -> float | None:
+    """A label's value as a positive finite number, else None."""
+    try:
+        x = float(text) if text is not None else math.nan
+    except ValueError:
+        return None
+    return x if 0 < x < math.inf else None
 
 
 def combine(samples: Iterable[tuple[str, float]]) -> dict[str, float]:

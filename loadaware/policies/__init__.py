@@ -5,12 +5,13 @@ from __future__ import annotations
 from loadaware.policies.base import Candidate, Choice, Policy, ranked
 from loadaware.policies.kvaware import KvAware
 from loadaware.policies.lane import Lane
+from loadaware.policies.lane_spread import LaneSpread
 from loadaware.policies.leastload import LeastLoad
 from loadaware.policies.loadaware import LoadAware
 from loadaware.policies.predictive import Predictive
 from loadaware.policies.roundrobin import RoundRobin
 
-POLICY_NAMES = ("loadaware", "kvaware", "roundrobin", "leastload", "predictive", "lane")
+POLICY_NAMES = ("loadaware", "kvaware", "roundrobin", "leastload", "predictive", "lane", "lane-spread")
 
 
 def make_policy(name: str, beta: float = 1.0) -> Policy:
@@ -26,6 +27,8 @@ def make_policy(name: str, beta: float = 1.0) -> Policy:
         return Predictive()
     if name == "lane":
         return Lane()
+    if name == "lane-spread":
+        return LaneSpread()
     raise ValueError(f"unknown policy {name!r}; expected one of {', '.join(POLICY_NAMES)}")
 
 
@@ -35,6 +38,7 @@ __all__ = [
     "Choice",
     "KvAware",
     "Lane",
+    "LaneSpread",
     "LeastLoad",
     "LoadAware",
     "Policy",

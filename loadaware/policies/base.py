@@ -43,6 +43,11 @@ class Candidate:
     idle_ttft_base_s: float | None = None
     idle_ttft_per_token_s: float | None = None
     idle_ttft_per_running_s: float | None = None
+    # The fleet's prefix working set (loadaware.prefix.working_set), the same on every candidate of a decision:
+    # its recurring blocks over the fleet's KV capacity (None: unknown, or new prompt heads still arriving),
+    # and how often the prompt's held prefix was routed lately. Filled only for a policy that reads them.
+    cache_demand: float | None = None
+    prefix_routes: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

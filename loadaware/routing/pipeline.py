@@ -23,6 +23,7 @@ from loadaware.load.order import LoadOrder
 from loadaware.load.signals import SignalTracker
 from loadaware.policies import Candidate, Choice, Policy, RoundRobin, ranked
 from loadaware.prefix.source import PrefixSource, PrefixUnavailable, SaltedTokens
+from loadaware.prefix.working_set import BLOCK_TOKENS, WorkingSet, fill_candidates, sampled_keys
 from loadaware.routing.pruning import MIN_POOL, PRUNABLE, pruned_candidates, round_robin_candidates
 from loadaware.routing.request import InferenceRequest
 from loadaware.telemetry.faults import RateLimitedLog, describe
@@ -62,8 +63,16 @@ class Decider:
     def __init__(self, policy: Policy, registry: EndpointRegistry, loads: Loads, lifecycle: RequestLifecycle,
                  tokenizer: PromptEncoder | None = None, prefix_source: PrefixSource | None = None,
                  fallbacks: int = 0, health: Eligibility | None = None, models: ModelPools | None = None,
-                 ranking: Ranking | None = None, signals: SignalTracker | None = None) -> None:
+                 ranking: Ranking | None = None, signals: SignalTracker | None = None,
+                 working_set: WorkingSet | None = None) -> None:
         self.policy = policy
+        # The fleet's prefix working set, for a policy that reads it (policies/lane_spread.py): each routed
+        # prompt's sampled keys feed it, the engines' scraped KV capacity sizes it (prefix/working_set.py).
+        if working_set is None and getattr(policy, "uses_working_set", False):
+            working_set = WorkingSet()
+        self.working_set = working_set
+        self._fleet_capacity = getattr(loads, "kv_capacity_tokens", None)
+        self._capacity_seen = 0.0
         self.signals = signals  # per-endpoint token signals (load/signals.py); None: candidates carry none
         self._fresh_stats = getattr(loads, "fresh_stats", None)  # bound once: the candidates are the hot path
         self._correction = getattr(loads, "snapshot_correction", None)
@@ -219,12 +228,16 @@ class Decider:
             return self._empty(request_id, subset, len(tokens), stages, started, count, model)
         n_tokens = len(tokens)
         mean: float | None = None
+        ws = self.working_set
+        sampled = sampled_keys(tokens, request.cache_salt) if ws is not None and tokens and request else None
         try:
             turn = self._round_robin_turn(endpoints, excluded)
             if turn is not None:
                 candidates, choice = turn
             else:
                 candidates, mean = self._scored(endpoints, excluded, matches, n_tokens, reasons)
+                if sampled is not None:
+                    self._fill_working_set(candidates, sampled, reasons)
                 picked = self.policy.choose(n_tokens, candidates, mean)
                 if picked is None:
                     raise ValueError("the policy chose nobody among candidates")
@@ -235,6 +248,11 @@ class Decider:
             candidates, mean = self._plain(endpoints, excluded, matches, n_tokens, reasons), None
             choice = least_loaded(candidates)
             order = tuple(candidates[i].endpoint for i in ranked(choice, candidates, 1 + self.fallbacks))
+        if sampled and count and ws is not None:
+            try:
+                ws.observe(sampled)
+            except Exception as exc:  # noqa: BLE001 - the estimate misses one request, the decision stands
+                _degraded(reasons, "working_set_error", exc)
         stages["score"] = time.perf_counter() - t
         # Failing engines left out is news, not a lost helper: the decision still used every signal.
         outcome = "fallback_load_only" if reasons and reasons != [ALL_FAILING] else "routed"
@@ -281,6 +299,24 @@ class Decider:
                 return pruned_candidates(order, endpoints, members, whole, matches, n_tokens, 1 + self.fallbacks,
                                          self.registry.position, excluded)
         return self._plain(endpoints, excluded, matches, n_tokens, reasons), None
+
+    def _fill_working_set(self, candidates: tuple[Candidate, ...], sampled: list[int], reasons: list[str]) -> None:
+        """The working set's view on every candidate, its capacity first brought up to the fleet's last
+        scraped one. If that fails the candidates keep their defaults (cache demand unknown: the policy
+        reads the fleet as having no room to spare) and the decision says so."""
+        ws = self.working_set
+        assert ws is not None
+        try:
+            if self._fleet_capacity is not None:
+                capacity = self._fleet_capacity()
+                if capacity != self._capacity_seen:
+                    self._capacity_seen = capacity
+                    ws.set_capacity(capacity / BLOCK_TOKENS)
+            fill_candidates(candidates, ws, sampled)
+        except Exception as exc:  # noqa: BLE001 - advice lost, the decision goes on without it
+            for c in candidates:
+                c.cache_demand, c.prefix_routes = None, 0.0
+            _degraded(reasons, "working_set_error", exc)
 
     def _plain(self, endpoints: tuple[str, ...], excluded: frozenset[str], matches: dict[str, int], n_tokens: int,
                reasons: list[str]) -> tuple[Candidate, ...]:

@@ -51,6 +51,15 @@ class Metrics:
                                ["end"], registry=r)
         self.open_streams = Gauge("loadaware_extproc_open_streams", "ext_proc streams open now", registry=r)
         self.endpoints = Gauge("loadaware_endpoints", "Endpoints in the fleet", registry=r)
+        self.fleet_kv_capacity = Gauge("loadaware_fleet_kv_capacity_tokens", "The fleet's GPU KV cache in tokens: "
+                                       "each engine's vllm:cache_config_info num_gpu_blocks x block_size, summed",
+                                       registry=r)
+        self.working_set_tokens = Gauge("loadaware_prefix_working_set_tokens", "ESTIMATED: prompt-prefix tokens "
+                                        "routed again while recent (the recurring working set that lane-spread "
+                                        "compares with the fleet's KV capacity; sampled)", registry=r)
+        self.working_set_new_heads = Gauge("loadaware_prefix_working_set_new_heads", "Prompt heads (first 16 "
+                                           "tokens) seen only once lately: while above 0, lane-spread does not "
+                                           "spread prefixes", registry=r)
         self.tokenizer_pieces = Gauge("loadaware_tokenizer_piece_cache",
                                       "Tokenizer piece cache: hits and misses since start, and whether it is "
                                       "enabled (0 after an exactness self-check failed)", ["what"], registry=r)

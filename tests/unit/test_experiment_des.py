@@ -229,3 +229,20 @@ def test_kv_usage_counts_the_blocks_admitted_requests_hold_not_the_idle_cache(ti
     assert all(len(x.cache) > 0 and run._kv_usage(x) == 0.0 for x in run.engines)
     seen = [s.kv_usage for s in records.samples]
     assert 0.0 < max(seen) < 1.0
+
+
+def test_lane_spread_sees_the_working_set_as_the_sidecar_feeds_it(tiny: Prepared) -> None:
+    """The simulated router samples each routed prompt's blocks as loadaware.prefix.working_set does and sizes
+    the working set by the engines' GPU caches (what the sidecar scrapes from vllm:cache_config_info)."""
+    from loadaware.prefix.working_set import BLOCK_TOKENS, STRIDE, sampled_keys
+
+    sim = Simulation(tiny, arm_by_name("lane-spread"), FleetConfig(engines=2, service=CALIBRATED))
+    ws = sim.working_set
+    assert ws is not None and ws.capacity_blocks == 2 * CALIBRATED.kv_capacity_tokens / BLOCK_TOKENS
+    assert Simulation(tiny, arm_by_name("lane"), FleetConfig(engines=2, service=CALIBRATED)).working_set is None
+    sim.run()
+    # every routed request's sampled blocks, the warm-up's included: one key per STRIDE blocks of its prompt
+    sampled = [s.block_keys[::STRIDE] for s in tiny.requests]
+    assert all(len(k) == len(sampled_keys(list(range(s.n_tokens)))) for k, s in zip(sampled, tiny.requests))
+    assert ws.state()["heads"] == len({k[0] for k in sampled if k})
+    assert ws.recurring > 0 and ws.demand() is not None

@@ -17,6 +17,7 @@ from loadaware.lifecycle import Decision
 from loadaware.policies.base import Candidate
 from loadaware.prefix.approx import ApproxIndex
 from loadaware.prefix.blocks import BlockIndex
+from loadaware.prefix.working_set import WorkingSet
 from loadaware.telemetry.decisions import RING_CANDIDATES, RecentDecisions
 from loadaware.tokenize.pieces import DOORKEEPER_SLOTS, ChunkedEncoder
 
@@ -111,3 +112,20 @@ def test_recent_decision_and_candidate() -> None:
     per_candidate = (costs[RING_CANDIDATES] - costs[1]) / (RING_CANDIDATES - 1)
     check(per_candidate, mb.RECENT_CANDIDATE_BYTES, "recent decision candidate")
     check(costs[1] - per_candidate, mb.RECENT_DECISION_BYTES, "recent decision")
+
+
+def test_working_set_entry() -> None:
+    """Both LRUs full (sampled keys and prompt heads): random 62-bit keys, as hash() gives."""
+    rng = random.Random(3)
+    keep: list[Any] = []
+    with traced() as used:
+        ws = WorkingSet(max_entries=20_000)
+        ws.set_capacity(20_000 * ws.stride / ws.window)  # the key LRU's bound: exactly max_entries
+        for _ in range(40_000):
+            ws.observe([rng.getrandbits(62) for _ in range(6)])
+        gc.collect()
+        cost = used()
+        keep.append(ws)
+    entries = len(ws._lru) + len(ws._heads)
+    assert entries == 40_000
+    check(cost / entries, mb.WORKING_SET_BYTES_PER_ENTRY, "working-set entry")

@@ -15,12 +15,17 @@ GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32.0-metrics
 def test_real_page_parses_as_prometheus_client_reads_it() -> None:
     text = GOLDEN.read_text()
     ours = parse_vllm_gauges(text)
-    assert set(ours) == {"running", "waiting", "kv_usage", "ttft_sum", "ttft_count"}
+    assert set(ours) == {"running", "waiting", "kv_usage", "ttft_sum", "ttft_count", "kv_capacity_tokens"}
     assert ours["ttft_count"] == 2.0  # the two captured requests' first tokens
     theirs: dict[str, float] = {}
     labels: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
+            if sample.name == "vllm:cache_config_info":  # the KV capacity is in its labels, not its value (1)
+                got = sample.labels
+                theirs["kv_capacity_tokens"] = float(got["num_gpu_blocks"]) * float(got["block_size"])
+                assert theirs["kv_capacity_tokens"] == float(got["kv_cache_size_tokens"]) == 2_097_152
+                continue
             key = WANTED.get(sample.name)
             if key is not None:
                 theirs[key] = theirs.get(key, 0.0) + sample.value

@@ -79,3 +79,16 @@ def test_kv_usage_is_zero_on_an_idle_engine_whose_prefix_stays_cached(pair: tupl
     complete(a, prompt)
     assert hits.delta(len(prompt)) == 7 * a.block_size  # still cached: every block but the last token's
     wait_until(idle, timeout=60, message="free again")
+
+
+def test_the_scraped_kv_capacity_is_the_engines_block_count_times_its_block_size(
+        pair: tuple[VllmEngine, VllmEngine]) -> None:
+    """What lane-spread measures the fleet's working set against (loadaware/prefix/working_set.py)."""
+    for engine in pair:
+        page = engine.metrics_text()
+        info = [s.labels for f in text_string_to_metric_families(page) for s in f.samples
+                if s.name == "vllm:cache_config_info"]
+        assert len(info) == 1 and info[0]["block_size"] == str(engine.block_size)
+        blocks = int(info[0]["num_gpu_blocks"])
+        assert blocks > 0
+        assert parse_vllm_gauges(page)["kv_capacity_tokens"] == blocks * engine.block_size

@@ -1,0 +1,147 @@
+"""The fleet's prefix working set, estimated from the prompts the router sends: does every prefix that comes
+back fit in the fleet's KV caches once, with room for more copies? And how often has this prompt's prefix
+been routed lately?
+
+A sample of each prompt's blocks is tracked, not all of them: every `stride`-th block (block 0, stride,
+2 x stride, ...), each keyed by the blocks sampled before it and its own tokens (`sampled_keys`), then, once
+the fleet's caches are large, only keys divisible by a power of two `mod` (SHARDS' spatial sampling,
+Waldspurger et al., FAST '15: a key kept at one rate is kept at every lower power-of-two rate, so raising the
+rate only drops entries). An LRU over the sampled keys of `window` fleet capacities counts how often each
+was routed while recent:
+
+- recurring: sampled keys routed again while still in the LRU. x stride x mod estimates the blocks that
+  come back soon enough to be worth caching (a request's unique suffix never counts).
+- popularity(keys, matched): the count of the deepest sampled key inside the prompt's longest match, an
+  upper bound on how often that prefix itself was routed (a block's count is at least its descendants').
+- heads: how often each prompt head (block 0) was seen; while any seen head was seen only once (f1 > 0 in a
+  species count), new prefixes are still arriving and the working set may be growing (a cold start).
+
+Pure and bounded: at most `max_entries` sampled keys and `max_entries` heads. Capacity in tokens comes from
+the engines' `vllm:cache_config_info` (num_gpu_blocks x block_size, loadaware/load/vllm_metrics.py).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from loadaware.policies.base import Candidate
+
+STRIDE = 16  # blocks between sampled blocks: a 1,544-token prompt hashes 6 blocks, not 96
+BLOCK_TOKENS = 16  # tokens per sampled block (the estimator's unit, independent of the engines' block size)
+WINDOW = 2.0  # the LRU's span in fleet capacities: a block whose reuse distance is longer would miss anyway
+MAX_ENTRIES = 1 << 16  # sampled keys and heads each (~100 bytes an entry: ~13 MB in all)
+
+
+def sampled_keys(tokens: Sequence[int], salt: str | None = None, stride: int = STRIDE,
+                 block_tokens: int = BLOCK_TOKENS) -> list[int]:
+    """The keys of blocks 0, stride, 2 x stride, ... of `tokens` (full blocks only), each chained on the
+    sampled keys before it and on the request's cache salt, which keys an engine's cache too."""
+    keys: list[int] = []
+    parent: object = salt
+    step = stride * block_tokens
+    for start in range(0, len(tokens) - block_tokens + 1, step):
+        parent = hash((parent, tuple(tokens[start:start + block_tokens])))
+        keys.append(parent)
+    return keys
+
+
+class WorkingSet:
+    def __init__(self, stride: int = STRIDE, window: float = WINDOW, max_entries: int = MAX_ENTRIES) -> None:
+        if stride < 1 or window <= 0 or max_entries < 1:
+            raise ValueError("stride >= 1, window > 0 and max_entries >= 1 are required")
+        self.stride = stride
+        self.window = window
+        self.max_entries = max_entries
+        self.capacity_blocks = 0.0  # the fleet's KV capacity in estimator blocks (0: unknown)
+        self.mod = 1  # keys kept: those divisible by mod (a power of two)
+        self._lru: OrderedDict[int, int] = OrderedDict()  # sampled key -> times routed while in the LRU
+        self.recurring = 0  # keys of the LRU routed at least twice
+        self._heads: OrderedDict[int, int] = OrderedDict()  # block 0's key -> times seen
+        self.singletons = 0  # heads seen exactly once
+
+    # ---- what the router tells it ----
+    def set_capacity(self, capacity_blocks: float) -> None:
+        """The fleet's KV capacity, in blocks of the estimator's size; the LRU's span follows it."""
+        self.capacity_blocks = max(0.0, capacity_blocks)
+        mod = self.mod
+        while self._bound(mod) > self.max_entries:
+            mod *= 2
+        if mod != self.mod:
+            self.mod = mod
+            kept = OrderedDict((k, n) for k, n in self._lru.items() if k % mod == 0)
+            self.recurring = sum(1 for n in kept.values() if n >= 2)
+            self._lru = kept
+        self._trim()
+
+    def observe(self, keys: Sequence[int]) -> None:
+        """A request was routed with these sampled keys (sampled_keys)."""
+        if not keys:
+            return
+        heads = self._heads
+        seen = heads.pop(keys[0], 0) + 1
+        heads[keys[0]] = seen
+        self.singletons += 1 if seen == 1 else -1 if seen == 2 else 0
+        if len(heads) > self.max_entries and heads.popitem(last=False)[1] == 1:
+            self.singletons -= 1
+        lru, mod = self._lru, self.mod
+        for k in keys:
+            if mod > 1 and k % mod:
+                continue
+            n = lru.pop(k, 0) + 1
+            lru[k] = n
+            if n == 2:
+                self.recurring += 1
+        self._trim()
+
+    def _bound(self, mod: int) -> float:
+        return self.window * self.capacity_blocks / (self.stride * mod)
+
+    def _trim(self) -> None:
+        lru = self._lru
+        # Until the capacity is known the LRU may fill: set_capacity trims it then.
+        bound = max(1, min(self.max_entries, int(self._bound(self.mod)))) if self.capacity_blocks else self.max_entries
+        while len(lru) > bound:
+            if lru.popitem(last=False)[1] >= 2:
+                self.recurring -= 1
+
+    # ---- what a decision reads ----
+    def recurring_blocks(self) -> float:
+        """Estimated blocks of the recurring working set."""
+        return float(self.recurring * self.stride * self.mod)
+
+    def demand(self) -> float | None:
+        """The recurring working set over the fleet's KV capacity; None while that is unknown or while some
+        prompt head has been seen only once (the working set may still be growing)."""
+        if self.capacity_blocks <= 0 or self.singletons > 0 or not self._heads:
+            return None
+        return self.recurring_blocks() / self.capacity_blocks
+
+    def popularity(self, keys: Sequence[int], matched_blocks: int) -> int:
+        """Times the prompt's held prefix was routed lately: the count of the deepest tracked sampled key
+        within its first `matched_blocks` blocks (0 when none is)."""
+        if matched_blocks < 1 or not keys:
+            return 0
+        lru, mod = self._lru, self.mod
+        for j in range(min(len(keys), (matched_blocks - 1) // self.stride + 1) - 1, -1, -1):
+            k = keys[j]
+            if mod == 1 or k % mod == 0:
+                return lru.get(k, 0)
+        return 0
+
+    def state(self) -> dict[str, object]:
+        return {"capacity_blocks": self.capacity_blocks, "recurring_blocks": self.recurring_blocks(),
+                "demand": self.demand(), "sampled_keys": len(self._lru), "sample_mod": self.mod,
+                "stride": self.stride, "heads": len(self._heads), "singleton_heads": self.singletons}
+
+
+def fill_candidates(candidates: Sequence[Candidate], working_set: WorkingSet, keys: Sequence[int]) -> None:
+    """Set the working set's two values on every candidate of a decision (they are the same on each): the
+    fleet's cache demand, and the popularity of the prompt's prefix held deepest anywhere in the fleet."""
+    if not candidates:
+        return
+    demand = working_set.demand()
+    routes = float(working_set.popularity(keys, max(c.matched_tokens for c in candidates) // BLOCK_TOKENS))
+    for c in candidates:
+        c.cache_demand = demand
+        c.prefix_routes = routes

@@ -1,0 +1,226 @@
+"""The fleet's prefix working set (loadaware.prefix.working_set), the KV capacity it is measured against
+(scraped from vllm:cache_config_info), the policy that reads both (lane-spread), and the decision pipeline
+that feeds it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from loadaware.fleet.registry import EndpointRegistry
+from loadaware.lifecycle import RequestLifecycle
+from loadaware.load.signals import SignalTracker
+from loadaware.load.tracker import EngineStats, LoadTracker
+from loadaware.load.vllm_metrics import kv_capacity_tokens, parse_vllm_gauges
+from loadaware.policies import Candidate, make_policy
+from loadaware.policies.lane import Lane
+from loadaware.policies.lane_spread import LaneSpread, spreading
+from loadaware.prefix.working_set import BLOCK_TOKENS, STRIDE, WorkingSet, fill_candidates, sampled_keys
+from loadaware.routing.pipeline import Decider
+from loadaware.routing.request import InferenceRequest
+from sim.metrics import EngineMetrics
+
+SPAN = STRIDE * BLOCK_TOKENS  # tokens from one sampled block to the next
+
+
+# ---- sampled keys ----
+def test_sampled_keys_take_every_stride_th_full_block_chained_and_salted() -> None:
+    tokens = list(range(3 * SPAN + BLOCK_TOKENS - 1))  # blocks 0, STRIDE, 2 x STRIDE full; 3 x STRIDE is not
+    keys = sampled_keys(tokens)
+    assert len(keys) == 3
+    assert sampled_keys(tokens[:SPAN]) == keys[:1]
+    changed = list(tokens)
+    changed[1] += 1  # block 0: every later key chains on it
+    assert all(a != b for a, b in zip(sampled_keys(changed), keys))
+    changed = list(tokens)
+    changed[SPAN] += 1  # block STRIDE
+    assert sampled_keys(changed)[0] == keys[0] and sampled_keys(changed)[1:] != keys[1:]
+    assert all(a != b for a, b in zip(sampled_keys(tokens, "tenant"), keys))
+    assert sampled_keys(tokens[:BLOCK_TOKENS - 1]) == []
+
+
+# ---- the estimator ----
+def test_recurring_counts_keys_routed_again_while_in_the_lru() -> None:
+    ws = WorkingSet(stride=1, window=1.0)
+    ws.set_capacity(4)  # the LRU holds 4 keys
+    ws.observe([1, 2])
+    assert ws.recurring == 0
+    ws.observe([1, 3])
+    assert ws.recurring == 1 and ws.recurring_blocks() == 1
+    ws.observe([4, 5, 6])  # 1 is now the oldest of 5 keys: it leaves, and its recurrence with it
+    assert ws.recurring == 0 and len(ws._lru) == 4
+    ws.observe([4, 5])
+    assert ws.recurring == 2
+
+
+def test_demand_waits_for_capacity_and_for_every_head_seen_twice() -> None:
+    ws = WorkingSet(stride=2, window=2.0)
+    ws.observe([10, 11])
+    ws.observe([10, 11])
+    assert ws.demand() is None  # no capacity known
+    ws.set_capacity(40)
+    assert ws.demand() == 2 * 2 / 40  # 2 recurring sampled keys, each standing for 2 blocks
+    ws.observe([20, 21])
+    assert ws.singletons == 1 and ws.demand() is None  # a new head: the working set may be growing
+    ws.observe([20])
+    assert ws.singletons == 0 and ws.demand() == 3 * 2 / 40
+
+
+def test_head_eviction_forgets_its_singleton() -> None:
+    ws = WorkingSet(stride=1, max_entries=2)
+    for head in (1, 2, 3):
+        ws.observe([head])
+    assert len(ws._heads) == 2 and ws.singletons == 2
+    ws.observe([2])
+    ws.observe([3])
+    assert ws.singletons == 0
+
+
+def test_a_larger_fleet_raises_the_sampling_rate_and_recounts() -> None:
+    ws = WorkingSet(stride=1, window=1.0, max_entries=8)
+    ws.set_capacity(8)
+    keys = list(range(8))
+    ws.observe(keys)
+    ws.observe(keys)
+    assert (ws.mod, ws.recurring, ws.recurring_blocks()) == (1, 8, 8)
+    ws.set_capacity(32)  # would need 32 entries: keep keys divisible by 4 only
+    assert ws.mod == 4 and sorted(ws._lru) == [0, 4] and ws.recurring == 2
+    assert ws.recurring_blocks() == 8  # each kept key stands for 4
+    ws.observe([5, 8])  # 5 is not sampled
+    assert 5 not in ws._lru and ws._lru[8] == 1
+
+
+def test_popularity_reads_the_deepest_sampled_key_inside_the_match() -> None:
+    ws = WorkingSet(stride=2, window=1.0)
+    ws.set_capacity(100)
+    for _ in range(3):
+        ws.observe([1, 2, 3])
+    ws.observe([1, 2, 9])
+    keys = [1, 2, 3]  # sampled blocks 0, 2, 4
+    assert ws.popularity(keys, 0) == 0
+    assert ws.popularity(keys, 1) == ws.popularity(keys, 2) == 4  # blocks 0-1 held: block 0's key
+    assert ws.popularity(keys, 3) == 4  # block 2's key
+    assert ws.popularity(keys, 5) == ws.popularity(keys, 50) == 3  # block 4's key, the deepest sampled
+    cands = (Candidate("a", 5 * BLOCK_TOKENS, 0.0), Candidate("b", 0, 0.0))
+    fill_candidates(cands, ws, keys)
+    assert [(c.cache_demand, c.prefix_routes) for c in cands] == [(ws.demand(), 3.0)] * 2
+
+
+# ---- the capacity the engines state ----
+CONFIG_LINE = ('vllm:cache_config_info{_block_size_resolved="True",block_size="32",effective_attention_block_size='
+               '"64",engine="0",kv_cache_size_tokens="999",num_gpu_blocks="100",num_gpu_blocks_override="None"} 1.0')
+
+
+def test_capacity_is_num_gpu_blocks_times_block_size_by_exact_label_names() -> None:
+    assert kv_capacity_tokens(CONFIG_LINE) == 3200
+    assert kv_capacity_tokens(CONFIG_LINE.replace('num_gpu_blocks="100"', 'num_gpu_blocks="None"')) == 999
+    assert kv_capacity_tokens('vllm:cache_config_info{num_gpu_blocks="None",block_size="16"} 1.0') is None
+    assert kv_capacity_tokens('vllm:cache_config_info{num_gpu_blocks="inf",block_size="16"} 1.0') is None
+    two = CONFIG_LINE + "\n" + CONFIG_LINE.replace('engine="0"', 'engine="1"')
+    assert parse_vllm_gauges(two) == {"kv_capacity_tokens": 6400}  # a server's engines add up
+
+
+def test_the_simulated_engine_states_its_capacity() -> None:
+    page = EngineMetrics("m", lambda: {"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0,
+                                       "vllm:kv_cache_usage_perc": 0.0}, (5625, 16)).render()
+    assert parse_vllm_gauges(page)["kv_capacity_tokens"] == 90_000
+
+
+def test_the_fleet_capacity_follows_scrapes_and_departures() -> None:
+    loads = LoadTracker(stale_s=5)
+    assert loads.kv_capacity_tokens() == 0
+    loads.record("a", EngineStats(0, 0, None, 0.0, kv_capacity_tokens=1000))
+    loads.record("b", EngineStats(0, 0, None, 0.0, kv_capacity_tokens=500))
+    loads.record("b", EngineStats(0, 0, None, 0.0))  # a page that does not say keeps the last statement
+    assert loads.kv_capacity_tokens() == 1500
+    loads.record("b", EngineStats(0, 0, None, 0.0, kv_capacity_tokens=700))
+    loads.drop("a")
+    assert loads.kv_capacity_tokens() == 700
+
+
+# ---- the policy ----
+def _fleet(demand: float | None, routes: float) -> list[Candidate]:
+    # The prefix holder has a queue (load 4, nothing decoding yet); its peer is idle.
+    return [Candidate("holder", 1000, 4.0, cache_demand=demand, prefix_routes=routes, lane_wait_s=0.05),
+            Candidate("peer", 0, 0.0, cache_demand=demand, prefix_routes=routes)]
+
+
+def test_lane_spread_counts_every_request_in_flight_only_while_spreading() -> None:
+    policy, lane = LaneSpread(), Lane()
+    for demand, routes in ((None, 10.0), (1.0, 10.0), (0.5, 1.0)):  # unknown, full, or not popular: lane
+        fleet = _fleet(demand, routes)
+        assert not spreading(fleet)
+        assert policy.costs(1200, fleet) == lane.costs(1200, fleet)
+        assert policy.choose(1200, fleet).index == 0  # type: ignore[union-attr]
+    fleet = _fleet(0.5, 2.0)
+    assert spreading(fleet)
+    assert policy.choose(1200, fleet).index == 1  # type: ignore[union-attr]  # a second copy, not a queue
+    assert make_policy("lane-spread").name == "lane-spread"
+
+
+# ---- the pipeline feeds it ----
+class Matches:
+    name = "fixed"
+
+    def __init__(self, answer: dict[str, int]) -> None:
+        self.answer = answer
+
+    async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...],
+                      salt: str | None = None) -> dict[str, int]:
+        return dict(self.answer)
+
+
+FLEET = ("127.0.0.2:8000", "127.0.0.3:8000")
+
+
+def _decider(loads: LoadTracker) -> Decider:
+    lifecycle = RequestLifecycle()
+    lifecycle.subscribe(loads)
+    return Decider(make_policy("lane-spread"), EndpointRegistry(FLEET), loads, lifecycle,
+                   prefix_source=Matches({FLEET[0]: 2 * SPAN}), signals=SignalTracker())
+
+
+def test_the_pipeline_fills_the_candidates_and_counts_only_routed_requests() -> None:
+    loads = LoadTracker(stale_s=5)
+    decider = _decider(loads)
+    ws = decider.working_set
+    assert ws is not None and make_policy("lane").name == "lane"
+    tokens = list(range(3 * SPAN))
+    request = InferenceRequest("completions", prompt=tokens, model="m")
+    first = asyncio.run(decider.decide(request, "r1"))
+    assert {c.cache_demand for c in first.candidates} == {None}  # no capacity scraped yet
+    loads.record(FLEET[0], EngineStats(0, 0, None, 0.0, kv_capacity_tokens=100 * SPAN))
+    preview = asyncio.run(decider.decide(request, "x", count=False))
+    assert ws.state()["heads"] == 1 and ws._lru[sampled_keys(tokens)[0]] == 1  # Explain changed nothing
+    assert {c.prefix_routes for c in preview.candidates} == {1.0}  # block 2 x STRIDE's key: held, routed once
+    second = asyncio.run(decider.decide(request, "r2"))
+    # Capacity known, but the prompt's head has been seen once: the working set may still be growing.
+    assert second.reasons == () and {c.cache_demand for c in second.candidates} == {None}
+    third = asyncio.run(decider.decide(request, "r3"))
+    # 3 sampled keys seen twice, each for STRIDE blocks, over 100 x STRIDE blocks of capacity
+    assert {(c.cache_demand, c.prefix_routes) for c in third.candidates} == {(0.03, 2.0)}
+    assert ws.capacity_blocks == 100 * STRIDE
+
+
+def test_a_failing_capacity_read_degrades_to_lane_and_says_so() -> None:
+    loads = LoadTracker(stale_s=5)
+    decider = _decider(loads)
+
+    def broken() -> float:
+        raise RuntimeError("boom")
+
+    decider._fleet_capacity = broken
+    d = asyncio.run(decider.decide(InferenceRequest("completions", prompt=list(range(2 * SPAN)), model="m"), "r"))
+    assert d.endpoint is not None and "working_set_error" in d.reasons
+    assert {(c.cache_demand, c.prefix_routes) for c in d.candidates} == {(None, 0.0)}
+
+
+def test_the_cost_bench_exercises_the_working_set() -> None:
+    """bench.working_set_cost measures a sidecar whose decisions really feed and read the working set."""
+    from bench.working_set_cost import run, table
+
+    result = run(quick=True)
+    state = result["working_set"]
+    assert state["capacity_blocks"] == 3 * 90_000 / BLOCK_TOKENS and state["heads"] == 1
+    assert state["recurring_blocks"] == result["direct_us"]["sampled_blocks"] * STRIDE and state["demand"] > 0
+    assert "lane-spread's working set" in table(result)
