@@ -27,7 +27,7 @@ from bench.signals_cost import _best_us, _paired
 from loadaware.app import Sidecar
 from loadaware.config import from_args
 from loadaware.load.tracker import EngineStats
-from loadaware.prefix.working_set import WorkingSet, fill_candidates, sampled_keys
+from loadaware.prefix.working_set import BLOCK_TOKENS, WorkingSet, fill_candidates, sampled_keys
 from loadaware.routing.request import parse_body
 
 CAPACITY_TOKENS = 90_000.0  # per endpoint: the DES's calibrated engine
@@ -63,7 +63,7 @@ async def _direct(app: Sidecar, body: bytes) -> dict[str, float]:
     return {"prompt_tokens": float(len(tokens)), "sampled_blocks": float(len(keys)),
             "sampled_keys": _best_us(lambda: sampled_keys(tokens)),
             "fill_candidates": _best_us(lambda: fill_candidates(decision.candidates, ws, keys)),
-            "observe": _best_us(lambda: scratch.observe(keys))}
+            "observe": _best_us(lambda: scratch.observe(keys, len(tokens) // BLOCK_TOKENS))}
 
 
 async def _run(quick: bool) -> dict[str, Any]:

@@ -364,7 +364,7 @@ class Simulation:
         choice = self.policy.choose(n, candidates)
         assert choice is not None
         if ws is not None:
-            ws.observe(keys)
+            ws.observe(keys, len(s.block_keys) * self.svc.block_size // BLOCK_TOKENS)
         return self.engines[choice.index], candidates[choice.index].matched_tokens
 
     def _candidate(self, e: _Engine, matched: int, load: float) -> Candidate:

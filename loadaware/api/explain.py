@@ -16,6 +16,7 @@ from loadaware.lifecycle import Decision
 from loadaware.load.tracker import EngineStats
 from loadaware.policies import Policy
 from loadaware.policies.base import Candidate
+from loadaware.policies.lane_spread import spreading
 from loadaware.policies.loadaware import benefit, mean_load, relative_loads
 
 ModelsFor = Callable[[str], list[str]]  # an endpoint's served models; [] when not known
@@ -54,6 +55,17 @@ def scraped(stats: EngineStats | None, now: float, stale_s: float) -> pb.Scraped
                          fresh=age <= stale_s)
     if stats.kv_usage is not None:
         msg.kv_cache_usage = stats.kv_usage
+    if stats.kv_capacity_tokens is not None:
+        msg.kv_capacity_tokens = stats.kv_capacity_tokens
+    return msg
+
+
+def working_set_view(candidates: Sequence[Candidate]) -> pb.WorkingSetView:
+    """The working-set values the decision's candidates carried (the same on each) and what they decided."""
+    first = candidates[0]
+    msg = pb.WorkingSetView(prefix_routes=first.prefix_routes, spreading=spreading(candidates))
+    if first.cache_demand is not None:
+        msg.cache_demand = first.cache_demand
     return msg
 
 
@@ -117,6 +129,8 @@ def explanation(decision: Decision, policy: Policy, beta: float, kind: str,
             inflight=inflight(c.endpoint), scraped=stats_for(c.endpoint), load=c.load, relative_load=r,
             score=score, chosen=c.endpoint == decision.endpoint, routing_state=routing_state(c.endpoint),
             models=models_for(c.endpoint), signals=token_signals(c, observed_ttft(c.endpoint))))
+    if candidates and getattr(policy, "uses_working_set", False):
+        out.working_set.CopyFrom(working_set_view(candidates))
     return out
 
 

@@ -6,11 +6,13 @@ A sample of each prompt's blocks is tracked, not all of them: every `stride`-th 
 2 x stride, ...), each keyed by the blocks sampled before it and its own tokens (`sampled_keys`), then, once
 the fleet's caches are large, only keys divisible by a power of two `mod` (SHARDS' spatial sampling,
 Waldspurger et al., FAST '15: a key kept at one rate is kept at every lower power-of-two rate, so raising the
-rate only drops entries). An LRU over the sampled keys of `window` fleet capacities counts how often each
-was routed while recent:
+rate only drops entries). An LRU over the sampled keys, spanning `window` fleet capacities of blocks, counts
+how often each was routed while recent:
 
-- recurring: sampled keys routed again while still in the LRU. x stride x mod estimates the blocks that
-  come back soon enough to be worth caching (a request's unique suffix never counts).
+- recurring: the blocks of sampled keys routed again while still in the LRU, each key standing for the
+  `stride` blocks from its own (fewer at a prompt's end), x mod: the blocks that come back soon enough to be
+  worth caching (a request's unique suffix never counts). On the placement grid's workloads it follows the
+  count over every block (stride 1) to within 3% (docs/findings.md).
 - popularity(keys, matched): the count of the deepest sampled key inside the prompt's longest match, an
   upper bound on how often that prefix itself was routed (a block's count is at least its descendants').
 - heads: how often each prompt head (block 0) was seen; while any seen head was seen only once (f1 > 0 in a
@@ -30,7 +32,8 @@ from loadaware.policies.base import Candidate
 STRIDE = 16  # blocks between sampled blocks: a 1,544-token prompt hashes 6 blocks, not 96
 BLOCK_TOKENS = 16  # tokens per sampled block (the estimator's unit, independent of the engines' block size)
 WINDOW = 2.0  # the LRU's span in fleet capacities: a block whose reuse distance is longer would miss anyway
-MAX_ENTRIES = 1 << 16  # sampled keys and heads each (~100 bytes an entry: ~13 MB in all)
+MAX_ENTRIES = 1 << 16  # sampled keys and heads each (~180 bytes an entry: ~24 MB in all)
+_WEIGHT = 0xFF  # the low byte of an LRU value: the blocks its key stands for (so stride <= 255)
 
 
 def sampled_keys(tokens: Sequence[int], salt: str | None = None, stride: int = STRIDE,
@@ -48,15 +51,19 @@ def sampled_keys(tokens: Sequence[int], salt: str | None = None, stride: int = S
 
 class WorkingSet:
     def __init__(self, stride: int = STRIDE, window: float = WINDOW, max_entries: int = MAX_ENTRIES) -> None:
-        if stride < 1 or window <= 0 or max_entries < 1:
-            raise ValueError("stride >= 1, window > 0 and max_entries >= 1 are required")
+        if not 1 <= stride <= _WEIGHT or window <= 0 or max_entries < 1:
+            raise ValueError(f"1 <= stride <= {_WEIGHT}, window > 0 and max_entries >= 1 are required")
         self.stride = stride
         self.window = window
         self.max_entries = max_entries
         self.capacity_blocks = 0.0  # the fleet's KV capacity in estimator blocks (0: unknown)
         self.mod = 1  # keys kept: those divisible by mod (a power of two)
-        self._lru: OrderedDict[int, int] = OrderedDict()  # sampled key -> times routed while in the LRU
-        self.recurring = 0  # keys of the LRU routed at least twice
+        # sampled key -> (times routed while in the LRU) << 8 | (blocks it stands for): the key of block p
+        # stands for blocks p .. p + stride - 1 of the prompt that last routed it (fewer at the prompt's end),
+        # so the LRU spans `window` capacities of blocks, not of keys, and a short tail weighs what it holds.
+        self._lru: OrderedDict[int, int] = OrderedDict()
+        self.blocks = 0  # the blocks the LRU's keys stand for
+        self.recurring = 0  # of them, those of keys routed at least twice
         self._heads: OrderedDict[int, int] = OrderedDict()  # block 0's key -> times seen
         self.singletons = 0  # heads seen exactly once
 
@@ -65,17 +72,17 @@ class WorkingSet:
         """The fleet's KV capacity, in blocks of the estimator's size; the LRU's span follows it."""
         self.capacity_blocks = max(0.0, capacity_blocks)
         mod = self.mod
-        while self._bound(mod) > self.max_entries:
+        while self.window * self.capacity_blocks / (self.stride * mod) > self.max_entries:
             mod *= 2
         if mod != self.mod:
             self.mod = mod
-            kept = OrderedDict((k, n) for k, n in self._lru.items() if k % mod == 0)
-            self.recurring = sum(1 for n in kept.values() if n >= 2)
-            self._lru = kept
+            self._lru = OrderedDict((k, v) for k, v in self._lru.items() if k % mod == 0)
+            self.blocks = sum(v & _WEIGHT for v in self._lru.values())
+            self.recurring = sum(v & _WEIGHT for v in self._lru.values() if v >> 8 >= 2)
         self._trim()
 
-    def observe(self, keys: Sequence[int]) -> None:
-        """A request was routed with these sampled keys (sampled_keys)."""
+    def observe(self, keys: Sequence[int], blocks: int) -> None:
+        """A request was routed: its prompt's sampled keys (sampled_keys) and its number of full blocks."""
         if not keys:
             return
         heads = self._heads
@@ -84,31 +91,34 @@ class WorkingSet:
         self.singletons += 1 if seen == 1 else -1 if seen == 2 else 0
         if len(heads) > self.max_entries and heads.popitem(last=False)[1] == 1:
             self.singletons -= 1
-        lru, mod = self._lru, self.mod
-        for k in keys:
+        lru, mod, stride = self._lru, self.mod, self.stride
+        last = len(keys) - 1
+        for j, k in enumerate(keys):
             if mod > 1 and k % mod:
                 continue
-            n = lru.pop(k, 0) + 1
-            lru[k] = n
-            if n == 2:
-                self.recurring += 1
+            weight = stride if j < last else max(1, min(stride, blocks - j * stride))
+            old = lru.pop(k, 0)
+            count = (old >> 8) + 1
+            lru[k] = count << 8 | weight
+            self.blocks += weight - (old & _WEIGHT)
+            if count >= 2:
+                self.recurring += weight - (old & _WEIGHT if count > 2 else 0)
         self._trim()
 
-    def _bound(self, mod: int) -> float:
-        return self.window * self.capacity_blocks / (self.stride * mod)
-
     def _trim(self) -> None:
+        # Until the capacity is known the LRU fills up to max_entries; set_capacity trims it then.
         lru = self._lru
-        # Until the capacity is known the LRU may fill: set_capacity trims it then.
-        bound = max(1, min(self.max_entries, int(self._bound(self.mod)))) if self.capacity_blocks else self.max_entries
-        while len(lru) > bound:
-            if lru.popitem(last=False)[1] >= 2:
-                self.recurring -= 1
+        span = self.window * self.capacity_blocks / self.mod if self.capacity_blocks else float("inf")
+        while lru and (self.blocks > span or len(lru) > self.max_entries):
+            v = lru.popitem(last=False)[1]
+            self.blocks -= v & _WEIGHT
+            if v >> 8 >= 2:
+                self.recurring -= v & _WEIGHT
 
     # ---- what a decision reads ----
     def recurring_blocks(self) -> float:
         """Estimated blocks of the recurring working set."""
-        return float(self.recurring * self.stride * self.mod)
+        return float(self.recurring * self.mod)
 
     def demand(self) -> float | None:
         """The recurring working set over the fleet's KV capacity; None while that is unknown or while some
@@ -126,7 +136,7 @@ class WorkingSet:
         for j in range(min(len(keys), (matched_blocks - 1) // self.stride + 1) - 1, -1, -1):
             k = keys[j]
             if mod == 1 or k % mod == 0:
-                return lru.get(k, 0)
+                return lru.get(k, 0) >> 8
         return 0
 
     def state(self) -> dict[str, object]:

@@ -250,7 +250,7 @@ class Decider:
             order = tuple(candidates[i].endpoint for i in ranked(choice, candidates, 1 + self.fallbacks))
         if sampled and count and ws is not None:
             try:
-                ws.observe(sampled)
+                ws.observe(sampled, n_tokens // BLOCK_TOKENS)
             except Exception as exc:  # noqa: BLE001 - the estimate misses one request, the decision stands
                 _degraded(reasons, "working_set_error", exc)
         stages["score"] = time.perf_counter() - t

@@ -542,3 +542,36 @@ def test_a_deeply_nested_body_gets_a_json_400(h: Harness) -> None:
     assert h.metric("loadaware_fallbacks_total", reason="nesting_too_deep") == rejected + 1
     assert h.metric("loadaware_extproc_streams_total", end="error") == errors
     assert complete(h, "and the next request is routed as usual")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# lane-spread: the engines' KV capacity and the fleet's working set, through Envoy
+# ---------------------------------------------------------------------------------------------------------
+
+def test_lane_spread_reads_the_engines_kv_capacity_and_counts_the_routed_working_set(h: Harness) -> None:
+    with h.sidecar("--policy", "lane-spread"):
+        def capacities() -> list[float] | None:
+            rows = h.state()["endpoints"]
+            got = [r["scraped"]["kv_capacity_tokens"] for r in rows if r["scraped"]]
+            return got if len(got) == len(rows) and all(got) else None
+
+        total = sum(wait_until(capacities, message="every engine's cache_config_info scraped"))
+        assert h.metric("loadaware_fleet_kv_capacity_tokens") == total == h.state()["fleet_kv_capacity_tokens"]
+        prompt = long_text(31)
+        first = complete(h, f"{prompt} question 0?")
+        h.wait_credited(f"{prompt} question 0?", first)  # later decisions see the prefix held
+        for i in range(1, 4):
+            complete(h, f"{prompt} question {i}?")
+        ws = h.state()["working_set"]
+        # one prompt head, seen 4 times; the prompt's sampled blocks recur (its suffix is below the sampling)
+        assert (ws["heads"], ws["singleton_heads"], ws["capacity_blocks"]) == (1, 0, total / 16)
+        assert ws["recurring_blocks"] > 0 and 0 < ws["demand"] < 1
+        assert h.metric("loadaware_prefix_working_set_tokens") == ws["recurring_blocks"] * 16
+        assert h.metric("loadaware_prefix_working_set_new_heads") == 0
+        last = h.last_decision()
+        assert last["outcome"] == "routed"
+        # The 4th decision saw the working set after 3 routes (the prefix's blocks recurred from the 2nd on):
+        # its held prefix routed 3 times, once per engine, and room in the caches: it counted every request in
+        # flight (docs/architecture.md, "lane-spread").
+        assert [(c["cache_demand"], c["prefix_routes"]) for c in last["candidates"]] == [
+            (pytest.approx(ws["demand"]), 3.0)] * 3

@@ -273,3 +273,22 @@ async def test_served_over_grpc() -> None:
             assert len(listed.endpoints) == 3
     finally:
         await server.stop(None)
+
+
+async def test_explain_and_list_endpoints_show_the_working_set_and_the_kv_capacity() -> None:
+    servicer, parts = build("lane-spread", answer={FLEET[1]: 10_000})
+    for ep in FLEET:
+        parts.loads.record(ep, EngineStats(0, 0, None, parts.clock.now, kv_capacity_tokens=90_000))
+    lines = PROMPT * 4  # 1,200+ tokens: more than one sampled block
+    ws = parts.decider.working_set
+    for i in range(2):  # routed twice: its head is no longer new, its blocks recur
+        await parts.decider.decide(parse_body("completions", json.dumps({"prompt": lines}).encode()), f"r{i}")
+    reply = await servicer.Explain(struct_request({"prompt": lines, "max_tokens": 8}), None)
+    view = reply.working_set
+    assert reply.policy == "lane-spread" and view.HasField("cache_demand")
+    assert view.cache_demand == pytest.approx(ws.recurring_blocks() / ws.capacity_blocks) and view.cache_demand > 0
+    assert view.prefix_routes == 2 and view.spreading is False  # 2 routes < 3 candidates
+    listed = await servicer.ListEndpoints(pb.ListEndpointsRequest(), None)
+    assert {e.last_scrape.kv_capacity_tokens for e in listed.endpoints} == {90_000}
+    plain, _ = build("lane")
+    assert not (await plain.Explain(struct_request({"prompt": lines}), None)).HasField("working_set")

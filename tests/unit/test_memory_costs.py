@@ -122,7 +122,7 @@ def test_working_set_entry() -> None:
         ws = WorkingSet(max_entries=20_000)
         ws.set_capacity(20_000 * ws.stride / ws.window)  # the key LRU's bound: exactly max_entries
         for _ in range(40_000):
-            ws.observe([rng.getrandbits(62) for _ in range(6)])
+            ws.observe([rng.getrandbits(62) for _ in range(6)], 6 * ws.stride)
         gc.collect()
         cost = used()
         keep.append(ws)

@@ -5,6 +5,7 @@ that feeds it."""
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Sequence
 
 from loadaware.fleet.registry import EndpointRegistry
@@ -40,39 +41,39 @@ def test_sampled_keys_take_every_stride_th_full_block_chained_and_salted() -> No
 
 
 # ---- the estimator ----
-def test_recurring_counts_keys_routed_again_while_in_the_lru() -> None:
+def test_recurring_counts_blocks_routed_again_while_in_the_lru() -> None:
     ws = WorkingSet(stride=1, window=1.0)
-    ws.set_capacity(4)  # the LRU holds 4 keys
-    ws.observe([1, 2])
-    assert ws.recurring == 0
-    ws.observe([1, 3])
+    ws.set_capacity(4)  # the LRU spans 4 blocks
+    ws.observe([1, 2], 2)
+    assert ws.recurring == 0 and ws.blocks == 2
+    ws.observe([1, 3], 2)
     assert ws.recurring == 1 and ws.recurring_blocks() == 1
-    ws.observe([4, 5, 6])  # 1 is now the oldest of 5 keys: it leaves, and its recurrence with it
-    assert ws.recurring == 0 and len(ws._lru) == 4
-    ws.observe([4, 5])
+    ws.observe([4, 5, 6], 3)  # 6 blocks: 2 and then 1, the oldest, leave, and 1's recurrence with it
+    assert ws.recurring == 0 and list(ws._lru) == [3, 4, 5, 6] and ws.blocks == 4
+    ws.observe([4, 5], 2)
     assert ws.recurring == 2
 
 
-def test_demand_waits_for_capacity_and_for_every_head_seen_twice() -> None:
+def test_a_key_stands_for_the_blocks_up_to_the_next_sampled_one_and_demand_waits_for_known_heads() -> None:
     ws = WorkingSet(stride=2, window=2.0)
-    ws.observe([10, 11])
-    ws.observe([10, 11])
+    ws.observe([10, 11], 4)  # blocks 0-1 and 2-3
+    ws.observe([10, 11], 4)
     assert ws.demand() is None  # no capacity known
     ws.set_capacity(40)
-    assert ws.demand() == 2 * 2 / 40  # 2 recurring sampled keys, each standing for 2 blocks
-    ws.observe([20, 21])
-    assert ws.singletons == 1 and ws.demand() is None  # a new head: the working set may be growing
-    ws.observe([20])
-    assert ws.singletons == 0 and ws.demand() == 3 * 2 / 40
+    assert ws.recurring_blocks() == 4 and ws.demand() == 4 / 40
+    ws.observe([20, 21], 3)  # a 3-block prompt: its last key stands for block 2 alone
+    assert ws.blocks == 4 + 3 and ws.singletons == 1 and ws.demand() is None  # a new head: may be growing
+    ws.observe([20], 1)  # head 20 seen twice, now for 1 block
+    assert ws.singletons == 0 and ws.recurring_blocks() == 5 and ws.demand() == 5 / 40
 
 
 def test_head_eviction_forgets_its_singleton() -> None:
     ws = WorkingSet(stride=1, max_entries=2)
     for head in (1, 2, 3):
-        ws.observe([head])
+        ws.observe([head], 1)
     assert len(ws._heads) == 2 and ws.singletons == 2
-    ws.observe([2])
-    ws.observe([3])
+    ws.observe([2], 1)
+    ws.observe([3], 1)
     assert ws.singletons == 0
 
 
@@ -80,22 +81,42 @@ def test_a_larger_fleet_raises_the_sampling_rate_and_recounts() -> None:
     ws = WorkingSet(stride=1, window=1.0, max_entries=8)
     ws.set_capacity(8)
     keys = list(range(8))
-    ws.observe(keys)
-    ws.observe(keys)
+    ws.observe(keys, 8)
+    ws.observe(keys, 8)
     assert (ws.mod, ws.recurring, ws.recurring_blocks()) == (1, 8, 8)
     ws.set_capacity(32)  # would need 32 entries: keep keys divisible by 4 only
-    assert ws.mod == 4 and sorted(ws._lru) == [0, 4] and ws.recurring == 2
+    assert ws.mod == 4 and sorted(ws._lru) == [0, 4] and (ws.blocks, ws.recurring) == (2, 2)
     assert ws.recurring_blocks() == 8  # each kept key stands for 4
-    ws.observe([5, 8])  # 5 is not sampled
-    assert 5 not in ws._lru and ws._lru[8] == 1
+    ws.observe([5, 8], 2)  # 5 is not sampled
+    assert 5 not in ws._lru and ws._lru[8] >> 8 == 1
+
+
+def test_the_sample_follows_the_count_over_every_block_from_above() -> None:
+    """Prompts of 40 shared prefixes (6-200 blocks, Zipf-like reuse) with unique tails of 0-40 blocks, in a
+    fleet smaller than the prefixes: the recurring blocks sampled every 16th block stay at or above the count
+    over every block (stride 1), within half again: a sampled key straddling a prefix's end counts its tail as
+    recurring. Over-counting closes lane-spread's gate early (it then scores as lane), never late."""
+    rng = random.Random(7)
+    prefixes = [[rng.getrandbits(62) for _ in range(rng.randint(6, 200))] for _ in range(40)]
+    exact, sampled = WorkingSet(stride=1), WorkingSet(stride=STRIDE)
+    for ws in (exact, sampled):
+        ws.set_capacity(3_000)
+    for i in range(3_000):
+        tail = [rng.getrandbits(62) for _ in range(rng.randint(0, 40))]
+        chain = prefixes[min(int(rng.paretovariate(1.0)) - 1, 39)] + tail
+        exact.observe(chain, len(chain))
+        sampled.observe(chain[::STRIDE], len(chain))
+        if i % 500 == 499:
+            assert exact.recurring_blocks() <= sampled.recurring_blocks() <= 1.5 * exact.recurring_blocks()
+    assert exact.recurring_blocks() > 1_000
 
 
 def test_popularity_reads_the_deepest_sampled_key_inside_the_match() -> None:
     ws = WorkingSet(stride=2, window=1.0)
     ws.set_capacity(100)
     for _ in range(3):
-        ws.observe([1, 2, 3])
-    ws.observe([1, 2, 9])
+        ws.observe([1, 2, 3], 6)
+    ws.observe([1, 2, 9], 6)
     keys = [1, 2, 3]  # sampled blocks 0, 2, 4
     assert ws.popularity(keys, 0) == 0
     assert ws.popularity(keys, 1) == ws.popularity(keys, 2) == 4  # blocks 0-1 held: block 0's key
@@ -191,7 +212,7 @@ def test_the_pipeline_fills_the_candidates_and_counts_only_routed_requests() -> 
     assert {c.cache_demand for c in first.candidates} == {None}  # no capacity scraped yet
     loads.record(FLEET[0], EngineStats(0, 0, None, 0.0, kv_capacity_tokens=100 * SPAN))
     preview = asyncio.run(decider.decide(request, "x", count=False))
-    assert ws.state()["heads"] == 1 and ws._lru[sampled_keys(tokens)[0]] == 1  # Explain changed nothing
+    assert ws.state()["heads"] == 1 and ws._lru[sampled_keys(tokens)[0]] >> 8 == 1  # Explain changed nothing
     assert {c.prefix_routes for c in preview.candidates} == {1.0}  # block 2 x STRIDE's key: held, routed once
     second = asyncio.run(decider.decide(request, "r2"))
     # Capacity known, but the prompt's head has been seen once: the working set may still be growing.
@@ -222,5 +243,6 @@ def test_the_cost_bench_exercises_the_working_set() -> None:
     result = run(quick=True)
     state = result["working_set"]
     assert state["capacity_blocks"] == 3 * 90_000 / BLOCK_TOKENS and state["heads"] == 1
-    assert state["recurring_blocks"] == result["direct_us"]["sampled_blocks"] * STRIDE and state["demand"] > 0
+    # one prompt, routed again and again: every block of it recurs
+    assert state["recurring_blocks"] == result["direct_us"]["prompt_tokens"] // BLOCK_TOKENS and state["demand"] > 0
     assert "lane-spread's working set" in table(result)

@@ -32,18 +32,30 @@ class ExplainRequest(_message.Message):
     def __init__(self, path: _Optional[str] = ..., body: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., raw_body: _Optional[str] = ...) -> None: ...
 
 class ScrapedLoad(_message.Message):
-    __slots__ = ("running", "waiting", "kv_cache_usage", "age_seconds", "fresh")
+    __slots__ = ("running", "waiting", "kv_cache_usage", "age_seconds", "fresh", "kv_capacity_tokens")
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
     AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     FRESH_FIELD_NUMBER: _ClassVar[int]
+    KV_CAPACITY_TOKENS_FIELD_NUMBER: _ClassVar[int]
     running: float
     waiting: float
     kv_cache_usage: float
     age_seconds: float
     fresh: bool
-    def __init__(self, running: _Optional[float] = ..., waiting: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., age_seconds: _Optional[float] = ..., fresh: _Optional[bool] = ...) -> None: ...
+    kv_capacity_tokens: float
+    def __init__(self, running: _Optional[float] = ..., waiting: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., age_seconds: _Optional[float] = ..., fresh: _Optional[bool] = ..., kv_capacity_tokens: _Optional[float] = ...) -> None: ...
+
+class WorkingSetView(_message.Message):
+    __slots__ = ("cache_demand", "prefix_routes", "spreading")
+    CACHE_DEMAND_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_ROUTES_FIELD_NUMBER: _ClassVar[int]
+    SPREADING_FIELD_NUMBER: _ClassVar[int]
+    cache_demand: float
+    prefix_routes: float
+    spreading: bool
+    def __init__(self, cache_demand: _Optional[float] = ..., prefix_routes: _Optional[float] = ..., spreading: _Optional[bool] = ...) -> None: ...
 
 class TokenSignals(_message.Message):
     __slots__ = ("prefill_tokens", "uncached_tokens_in_flight", "decode_batch", "kv_cache_usage", "observed_ttft_seconds", "ttft_base_seconds", "ttft_per_token_seconds", "ttft_per_running_seconds", "prefill_lane_seconds", "idle_ttft_base_seconds", "idle_ttft_per_token_seconds", "idle_ttft_per_running_seconds")
@@ -104,7 +116,7 @@ class EndpointScore(_message.Message):
     def __init__(self, endpoint: _Optional[str] = ..., lmcache_instance_id: _Optional[str] = ..., matched_tokens: _Optional[int] = ..., benefit: _Optional[float] = ..., inflight: _Optional[int] = ..., scraped: _Optional[_Union[ScrapedLoad, _Mapping]] = ..., load: _Optional[float] = ..., relative_load: _Optional[float] = ..., score: _Optional[float] = ..., chosen: _Optional[bool] = ..., models: _Optional[_Iterable[str]] = ..., routing_state: _Optional[str] = ..., signals: _Optional[_Union[TokenSignals, _Mapping]] = ...) -> None: ...
 
 class ExplainResponse(_message.Message):
-    __slots__ = ("outcome", "endpoint", "reasons", "policy", "beta", "formula", "kind", "prompt_tokens", "mean_load", "endpoints", "stages_ms", "message", "model", "excluded")
+    __slots__ = ("outcome", "endpoint", "reasons", "policy", "beta", "formula", "kind", "prompt_tokens", "mean_load", "endpoints", "stages_ms", "message", "model", "excluded", "working_set")
     class StagesMsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +138,7 @@ class ExplainResponse(_message.Message):
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     EXCLUDED_FIELD_NUMBER: _ClassVar[int]
+    WORKING_SET_FIELD_NUMBER: _ClassVar[int]
     outcome: str
     endpoint: str
     reasons: _containers.RepeatedScalarFieldContainer[str]
@@ -140,7 +153,8 @@ class ExplainResponse(_message.Message):
     message: str
     model: str
     excluded: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, outcome: _Optional[str] = ..., endpoint: _Optional[str] = ..., reasons: _Optional[_Iterable[str]] = ..., policy: _Optional[str] = ..., beta: _Optional[float] = ..., formula: _Optional[str] = ..., kind: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., mean_load: _Optional[float] = ..., endpoints: _Optional[_Iterable[_Union[EndpointScore, _Mapping]]] = ..., stages_ms: _Optional[_Mapping[str, float]] = ..., message: _Optional[str] = ..., model: _Optional[str] = ..., excluded: _Optional[_Iterable[str]] = ...) -> None: ...
+    working_set: WorkingSetView
+    def __init__(self, outcome: _Optional[str] = ..., endpoint: _Optional[str] = ..., reasons: _Optional[_Iterable[str]] = ..., policy: _Optional[str] = ..., beta: _Optional[float] = ..., formula: _Optional[str] = ..., kind: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., mean_load: _Optional[float] = ..., endpoints: _Optional[_Iterable[_Union[EndpointScore, _Mapping]]] = ..., stages_ms: _Optional[_Mapping[str, float]] = ..., message: _Optional[str] = ..., model: _Optional[str] = ..., excluded: _Optional[_Iterable[str]] = ..., working_set: _Optional[_Union[WorkingSetView, _Mapping]] = ...) -> None: ...
 
 class ListEndpointsRequest(_message.Message):
     __slots__ = ()
