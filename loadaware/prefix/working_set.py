@@ -24,6 +24,7 @@ the engines' `vllm:cache_config_info` (num_gpu_blocks x block_size, loadaware/lo
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -66,6 +67,7 @@ class WorkingSet:
         self.recurring = 0  # of them, those of keys routed at least twice
         self._heads: OrderedDict[int, int] = OrderedDict()  # block 0's key -> times seen
         self.singletons = 0  # heads seen exactly once
+        self._span = math.inf  # the LRU's span in blocks (set_capacity)
 
     # ---- what the router tells it ----
     def set_capacity(self, capacity_blocks: float) -> None:
@@ -79,6 +81,8 @@ class WorkingSet:
             self._lru = OrderedDict((k, v) for k, v in self._lru.items() if k % mod == 0)
             self.blocks = sum(v & _WEIGHT for v in self._lru.values())
             self.recurring = sum(v & _WEIGHT for v in self._lru.values() if v >> 8 >= 2)
+        # The LRU's span in blocks; until the capacity is known it fills up to max_entries keys.
+        self._span = self.window * self.capacity_blocks / mod if self.capacity_blocks else math.inf
         self._trim()
 
     def observe(self, keys: Sequence[int], blocks: int) -> None:
@@ -88,27 +92,31 @@ class WorkingSet:
         heads = self._heads
         seen = heads.pop(keys[0], 0) + 1
         heads[keys[0]] = seen
-        self.singletons += 1 if seen == 1 else -1 if seen == 2 else 0
-        if len(heads) > self.max_entries and heads.popitem(last=False)[1] == 1:
-            self.singletons -= 1
+        if seen <= 2:
+            self.singletons += 1 if seen == 1 else -1
+            if len(heads) > self.max_entries and heads.popitem(last=False)[1] == 1:
+                self.singletons -= 1
         lru, mod, stride = self._lru, self.mod, self.stride
         last = len(keys) - 1
+        added = recurring = 0  # summed here, stored once: this runs for every routed request
         for j, k in enumerate(keys):
             if mod > 1 and k % mod:
                 continue
             weight = stride if j < last else max(1, min(stride, blocks - j * stride))
             old = lru.pop(k, 0)
-            count = (old >> 8) + 1
-            lru[k] = count << 8 | weight
-            self.blocks += weight - (old & _WEIGHT)
-            if count >= 2:
-                self.recurring += weight - (old & _WEIGHT if count > 2 else 0)
-        self._trim()
+            lru[k] = ((old >> 8) + 1) << 8 | weight
+            added += weight - (old & _WEIGHT)
+            if old >= 512:  # routed twice before: recurring already, at its old weight
+                recurring += weight - (old & _WEIGHT)
+            elif old:  # its second time: recurring from now on
+                recurring += weight
+        self.blocks += added
+        self.recurring += recurring
+        if self.blocks > self._span or len(lru) > self.max_entries:
+            self._trim()
 
     def _trim(self) -> None:
-        # Until the capacity is known the LRU fills up to max_entries; set_capacity trims it then.
-        lru = self._lru
-        span = self.window * self.capacity_blocks / self.mod if self.capacity_blocks else float("inf")
+        lru, span = self._lru, self._span
         while lru and (self.blocks > span or len(lru) > self.max_entries):
             v = lru.popitem(last=False)[1]
             self.blocks -= v & _WEIGHT
