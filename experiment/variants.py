@@ -26,6 +26,7 @@ from experiment.calibration import CALIBRATED
 from experiment.des import Arm, arm_by_name
 from loadaware.policies.base import Candidate, Choice, Policy, lowest_cost, own_uncached
 from loadaware.policies.lane import DECODE_EXPONENT, Lane
+from loadaware.policies.lane_spread import in_flight_costs
 from loadaware.policies.predictive import Predictive
 from sim.service_model import ServiceModel
 
@@ -193,11 +194,7 @@ class LaneInFlight(Lane):
     def costs(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> list[float]:
         if not self.room():
             return super().costs(prompt_tokens, candidates)
-        out = []
-        for c in candidates:
-            own = self.own_prefill_s(prompt_tokens, c)
-            out.append(self._ttft_after(own, c) * (c.load + 1) + own * c.waiting)
-        return out
+        return in_flight_costs(self, prompt_tokens, candidates)
 
 
 class _RoutedDemand(LaneInFlight):

@@ -51,8 +51,13 @@ class LaneSpread(Lane):
     def costs(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> list[float]:
         if not spreading(candidates):
             return super().costs(prompt_tokens, candidates)
-        out = []
-        for c in candidates:
-            own = self.own_prefill_s(prompt_tokens, c)
-            out.append(self._ttft_after(own, c) * (c.load + 1) + own * c.waiting)
-        return out
+        return in_flight_costs(self, prompt_tokens, candidates)
+
+
+def in_flight_costs(lane: Lane, prompt_tokens: int, candidates: Sequence[Candidate]) -> list[float]:
+    """`lane`'s costs with the in-flight factor (load + 1) in place of its decode factor."""
+    out = []
+    for c in candidates:
+        own = lane.own_prefill_s(prompt_tokens, c)
+        out.append(lane._ttft_after(own, c) * (c.load + 1) + own * c.waiting)
+    return out

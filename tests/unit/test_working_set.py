@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
 
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import RequestLifecycle
@@ -20,6 +19,7 @@ from loadaware.prefix.working_set import BLOCK_TOKENS, STRIDE, WorkingSet, fill_
 from loadaware.routing.pipeline import Decider
 from loadaware.routing.request import InferenceRequest
 from sim.metrics import EngineMetrics
+from tests.unit.test_load_signals import Matches
 
 SPAN = STRIDE * BLOCK_TOKENS  # tokens from one sampled block to the next
 
@@ -180,17 +180,6 @@ def test_lane_spread_counts_every_request_in_flight_only_while_spreading() -> No
 
 
 # ---- the pipeline feeds it ----
-class Matches:
-    name = "fixed"
-
-    def __init__(self, answer: dict[str, int]) -> None:
-        self.answer = answer
-
-    async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...],
-                      salt: str | None = None) -> dict[str, int]:
-        return dict(self.answer)
-
-
 FLEET = ("127.0.0.2:8000", "127.0.0.3:8000")
 
 
