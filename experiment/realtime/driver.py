@@ -228,7 +228,10 @@ def sidecar_counters(proc: ManagedProc) -> dict[str, Any]:
         return {"error": "metrics unavailable"}
     return {"decisions": sum_by_label(text, "loadaware_decisions_total", "outcome"),
             "fallbacks": sum_by_label(text, "loadaware_fallbacks_total", "reason"),
-            "observed_ttft_s": sum_by_label(text, "loadaware_endpoint_observed_ttft_seconds", "endpoint")}
+            "observed_ttft_s": sum_by_label(text, "loadaware_endpoint_observed_ttft_seconds", "endpoint"),
+            # What lane-spread measured its gate on (0 for other policies but the capacity).
+            "working_set": {name: sum(sum_by_label(text, f"loadaware_{name}", "").values()) for name in
+                            ("fleet_kv_capacity_tokens", "prefix_working_set_tokens", "prefix_working_set_new_heads")}}
 
 
 def run_one(cfg: DriverConfig, fleet: Fleet, arm: RealArm, seed: int) -> dict[str, Any]:
