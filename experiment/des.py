@@ -364,7 +364,7 @@ class Simulation:
         choice = self.policy.choose(n, candidates)
         assert choice is not None
         if ws is not None:
-            ws.observe(keys, len(s.block_keys) * self.svc.block_size // BLOCK_TOKENS)
+            ws.observe(keys, s.n_tokens // BLOCK_TOKENS)  # the prompt's full blocks, as the sidecar counts them
         return self.engines[choice.index], candidates[choice.index].matched_tokens
 
     def _candidate(self, e: _Engine, matched: int, load: float) -> Candidate:
