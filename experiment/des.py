@@ -51,6 +51,8 @@ from loadaware.load.tracker import EngineStats, Lease, LoadTracker
 from loadaware.policies import POLICY_NAMES, Policy, make_policy
 from loadaware.policies.base import Candidate
 from loadaware.policies.ttft_model import TtftModel
+from loadaware.prefix.queued import STRIDE as QUEUED_STRIDE
+from loadaware.prefix.queued import QueuedIndex, Receipt, credit, sampled
 from loadaware.prefix.working_set import BLOCK_TOKENS, STRIDE, WorkingSet
 from loadaware.prefix.working_set import fill_candidates as fill_working_set
 from sim.held_blocks import HeldBlocks, private_blocks
@@ -218,7 +220,7 @@ class _Engine:
 
 class _Req:
     __slots__ = ("ahead", "decided_t", "engine", "idle", "last_t", "lease", "matched", "matched_ahead", "prefilled",
-                 "produced", "record", "running_at", "sim", "uncached")
+                 "produced", "queued", "record", "running_at", "sim", "uncached")
 
     def __init__(self, sim: SimRequest, record: RequestRecord | None) -> None:
         self.sim = sim
@@ -235,6 +237,7 @@ class _Req:
         self.running_at = 0.0  # the router's load of the engine at the decision
         self.decided_t = 0.0
         self.idle = False  # decided on an idle prefill clock with no admission queue (the clock learns from it)
+        self.queued: Receipt | None = None  # held in the queued-prefix index (loadaware.prefix.queued)
 
 
 @dataclass
@@ -276,6 +279,12 @@ class Simulation:
             self.working_set = WorkingSet()
             self.working_set.set_capacity(sum(e.svc.kv_capacity_tokens for e in self.engines) / BLOCK_TOKENS)
             self._sample_step = max(1, STRIDE * BLOCK_TOKENS // self.svc.block_size)
+        # Prompts routed to engines that queue, for a policy that reads them (loadaware.prefix.queued): credited
+        # and held as the sidecar's pipeline does, with the simulator's own block keys.
+        self.queued: QueuedIndex | None = None
+        if getattr(self.policy, "uses_queued_prefixes", False):
+            self.queued = QueuedIndex(QUEUED_STRIDE * self.svc.block_size, max_blocks=1 << 62)
+        self._held: Receipt | None = None  # the last decision's hold, for _arrive to give its request
         bind = getattr(self.policy, "bind_simulation", None)
         if bind is not None:  # a design-experiment arm that reads engine speeds and the clock (experiment.variants)
             bind(self)
@@ -340,6 +349,7 @@ class Simulation:
         if r.record is not None:
             r.record.send_t = t
         engine, matched = self._decide(r.sim)
+        r.queued, self._held = self._held, None
         r.engine = engine
         r.running_at = float(self.loads.count(engine.name))
         r.lease = self.loads.acquire(engine.name)  # counted at the decision, before the next one is scored
@@ -357,12 +367,17 @@ class Simulation:
         n = s.n_tokens
         candidates = tuple(self._candidate(e, min(matches.get(e.name, 0), n), load)
                            for e, load in zip(self.engines, loads))
+        queued = self.queued
+        if queued:  # as the sidecar's pipeline credits them (loadaware.routing.pipeline)
+            credit(candidates, queued, sampled(s.block_keys), n)
         ws = self.working_set
         if ws is not None:  # as the sidecar's pipeline fills them (loadaware.routing.pipeline)
             keys = s.block_keys[::self._sample_step]
             fill_working_set(candidates, ws, keys)
         choice = self.policy.choose(n, candidates)
         assert choice is not None
+        if queued is not None and candidates[choice.index].waiting > 0:
+            self._held = queued.hold(self.engines[choice.index].name, sampled(s.block_keys))
         if ws is not None:
             ws.observe(keys, s.n_tokens // BLOCK_TOKENS)  # the prompt's full blocks, as the sidecar counts them
         return self.engines[choice.index], candidates[choice.index].matched_tokens
@@ -497,6 +512,8 @@ class Simulation:
         e.held.release(r.sim.block_keys)
         e.served += 1
         self.loads.release(r.lease)
+        if r.queued is not None and self.queued is not None:
+            self.queued.release(r.queued)
         self._track_ended(e, r)
         self._open -= 1
         rec = r.record

@@ -152,10 +152,10 @@ class Sidecar:
         # The ext_proc port serves ext_proc and health only; the debug API and /debug are on the admin
         # listeners (loopback by default), /metrics alone on the metrics port (api/admin.py says why).
         self.metrics_page = MetricsPage(self.metrics, self.registry, self.loads, self.endpoint_health, self.signals,
-                                        self.prefixes, self.tokenizer, self.decider.working_set)
+                                        self.prefixes, self.tokenizer, self.decider.working_set, self.decider.queued)
         self.state_page = StatePage(self.registry, self.loads, self.endpoint_health, self.models, self.bridge,
                                     self.prefixes, self.readiness, self.supervisor.state, self.extproc, s.describe,
-                                    self.decider.working_set)
+                                    self.decider.working_set, self.decider.queued)
         self.metrics_http = MetricsHttp(self.metrics_page.render)
         self.debug_http = DebugHttp(self.recent.last, self.state_page.render)
         self.server: grpc.aio.Server | None = None
@@ -219,6 +219,8 @@ class Sidecar:
         self.signals.drop(endpoint)
         self.endpoint_health.forget(endpoint)
         self.prefixes.endpoint_removed(endpoint)
+        if self.decider.queued is not None:
+            self.decider.queued.index.drop(endpoint)
         self.metrics.forget_endpoint(endpoint)
         if self.models is not None:
             self.models.forget(endpoint)

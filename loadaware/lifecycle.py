@@ -73,6 +73,7 @@ class Decision:
     model: str | None = None  # the request body's `model`, when it names one
     lease: Any = None  # the load module's receipt for this request's in-flight count
     signals: Any = None  # the token-signal tracker's receipt (loadaware.load.signals)
+    queued: Any = None  # the queued-prefix index's receipt (loadaware.prefix.queued)
     first_chunk: bool = False  # the response path has seen the first response body chunk
     ended: bool = False
 

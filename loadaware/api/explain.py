@@ -128,7 +128,8 @@ def explanation(decision: Decision, policy: Policy, beta: float, kind: str,
             matched_tokens=c.matched_tokens, benefit=benefit(c.matched_tokens, decision.prompt_tokens),
             inflight=inflight(c.endpoint), scraped=stats_for(c.endpoint), load=c.load, relative_load=r,
             score=score, chosen=c.endpoint == decision.endpoint, routing_state=routing_state(c.endpoint),
-            models=models_for(c.endpoint), signals=token_signals(c, observed_ttft(c.endpoint))))
+            models=models_for(c.endpoint), signals=token_signals(c, observed_ttft(c.endpoint)),
+            queued_tokens=int(c.queued_tokens)))
     if candidates and getattr(policy, "uses_working_set", False):
         out.working_set.CopyFrom(working_set_view(candidates))
     return out

@@ -13,6 +13,7 @@ from loadaware.fleet.health import EndpointHealth
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.load.signals import SignalTracker
 from loadaware.load.tracker import LoadTracker
+from loadaware.prefix.queued import QueuedPrefixes
 from loadaware.prefix.wiring import PrefixWiring
 from loadaware.prefix.working_set import BLOCK_TOKENS, WorkingSet
 from loadaware.telemetry.epp import PodLoad
@@ -23,8 +24,10 @@ from loadaware.tokenize.tokenizer import AsyncTokenizer
 class MetricsPage:
     def __init__(self, metrics: Metrics, registry: EndpointRegistry, loads: LoadTracker, health: EndpointHealth,
                  signals: SignalTracker, prefixes: PrefixWiring, tokenizer: AsyncTokenizer | None,
-                 working_set: WorkingSet | None = None) -> None:
+                 working_set: WorkingSet | None = None, queued: QueuedPrefixes | None = None) -> None:
         self.working_set = working_set
+        self.queued = queued
+        self._credited_seen = 0
         self.metrics = metrics
         self.registry = registry
         self.loads = loads
@@ -54,6 +57,13 @@ class MetricsPage:
         if ws is not None:  # two int reads: safe from this thread
             self.metrics.working_set_tokens.set(ws.recurring_blocks() * BLOCK_TOKENS)
             self.metrics.working_set_new_heads.set(ws.singletons)
+        queued = self.queued
+        if queued is not None:  # int reads; the counter catches up with the running total
+            self.metrics.queued_blocks.set(queued.index.total_blocks)
+            credited = queued.credited_tokens
+            if credited > self._credited_seen:
+                self.metrics.queued_credited.inc(credited - self._credited_seen)
+                self._credited_seen = credited
         now = self.signals.clock()
         for endpoint in fleet:
             sig = self.signals.get(endpoint)

@@ -17,6 +17,7 @@ from loadaware.fleet.models import EndpointModels
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.load.tracker import LoadTracker
 from loadaware.prefix.lmcache.bridge import InstanceBridge
+from loadaware.prefix.queued import QueuedPrefixes
 from loadaware.prefix.wiring import PrefixWiring
 from loadaware.prefix.working_set import WorkingSet
 
@@ -35,9 +36,11 @@ class StatePage:
     def __init__(self, registry: EndpointRegistry, loads: LoadTracker, health: EndpointHealth,
                  models: EndpointModels | None, bridge: InstanceBridge, prefixes: PrefixWiring,
                  readiness: ReadinessView, tasks: Callable[[], list[dict[str, Any]]], streams: StreamCounts,
-                 config: Callable[[], list[dict[str, Any]]], working_set: WorkingSet | None = None) -> None:
+                 config: Callable[[], list[dict[str, Any]]], working_set: WorkingSet | None = None,
+                 queued: QueuedPrefixes | None = None) -> None:
         self.registry = registry
         self.working_set = working_set
+        self.queued = queued
         self.loads = loads
         self.health = health
         self.models = models
@@ -70,4 +73,5 @@ class StatePage:
                 "inflight": self.loads.snapshot(), "inflight_total": self.loads.total(), "endpoints": rows,
                 "instance_map": self.bridge.mapping(), "config": self.config(),
                 "prefix": self.prefixes.state(), "fleet_kv_capacity_tokens": self.loads.kv_capacity_tokens(),
-                "working_set": None if self.working_set is None else self.working_set.state()}
+                "working_set": None if self.working_set is None else self.working_set.state(),
+                "queued_prefixes": None if self.queued is None else self.queued.state()}

@@ -48,6 +48,9 @@ class Candidate:
     # and how often the prompt's held prefix was routed lately. Filled only for a policy that reads them.
     cache_demand: float | None = None
     prefix_routes: float = 0.0
+    # Of matched_tokens, those credited because requests routed here while it queued hold them (not yet
+    # computed, so no exact source shows them: loadaware.prefix.queued). Filled only for a policy that reads it.
+    queued_tokens: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,11 @@ once, and a copy pays for itself only when the prefix serves many later requests
 held prefix was routed lately). While new prompt heads are still arriving, cache_demand is None and the
 policy is `lane`: a cold start must not spend the caches on copies before it knows the working set.
 
+matched tokens: the exact sources' match, and on an engine that queues (scraped waiting > 0) at least what the
+requests routed there while it queued hold of the prompt (uses_queued_prefixes, loadaware/prefix/queued.py):
+they are prefilled before this one is scheduled, so a later request for a new or evicted prefix follows the
+first one into the same queue instead of computing the prefix again on another engine.
+
 On the placement grid it passes 6 of 8 points on the tuning and the held-out seeds where `lane` passes 5
 (docs/findings.md); no constant is tuned per workload: the thresholds are the fleet's capacity (1) and its
 size.
@@ -45,8 +50,10 @@ class LaneSpread(Lane):
         "cost(i) = (lane_wait(i) + per_token(i) x uncached(i) + base(i) + per_running(i) x load(i)) x (load(i) "
         "+ 1) + per_token(i) x uncached(i) x waiting(i) while the fleet's recurring working set fits its KV "
         "caches (cache_demand < 1) and the prompt's held prefix was routed at least once per candidate "
-        "lately (prefix_routes); lane's cost otherwise; lowest wins")
+        "lately (prefix_routes); lane's cost otherwise; a queueing endpoint's matched tokens include what the "
+        "requests routed there while it queued hold of the prompt; lowest wins")
     uses_working_set: ClassVar[bool] = True
+    uses_queued_prefixes: ClassVar[bool] = True
 
     def costs(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> list[float]:
         if not spreading(candidates):

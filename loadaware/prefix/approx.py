@@ -25,7 +25,7 @@ from typing import Any
 
 from loadaware.fleet.members import member_set
 from loadaware.lifecycle import Decision, previewing
-from loadaware.prefix.blocks import SlotTable, block_keys, unhold, walk
+from loadaware.prefix.blocks import LAST_KEYS, SlotTable, block_keys, unhold, walk
 from loadaware.prefix.source import salt_of
 from loadaware.telemetry.metrics import Metrics
 
@@ -60,6 +60,8 @@ class ApproxIndex:
         self.evicted = {"capacity": 0, "decay": 0, "endpoint_removed": 0}
 
     def keys(self, tokens: Sequence[int], salt: str | None = None) -> list[int]:
+        if len(tokens) // self.block_size <= self.capacity_blocks:  # the whole chain: shared with other indexes
+            return LAST_KEYS.get(tokens, self.block_size, salt)
         return block_keys(tokens, self.block_size, limit=self.capacity_blocks, salt=salt)
 
     def record(self, engine: str, keys: Sequence[int], now: float) -> int:

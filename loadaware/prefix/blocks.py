@@ -91,6 +91,29 @@ def block_keys(tokens: Sequence[int], block_size: int = DEFAULT_BLOCK_SIZE, limi
     return keys
 
 
+class LastKeys:
+    """The last prompt's block keys: one decision walks the same token list in more than one index (the
+    KV-events index, the queued-prefix index), and a chain costs ~27 ns a token. Keyed by the token list's
+    identity (held here, so it cannot be freed and its id reused), the block size and the salt."""
+
+    __slots__ = ("_keys", "_salt", "_size", "_tokens")
+
+    def __init__(self) -> None:
+        self._tokens: Sequence[int] | None = None
+        self._size = 0
+        self._salt: str | None = None
+        self._keys: list[int] = []
+
+    def get(self, tokens: Sequence[int], block_size: int = DEFAULT_BLOCK_SIZE, salt: str | None = None) -> list[int]:
+        if tokens is not self._tokens or block_size != self._size or salt != self._salt:
+            self._keys = block_keys(tokens, block_size, salt=salt)
+            self._tokens, self._size, self._salt = tokens, block_size, salt
+        return self._keys
+
+
+LAST_KEYS = LastKeys()  # the event loop's: decisions run there one at a time between awaits
+
+
 def walk(holders: dict[int, int], names: dict[int, str], alive: int, keys: Sequence[int],
          block_size: int) -> dict[str, int]:
     """One pass over a request's block keys: `holders` maps a key to a bitmask of engine slots, `alive` is

@@ -22,6 +22,7 @@ from loadaware.lifecycle import Decision, RequestLifecycle, preview, previewing
 from loadaware.load.order import LoadOrder
 from loadaware.load.signals import SignalTracker
 from loadaware.policies import Candidate, Choice, Policy, RoundRobin, ranked
+from loadaware.prefix.queued import QueuedPrefixes
 from loadaware.prefix.source import PrefixSource, PrefixUnavailable, SaltedTokens
 from loadaware.prefix.working_set import BLOCK_TOKENS, WorkingSet, fill_candidates, sampled_keys
 from loadaware.routing.pruning import MIN_POOL, PRUNABLE, pruned_candidates, round_robin_candidates
@@ -71,6 +72,11 @@ class Decider:
         if working_set is None and getattr(policy, "uses_working_set", False):
             working_set = WorkingSet()
         self.working_set = working_set
+        # Prompts routed to engines that queue, credited to later requests for the same prefix there
+        # (prefix/queued.py), for a policy that reads them; it hears of each request's life to hold and release.
+        self.queued = QueuedPrefixes() if getattr(policy, "uses_queued_prefixes", False) else None
+        if self.queued is not None:
+            lifecycle.subscribe(self.queued)
         self._fleet_capacity = getattr(loads, "kv_capacity_tokens", None)
         self._capacity_seen = 0.0
         self.signals = signals  # per-endpoint token signals (load/signals.py); None: candidates carry none
@@ -236,6 +242,8 @@ class Decider:
                 candidates, choice = turn
             else:
                 candidates, mean = self._scored(endpoints, excluded, matches, n_tokens, reasons)
+                if self.queued is not None and tokens:
+                    self._credit_queued(candidates, tokens, count, reasons)
                 if sampled is not None:
                     self._fill_working_set(candidates, sampled, reasons)
                 picked = self.policy.choose(n_tokens, candidates, mean)
@@ -299,6 +307,16 @@ class Decider:
                 return pruned_candidates(order, endpoints, members, whole, matches, n_tokens, 1 + self.fallbacks,
                                          self.registry.position, excluded)
         return self._plain(endpoints, excluded, matches, n_tokens, reasons), None
+
+    def _credit_queued(self, candidates: tuple[Candidate, ...], tokens: list[int], count: bool,
+                       reasons: list[str]) -> None:
+        """Queueing candidates credited with what the requests queued there hold of the prompt. If that fails
+        they keep the exact sources' matches and the decision says so."""
+        assert self.queued is not None
+        try:
+            self.queued.credit(candidates, tokens, count)
+        except Exception as exc:  # noqa: BLE001 - less credit, the decision goes on
+            _degraded(reasons, "queued_prefix_error", exc)
 
     def _fill_working_set(self, candidates: tuple[Candidate, ...], sampled: list[int], reasons: list[str]) -> None:
         """The working set's view on every candidate, its capacity first brought up to the fleet's last

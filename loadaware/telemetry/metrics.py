@@ -60,6 +60,12 @@ class Metrics:
         self.working_set_new_heads = Gauge("loadaware_prefix_working_set_new_heads", "Prompt heads (first 16 "
                                            "tokens) seen only once lately: while above 0, lane-spread does not "
                                            "spread prefixes", registry=r)
+        self.queued_blocks = Gauge("loadaware_prefix_queued_blocks", "Prompt blocks held by requests routed to "
+                                   "an engine while it queued, not yet ended, summed over engines (lane-spread "
+                                   "credits them to later requests for the same prefix there)", registry=r)
+        self.queued_credited = Counter("loadaware_prefix_queued_credited_tokens", "Prompt tokens credited to "
+                                       "queueing engines beyond the exact sources' match, because requests routed "
+                                       "there hold them", registry=r)
         self.tokenizer_pieces = Gauge("loadaware_tokenizer_piece_cache",
                                       "Tokenizer piece cache: hits and misses since start, and whether it is "
                                       "enabled (0 after an exactness self-check failed)", ["what"], registry=r)

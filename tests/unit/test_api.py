@@ -20,6 +20,7 @@ from loadaware.fleet.discovery.catalog import DiscoveredEndpoint, DiscoveryCatal
 from loadaware.fleet.health import EndpointHealth, HealthOptions
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import RequestLifecycle
+from loadaware.load.signals import SignalTracker
 from loadaware.load.tracker import EngineStats, LoadTracker
 from loadaware.policies import Candidate, make_policy
 from loadaware.policies.loadaware import loadaware_scores
@@ -292,3 +293,17 @@ async def test_explain_and_list_endpoints_show_the_working_set_and_the_kv_capaci
     assert {e.last_scrape.kv_capacity_tokens for e in listed.endpoints} == {90_000}
     plain, _ = build("lane")
     assert not (await plain.Explain(struct_request({"prompt": lines}), None)).HasField("working_set")
+
+
+async def test_explain_shows_what_prompts_queued_at_an_endpoint_credit() -> None:
+    servicer, parts = build("lane-spread")
+    parts.decider.signals = SignalTracker(clock=parts.clock)
+    parts.loads.record(FLEET[0], EngineStats(64, 4, None, parts.clock.now))  # FLEET[0] queues
+    body = json.dumps({"prompt": PROMPT * 4}).encode()
+    first = await parts.decider.decide(parse_body("completions", body), "r1", subset=frozenset({FLEET[0]}))
+    assert first.endpoint == FLEET[0] and first.queued is not None
+    reply = await servicer.Explain(struct_request({"prompt": PROMPT * 4}), None)
+    by = {e.endpoint: e for e in reply.endpoints}
+    full = first.prompt_tokens // 64 * 64  # held keys stand for 4 blocks of 16 tokens
+    assert by[FLEET[0]].queued_tokens == by[FLEET[0]].matched_tokens == full
+    assert by[FLEET[1]].queued_tokens == 0 == by[FLEET[1]].matched_tokens

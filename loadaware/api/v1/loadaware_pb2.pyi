@@ -86,7 +86,7 @@ class TokenSignals(_message.Message):
     def __init__(self, prefill_tokens: _Optional[float] = ..., uncached_tokens_in_flight: _Optional[float] = ..., decode_batch: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., observed_ttft_seconds: _Optional[float] = ..., ttft_base_seconds: _Optional[float] = ..., ttft_per_token_seconds: _Optional[float] = ..., ttft_per_running_seconds: _Optional[float] = ..., prefill_lane_seconds: _Optional[float] = ..., idle_ttft_base_seconds: _Optional[float] = ..., idle_ttft_per_token_seconds: _Optional[float] = ..., idle_ttft_per_running_seconds: _Optional[float] = ...) -> None: ...
 
 class EndpointScore(_message.Message):
-    __slots__ = ("endpoint", "lmcache_instance_id", "matched_tokens", "benefit", "inflight", "scraped", "load", "relative_load", "score", "chosen", "models", "routing_state", "signals")
+    __slots__ = ("endpoint", "lmcache_instance_id", "matched_tokens", "benefit", "inflight", "scraped", "load", "relative_load", "score", "chosen", "models", "routing_state", "signals", "queued_tokens")
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     LMCACHE_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     MATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +100,7 @@ class EndpointScore(_message.Message):
     MODELS_FIELD_NUMBER: _ClassVar[int]
     ROUTING_STATE_FIELD_NUMBER: _ClassVar[int]
     SIGNALS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     endpoint: str
     lmcache_instance_id: str
     matched_tokens: int
@@ -113,7 +114,8 @@ class EndpointScore(_message.Message):
     models: _containers.RepeatedScalarFieldContainer[str]
     routing_state: str
     signals: TokenSignals
-    def __init__(self, endpoint: _Optional[str] = ..., lmcache_instance_id: _Optional[str] = ..., matched_tokens: _Optional[int] = ..., benefit: _Optional[float] = ..., inflight: _Optional[int] = ..., scraped: _Optional[_Union[ScrapedLoad, _Mapping]] = ..., load: _Optional[float] = ..., relative_load: _Optional[float] = ..., score: _Optional[float] = ..., chosen: _Optional[bool] = ..., models: _Optional[_Iterable[str]] = ..., routing_state: _Optional[str] = ..., signals: _Optional[_Union[TokenSignals, _Mapping]] = ...) -> None: ...
+    queued_tokens: int
+    def __init__(self, endpoint: _Optional[str] = ..., lmcache_instance_id: _Optional[str] = ..., matched_tokens: _Optional[int] = ..., benefit: _Optional[float] = ..., inflight: _Optional[int] = ..., scraped: _Optional[_Union[ScrapedLoad, _Mapping]] = ..., load: _Optional[float] = ..., relative_load: _Optional[float] = ..., score: _Optional[float] = ..., chosen: _Optional[bool] = ..., models: _Optional[_Iterable[str]] = ..., routing_state: _Optional[str] = ..., signals: _Optional[_Union[TokenSignals, _Mapping]] = ..., queued_tokens: _Optional[int] = ...) -> None: ...
 
 class ExplainResponse(_message.Message):
     __slots__ = ("outcome", "endpoint", "reasons", "policy", "beta", "formula", "kind", "prompt_tokens", "mean_load", "endpoints", "stages_ms", "message", "model", "excluded", "working_set")
