@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from loadaware.prefix.queued import BYTES_PER_QUEUED_BLOCK
+from loadaware.prefix.queued import DEFAULT_MAX_BLOCKS as QUEUED_MAX_BLOCKS
 from loadaware.prefix.working_set import MAX_ENTRIES as WORKING_SET_MAX_ENTRIES
 from loadaware.telemetry.decisions import RING_CANDIDATES
 
@@ -87,6 +89,7 @@ def worst_case(bounds: Bounds) -> dict[str, int]:
             RECENT_DECISION_BYTES + min(bounds.endpoints, RING_CANDIDATES) * RECENT_CANDIDATE_BYTES),
         "token_signals": bounds.endpoints * TOKEN_SIGNALS_BYTES_PER_ENDPOINT,
         "working_set": 2 * WORKING_SET_MAX_ENTRIES * WORKING_SET_BYTES_PER_ENTRY,
+        "queued_prefixes": QUEUED_MAX_BLOCKS * BYTES_PER_QUEUED_BLOCK,
     }
 
 

@@ -39,9 +39,9 @@ from loadaware.prefix.source import salt_of
 
 STRIDE = 4  # block keys per held key
 DEFAULT_MAX_BLOCKS = 131_072  # (engine, key) entries: ~5,000 queued 1.5k-token prompts with distinct prefixes
-# Rough CPython cost of one entry (a refcount dict slot, its share of the inverted map), tracemalloc-measured
-# in tests/unit/test_queued_prefixes.py.
-BYTES_PER_QUEUED_BLOCK = 200
+# One (engine, key) entry: a refcount dict slot and its share of the inverted map and of the receipts; tracemalloc
+# measured 85-102 B (tests/unit/test_memory_costs.py, docs/memory.md).
+BYTES_PER_QUEUED_BLOCK = 130
 
 
 class _Held:
