@@ -16,7 +16,6 @@ from loadaware.policies import Candidate, make_policy
 from loadaware.prefix.blocks import LAST_KEYS
 from loadaware.prefix.blocks import block_keys as chain
 from loadaware.prefix.queued import (
-    BYTES_PER_QUEUED_BLOCK,
     STRIDE,
     QueuedIndex,
     QueuedPrefixes,
