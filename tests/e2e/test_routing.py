@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -135,9 +136,9 @@ class Harness:
         wait_until(credited, message=f"LMCache to credit {holder} with the prompt's prefix")
 
     # ---- engines ----
-    def phantom(self, engine: str, running: int) -> None:
+    def phantom(self, engine: str, running: int, waiting: int = 0) -> None:
         req = urllib.request.Request(f"http://{self.engine_by_name[engine]}/sim/phantom_load",
-                                     data=json.dumps({"running": running, "waiting": 0}).encode(),
+                                     data=json.dumps({"running": running, "waiting": waiting}).encode(),
                                      headers={"content-type": "application/json"})
         urllib.request.urlopen(req, timeout=2).read()
 
@@ -575,3 +576,39 @@ def test_lane_spread_reads_the_engines_kv_capacity_and_counts_the_routed_working
         # flight (docs/architecture.md, "lane-spread").
         assert [(c["cache_demand"], c["prefix_routes"]) for c in last["candidates"]] == [
             (pytest.approx(ws["demand"]), 3.0)] * 3
+
+
+def test_lane_spread_credits_a_queueing_engine_with_the_prompt_routed_there(h: Harness) -> None:
+    """Every engine reports an admission queue (phantom waiting): a long request routed there is held by the
+    queued-prefix index while its stream is open, a second request for the same prefix follows it to its
+    engine, and both holds are given back when the streams end (docs/architecture.md, "Prompts queued at
+    engines")."""
+    with h.sidecar("--policy", "lane-spread"):
+        for name in h.engine_by_name:
+            h.phantom(name, 0, waiting=3)
+        wait_until(lambda: all(ep["scraped"] and ep["scraped"]["waiting"] == 3 for ep in h.state()["endpoints"]),
+                   message="every engine's admission queue scraped")
+        prompt = long_text(41)
+        first: dict[str, Any] = {}
+
+        def long_stream() -> None:  # a request that stays in flight for seconds: 400 streamed tokens
+            first["reply"] = post(h.url, "/v1/completions", {"model": "tiny-model", "prompt": f"{prompt} one?",
+                                                            "max_tokens": 400, "ignore_eos": True})
+
+        thread = threading.Thread(target=long_stream)
+        thread.start()
+        try:
+            held = wait_until(lambda: h.state()["queued_prefixes"]["blocks"] or None,
+                              message="the first request held while its engine queues")
+            (holder, keys), = held.items()
+            second = complete(h, f"{prompt} two?")
+            assert h.engine_by_name[second] == holder  # followed the first into its engine's queue
+            by = {c["endpoint"]: c for c in h.last_decision()["candidates"]}
+            assert by[holder]["matched_tokens"] >= keys * 64  # what the held request holds, at least
+        finally:
+            thread.join(timeout=60)
+        status, served_by, _ = first["reply"]
+        assert status == 200 and h.engine_by_name[served_by] == holder
+        wait_until(lambda: h.state()["queued_prefixes"]["total_blocks"] == 0 or None,
+                   message="both holds given back when their streams ended")
+        assert h.metric("loadaware_prefix_queued_blocks") == 0
