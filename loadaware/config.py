@@ -226,7 +226,7 @@ class Settings:
     inference_pool: str = setting("", parse_name,
             "inference-pool discovery: the InferencePool whose pods are the engines (in --k8s-namespace)")
     policy: str = setting("loadaware", parse_policy,
-            "loadaware | kvaware | roundrobin | leastload | predictive | lane")
+            "loadaware | kvaware | roundrobin | leastload | predictive | lane | lane-spread")
     loadaware_beta: float = setting(1.0, parse_beta,
             "exchange rate between prefix benefit and relative load (>= 0)", env='LOADAWARE_BETA')
     lmcache_url: str = setting("", parse_url,
