@@ -225,7 +225,7 @@ class Settings:
             "kubernetes discovery outside a cluster: kubeconfig file (default: in-cluster service account)")
     inference_pool: str = setting("", parse_name,
             "inference-pool discovery: the InferencePool whose pods are the engines (in --k8s-namespace)")
-    policy: str = setting("loadaware", parse_policy,
+    policy: str = setting("lane-spread", parse_policy,
             "loadaware | kvaware | roundrobin | leastload | predictive | lane | lane-spread")
     loadaware_beta: float = setting(1.0, parse_beta,
             "exchange rate between prefix benefit and relative load (>= 0)", env='LOADAWARE_BETA')

@@ -55,7 +55,7 @@ def post_json(url: str, body: Any) -> tuple[int, dict[str, str], bytes]:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FreeStack]:
     log_dir = tmp_path_factory.mktemp("e2e-grpcurl")
     with FreeStack(log_dir, engines=3, lmcache=True,
-                   sidecar_args=["--scrape-interval-s", "0.2", "--scrape-stale-s", "2"]) as s:
+                   sidecar_args=["--scrape-interval-s", "0.2", "--scrape-stale-s", "2", "--policy", "loadaware"]) as s:
         yield s
 
 
@@ -219,7 +219,8 @@ def test_get_config_shows_origins(grpcurl: Grpcurl) -> None:
     rows = {s["name"]: s for s in grpcurl.call("loadaware.v1.Router/GetConfig")["settings"]}
     assert rows["scrape_interval_s"] == {"name": "scrape_interval_s", "flag": "--scrape-interval-s",
                                          "env": "LOADAWARE_SCRAPE_INTERVAL_S", "value": 0.2, "origin": "flag"}
-    assert rows["policy"]["origin"] == "default" and rows["policy"]["value"] == "loadaware"
+    assert rows["policy"]["origin"] == "flag" and rows["policy"]["value"] == "loadaware"
+    assert rows["discovery"]["origin"] == "default"
     assert rows["discovery"]["value"] == "static"
 
 

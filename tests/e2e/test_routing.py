@@ -68,7 +68,7 @@ class Harness:
         assert self.stack.lmcache is not None and self.stack.fleet is not None
         return ["--listen", "127.0.0.1:9002", "--endpoints", ",".join(self.stack.fleet.endpoints),
                 "--tokenizer", str(TOKENIZER), "--metrics-listen", self.metrics_addr,
-                "--admin-http-listen", self.debug_addr,
+                "--admin-http-listen", self.debug_addr, "--policy", "loadaware",
                 "--lmcache-url", self.stack.lmcache.url, "--scrape-interval-s", "0.2", "--scrape-stale-s", "2"]
 
     @contextlib.contextmanager

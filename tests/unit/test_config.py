@@ -67,7 +67,7 @@ def test_endpoints_and_maps_parse() -> None:
 def test_defaults_match_the_contract() -> None:
     s = from_args([], environ={})
     assert s.listen == "127.0.0.1:9002"
-    assert s.policy == "loadaware"
+    assert s.policy == "lane-spread"  # the placement grid's winner (docs/results.md)
     assert s.destination_header == "x-gateway-destination-endpoint"
 
 
