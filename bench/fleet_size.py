@@ -1,7 +1,12 @@
 """Fleet size: what 100, 1,000 and 10,000 endpoints cost a decision, Explain, /metrics and /debug/*, and how
 long each holds the event loop.
 
-    python -m bench.fleet_size [--quick] [--json] [--sizes 100,1000,10000] [--baseline GIT_REF]
+    python -m bench.fleet_size [--quick] [--json] [--sizes 100,1000,10000] [--baseline GIT_REF] [--policy P]
+
+`--policy` (default `loadaware`): the policy deciding. `loadaware`, `kvaware` and `leastload` score only a large
+pool's prefix holders and least-loaded endpoints (routing/pruning.py); `lane-spread`, the sidecar's default, and
+the other token-signal policies score every endpoint, so their decision grows with the fleet. `--baseline`
+measures the other commit with `loadaware`.
 
 One sidecar per size, in this process, on static endpoints that are never contacted (the engines are not
 there: the scraper and the models poller are replaced by idle tasks, and every engine is recorded as
@@ -229,10 +234,10 @@ def http_get(url: str) -> bytes:
         return bytes(resp.read())
 
 
-async def measure_size(n: int, reps: dict[str, int]) -> dict[str, Any]:
+async def measure_size(n: int, reps: dict[str, int], policy: str = "loadaware") -> dict[str, Any]:
     flags = ["--endpoints", ",".join(fleet(n)), "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
              "--metrics-listen", "127.0.0.1:0", "--admin-http-listen", "127.0.0.1:0",
-             "--prefix-source", "approx", "--policy", "loadaware", "--log-level", "warning"]
+             "--prefix-source", "approx", "--policy", policy, "--log-level", "warning"]
     app = Sidecar(from_args(flags, environ={}))
     app.scraper.run = idle  # type: ignore[method-assign]  # no engines: a scrape would only fail
     assert app.models is not None and app.models_poller is not None
@@ -335,12 +340,12 @@ async def measure_size(n: int, reps: dict[str, int]) -> dict[str, Any]:
     return out
 
 
-def run(quick: bool = False, sizes: Sequence[int] = SIZES) -> dict[str, Any]:
+def run(quick: bool = False, sizes: Sequence[int] = SIZES, policy: str = "loadaware") -> dict[str, Any]:
     reps = {"decide": 50, "grpc_decide": 30, "explain": 5, "metrics": 2, "debug": 2, "full_gc": 2} if quick else \
         {"decide": 300, "grpc_decide": 200, "explain": 20, "metrics": 5, "debug": 5, "full_gc": 5}
     import loadaware
-    return {"tree": str(Path(loadaware.__file__).resolve().parents[1]), "reps": reps,
-            "sizes": [asyncio.run(measure_size(n, reps)) for n in sizes]}
+    return {"tree": str(Path(loadaware.__file__).resolve().parents[1]), "reps": reps, "policy": policy,
+            "sizes": [asyncio.run(measure_size(n, reps, policy)) for n in sizes]}
 
 
 def run_baseline(ref: str, quick: bool, sizes: Sequence[int]) -> dict[str, Any]:
@@ -363,7 +368,8 @@ def run_baseline(ref: str, quick: bool, sizes: Sequence[int]) -> dict[str, Any]:
 def table(result: dict[str, Any], baseline: dict[str, Any] | None = None) -> str:
     title = ("### Fleet size: per call wall time (mean, max; in-process decisions also CPU), the event loop's lag "
              "while it runs (max, p99) and the longest the sidecar's code held the loop (CPU, max, p99)\n")
-    rows = [title, f"Tree: {result['tree']}" + (f"; before = {baseline['ref']}" if baseline else ""), "",
+    rows = [title, f"Tree: {result['tree']}; policy {result.get('policy', 'loadaware')}"
+            + (f"; before = {baseline['ref']}" if baseline else ""), "",
             "| endpoints | call | " + ("before: p50 / mean / max ms | before: lag max / p99 | before: held max / p99 "
                                      "| before: full GCs (max ms) | " if baseline else "")
             + "p50 / mean / max ms | lag max / p99 ms | held max / p99 ms | full GCs (max ms) |",
@@ -393,10 +399,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the JSON record instead of the table")
     p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="comma list of fleet sizes")
     p.add_argument("--baseline", default=None, help="a git ref to measure too, side by side ('before')")
+    p.add_argument("--policy", default="loadaware", help="the policy deciding (default loadaware: pruned)")
     args = p.parse_args(argv)
     sizes = tuple(int(s) for s in args.sizes.split(",") if s.strip())
     baseline = run_baseline(args.baseline, args.quick, sizes) if args.baseline else None
-    result = run(args.quick, sizes)
+    result = run(args.quick, sizes, args.policy)
     if args.json:
         print(json.dumps({**result, "baseline": baseline} if baseline else result, indent=2))
     else:
