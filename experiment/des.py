@@ -368,8 +368,9 @@ class Simulation:
         candidates = tuple(self._candidate(e, min(matches.get(e.name, 0), n), load)
                            for e, load in zip(self.engines, loads))
         queued = self.queued
+        held_keys = sampled(s.block_keys) if queued is not None else ()  # once: credited and held alike
         if queued:  # as the sidecar's pipeline credits them (loadaware.routing.pipeline)
-            credit(candidates, queued, sampled(s.block_keys), n)
+            credit(candidates, queued, held_keys, n)
         ws = self.working_set
         if ws is not None:  # as the sidecar's pipeline fills them (loadaware.routing.pipeline)
             keys = s.block_keys[::self._sample_step]
@@ -377,7 +378,7 @@ class Simulation:
         choice = self.policy.choose(n, candidates)
         assert choice is not None
         if queued is not None and candidates[choice.index].waiting > 0:
-            self._held = queued.hold(self.engines[choice.index].name, sampled(s.block_keys))
+            self._held = queued.hold(self.engines[choice.index].name, held_keys)
         if ws is not None:
             ws.observe(keys, s.n_tokens // BLOCK_TOKENS)  # the prompt's full blocks, as the sidecar counts them
         return self.engines[choice.index], candidates[choice.index].matched_tokens
