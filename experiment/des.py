@@ -44,23 +44,23 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from experiment.peers import PEER_POLICIES
+from experiment.product_router import ProductRouter, TwoArgPolicy
 from experiment.records import EngineSample, RequestRecord, RunRecords
 from experiment.workload import Request, Workload
-from loadaware.load.prefill_clock import PrefillClock
-from loadaware.load.tracker import EngineStats, Lease, LoadTracker
+from loadaware.lifecycle import Decision
+from loadaware.load.tracker import EngineStats
 from loadaware.policies import POLICY_NAMES, Policy, make_policy
 from loadaware.policies.base import Candidate
-from loadaware.policies.ttft_model import TtftModel
-from loadaware.prefix.queued import STRIDE as QUEUED_STRIDE
-from loadaware.prefix.queued import QueuedIndex, Receipt, credit, sampled
-from loadaware.prefix.working_set import BLOCK_TOKENS, STRIDE, WorkingSet
-from loadaware.prefix.working_set import fill_candidates as fill_working_set
 from sim.held_blocks import HeldBlocks, private_blocks
 from sim.lmcache_chunks import LMCACHE_CHUNK_SIZE, LMCacheStore, chunk_keys
 from sim.prefix_cache import Block, PrefixCache, block_key, iter_blocks
 from sim.service_model import ServiceModel, split_prompt
 
-Credit = Literal["single", "multi", "gpu"]
+Credit = Literal["single", "multi", "gpu", "approx"]
+# The prefix source each credit stands for (`--prefix-source`), for the docs and the grid's labels.
+CREDIT_SOURCE = {"single": "lmcache", "multi": "lmcache (multi-holder lookup)", "gpu": "kv-events",
+                 "approx": "approx"}
+UNITS_PER_TOKEN_ODD = 2  # without a tokenizer an odd token id stands for 2 text units, an even one for 1 (below)
 
 
 # ---- arms ----------------------------------------------------------------------------------------------
@@ -113,6 +113,12 @@ class FleetConfig:
     settle_s: float = 1.0  # idle gap between the drained warm-up and the first measured send
     # Per-engine service models by engine index (a heterogeneous fleet); engines beyond it run `service`.
     engine_services: tuple[ServiceModel, ...] = ()
+    # The sidecar's deployment: does the response path show first chunks (the picker's full duplex: True; a
+    # BUFFERED Envoy: False), and has it a tokenizer (without one the exact sources see no tokens and the
+    # approximate one counts text units, modelled as 1.5 units per token: the workload's words average ~6 bytes
+    # with their space, and a unit is 4 bytes)?
+    response_seen: bool = True
+    tokenizer: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.engines <= 4096:
@@ -185,9 +191,8 @@ _ARRIVE, _LANE_DONE, _PREFILL_DONE, _TOKEN, _SAMPLE, _SCRAPE, _APPLY = range(7)
 
 
 class _Engine:
-    __slots__ = ("active", "cache", "chunk_s", "decoding", "held", "hits", "index", "kv_refs", "lane_free", "lmcache",
-                 "name", "prefill_clock", "prefill_matched", "prefill_tokens", "queries", "routed", "running", "served",
-                 "step", "svc", "ttft_model", "uncached_tokens", "waiting")
+    __slots__ = ("active", "cache", "chunk_s", "held", "hits", "index", "kv_refs", "lane_free", "lmcache", "name",
+                 "queries", "routed", "running", "served", "step", "svc", "ttft_count", "ttft_sum", "waiting")
 
     def __init__(self, name: str, index: int, svc: ServiceModel) -> None:
         self.name = name
@@ -197,15 +202,11 @@ class _Engine:
         # while prefill work is queued on the lane also carries up to one chunk of it (`_gap`).
         self.step = [svc.decode_step_seconds(k) for k in range(svc.max_num_seqs + 2)]
         self.chunk_s = svc.prefill_chunk_tokens / svc.prefill_tokens_per_s if svc.serialize_prefill else 0.0
-        # What the router tracks per engine from its own decisions and the response path (Candidate fields).
-        self.prefill_tokens = 0  # uncached tokens routed here, first token not yet out
-        self.prefill_matched = 0  # matched tokens of those requests
-        self.uncached_tokens = 0  # uncached tokens of requests in flight here
-        self.decoding = 0  # requests in flight here past their first token
+        # Signals only the peers' arms read (the sidecar tracks the rest itself: experiment.product_router).
         self.kv_refs = HeldBlocks()  # blocks of the requests in flight here, as the router counts them
         self.routed: set[int] = set()  # block keys ever routed here (an approximate radix tree)
-        self.ttft_model = TtftModel()
-        self.prefill_clock = PrefillClock()  # the router's clock of this engine's prefill work (policies "lane")
+        self.ttft_sum = 0.0  # the engine's TTFT histogram totals (vllm:time_to_first_token_seconds)
+        self.ttft_count = 0
         self.cache = PrefixCache(svc.kv_capacity_blocks, svc.block_size)
         self.lmcache = LMCacheStore(svc.lmcache_capacity_chunks)
         self.lane_free = 0.0
@@ -219,25 +220,17 @@ class _Engine:
 
 
 class _Req:
-    __slots__ = ("ahead", "decided_t", "engine", "idle", "last_t", "lease", "matched", "matched_ahead", "prefilled",
-                 "produced", "queued", "record", "running_at", "sim", "uncached")
+    __slots__ = ("decided_t", "decision", "engine", "last_t", "prefilled", "produced", "record", "sim")
 
     def __init__(self, sim: SimRequest, record: RequestRecord | None) -> None:
         self.sim = sim
         self.engine: _Engine | None = None
-        self.lease: Lease | None = None
+        self.decision: Decision | None = None  # the sidecar's record of the request (its lifecycle's events)
         self.record = record  # None for warm-up requests (not measured)
         self.produced = 0
         self.last_t = 0.0
         self.prefilled = False
-        self.uncached = 0  # prompt tokens the router saw as uncached on its engine at the decision
-        self.ahead = 0  # the router's tokens_ahead at the decision (its prefill queue + the request's own)
-        self.matched = 0  # prompt tokens the router saw as held on its engine at the decision
-        self.matched_ahead = 0  # the router's matched tokens ahead at the decision (queue + the request's own)
-        self.running_at = 0.0  # the router's load of the engine at the decision
         self.decided_t = 0.0
-        self.idle = False  # decided on an idle prefill clock with no admission queue (the clock learns from it)
-        self.queued: Receipt | None = None  # held in the queued-prefix index (loadaware.prefix.queued)
 
 
 @dataclass
@@ -258,11 +251,18 @@ class Simulation:
         self.seed = seed
         self.svc = config.service
         self.policy = arm.make()
-        self._gauges = getattr(self.policy, "uses_gauges", False)  # KV usage costs a walk over the batch
         self.engines = [_Engine(config.endpoint(i), i, config.service_of(i)) for i in range(config.engines)]
+        self._by_name = {e.name: e for e in self.engines}
         self.endpoints = tuple(e.name for e in self.engines)
         self.now = 0.0
-        self.loads = LoadTracker(config.router_scrape_stale_s, clock=lambda: self.now)
+        # The peers' arms read two signals the sidecar does not track (blocks in flight, blocks ever routed):
+        # the simulation fills them on the candidates the sidecar's pipeline built.
+        self._peer = arm.factory is not None
+        decides: Policy = TwoArgPolicy(self.policy, self._peer_signals) if self._peer else self.policy
+        source = "approx" if config.credit == "approx" else "exact" if config.tokenizer else "none"
+        self.router = ProductRouter(decides, self.endpoints, lambda: self.now, source)
+        self.loads = self.router.loads
+        self._decision: Decision | None = None  # the last decision, for _arrive to give its request
         self._heap: list[tuple[float, int, int, object]] = []
         self._seq = 0
         self._open = 0  # requests sent and not finished
@@ -271,20 +271,7 @@ class Simulation:
         self.records: list[RequestRecord] = []
         self._measuring = False
         self._measured_open = 0
-        # The fleet's prefix working set, for a policy that reads it (loadaware.prefix.working_set): fed as the
-        # sidecar feeds it, with every STRIDE-th 16-token block of each routed prompt, its capacity from the
-        # engines' GPU caches (what the sidecar scrapes from vllm:cache_config_info).
-        self.working_set: WorkingSet | None = None
-        if getattr(self.policy, "uses_working_set", False):
-            self.working_set = WorkingSet()
-            self.working_set.set_capacity(sum(e.svc.kv_capacity_tokens for e in self.engines) / BLOCK_TOKENS)
-            self._sample_step = max(1, STRIDE * BLOCK_TOKENS // self.svc.block_size)
-        # Prompts routed to engines that queue, for a policy that reads them (loadaware.prefix.queued): credited
-        # and held as the sidecar's pipeline does, with the simulator's own block keys.
-        self.queued: QueuedIndex | None = None
-        if getattr(self.policy, "uses_queued_prefixes", False):
-            self.queued = QueuedIndex(QUEUED_STRIDE * self.svc.block_size, max_blocks=1 << 62)
-        self._held: Receipt | None = None  # the last decision's hold, for _arrive to give its request
+        self._scrape_engines(0.0)  # the sidecar scrapes each engine as it joins (its KV capacity among others)
         bind = getattr(self.policy, "bind_simulation", None)
         if bind is not None:  # a design-experiment arm that reads engine speeds and the clock (experiment.variants)
             bind(self)
@@ -332,15 +319,14 @@ class Simulation:
                 if self._measuring:
                     self._push(t + self.config.sample_interval_s, _SAMPLE, None)
             elif kind == _SCRAPE:
-                snap = [(e.name, EngineStats(float(e.running), float(len(e.waiting)), self._kv_usage(e), t))
-                        for e in self.engines]
-                self._push(t + self.config.router_scrape_lag_s, _APPLY, snap)
+                self._push(t + self.config.router_scrape_lag_s, _APPLY, self._scrapes(t))
                 if self._busy():
                     self._push(t + self.config.router_scrape_interval_s, _SCRAPE, None)
             elif kind == _APPLY:
                 for name, stats in obj:  # type: ignore[attr-defined]
                     # The tracker judges staleness by the scrape's age: the engine state is `lag` old.
-                    self.loads.record(name, stats)
+                    self.router.scraped(name, stats)
+                self.router.expire()  # the approximate index's decay runs on the sidecar's 1 s tick too
 
     # ---- one request ---------------------------------------------------------------------------------
     def _arrive(self, r: _Req, t: float) -> None:
@@ -349,10 +335,9 @@ class Simulation:
         if r.record is not None:
             r.record.send_t = t
         engine, matched = self._decide(r.sim)
-        r.queued, self._held = self._held, None
+        r.decision, self._decision = self._decision, None
         r.engine = engine
-        r.running_at = float(self.loads.count(engine.name))
-        r.lease = self.loads.acquire(engine.name)  # counted at the decision, before the next one is scored
+        r.decided_t = t
         self._track_decided(engine, r, matched, t)
         if r.record is not None:
             r.record.engine = engine.name
@@ -362,73 +347,46 @@ class Simulation:
             engine.waiting.append(r)
 
     def _decide(self, s: SimRequest) -> tuple[_Engine, int]:
-        matches = self._matches(s) if self.policy.uses_prefix else {}
-        loads = self.loads.loads(self.endpoints)
-        n = s.n_tokens
-        candidates = tuple(self._candidate(e, min(matches.get(e.name, 0), n), load)
-                           for e, load in zip(self.engines, loads))
-        queued = self.queued
-        held_keys = sampled(s.block_keys) if queued is not None else ()  # once: credited and held alike
-        if queued:  # as the sidecar's pipeline credits them (loadaware.routing.pipeline)
-            credit(candidates, queued, held_keys, n)
-        ws = self.working_set
-        if ws is not None:  # as the sidecar's pipeline fills them (loadaware.routing.pipeline)
-            keys = s.block_keys[::self._sample_step]
-            fill_working_set(candidates, ws, keys)
-        choice = self.policy.choose(n, candidates)
-        assert choice is not None
-        if queued is not None and candidates[choice.index].waiting > 0:
-            self._held = queued.hold(self.engines[choice.index].name, held_keys)
-        if ws is not None:
-            ws.observe(keys, s.n_tokens // BLOCK_TOKENS)  # the prompt's full blocks, as the sidecar counts them
-        return self.engines[choice.index], candidates[choice.index].matched_tokens
+        """The sidecar's decision (experiment.product_router): its pipeline, policy and lifecycle listeners, on
+        the prefix source's answer of this moment."""
+        router = self.router
+        if self.policy.uses_prefix and router.approx is None and self.config.tokenizer:
+            router.exact.answer = self._matches(s)
+        decision = router.decide(self._tokens(s))
+        self._decision = decision
+        engine = self._by_name[decision.endpoint] if decision.endpoint is not None else self.engines[0]
+        matched = next((c.matched_tokens for c in decision.candidates if c.endpoint == engine.name), 0)
+        return engine, matched
 
-    def _candidate(self, e: _Engine, matched: int, load: float) -> Candidate:
-        """The engine as the router sees it: its own counts, the learned TTFT model, and the engine's gauges
-        as a fresh scrape would show them (waiting, KV usage: an idealised zero-lag scrape)."""
-        m = e.ttft_model
-        learned = m.observations > 0
-        lane_wait, idle_base, idle_per_token, idle_per_running = e.prefill_clock.view(self.now)
-        return Candidate(e.name, matched, load, prefill_tokens=float(e.prefill_tokens),
-                         uncached_tokens=float(e.uncached_tokens), decode_batch=float(e.decoding),
-                         waiting=float(len(e.waiting)), kv_usage=self._kv_usage(e) if self._gauges else None,
-                         kv_blocks=float(len(e.kv_refs)),
-                         routed_tokens=float(len(e.routed) * self.svc.block_size),
-                         ttft_base_s=m.base_s if learned else None,
-                         ttft_per_token_s=m.per_token_s if learned else None,
-                         ttft_per_running_s=m.per_running_s if learned else None,
-                         ttft_per_matched_token_s=m.per_matched_token_s if learned else None,
-                         prefill_matched_tokens=float(e.prefill_matched), lane_wait_s=lane_wait,
-                         idle_ttft_base_s=idle_base, idle_ttft_per_token_s=idle_per_token,
-                         idle_ttft_per_running_s=idle_per_running)
+    def _tokens(self, s: SimRequest) -> list[int] | None:
+        """The prompt as the sidecar sees it: its token ids (the full blocks' own, the partial tail block's made
+        up: no index keys a partial block); without a tokenizer, text units for the approximate source and
+        nothing for an exact one."""
+        if not self.config.tokenizer and self.config.credit != "approx":
+            return None
+        tokens = [tok for b in s.blocks for tok in b.tokens]
+        tokens.extend(range(-1, -1 - (s.n_tokens - len(tokens)), -1))
+        if self.config.tokenizer:
+            return tokens
+        return [u for tok in tokens for u in ((2 * tok, 2 * tok + 1) if tok % UNITS_PER_TOKEN_ODD else (2 * tok,))]
 
-    # ---- the router's own per-engine signals (what the sidecar tracks from decisions and responses) -----
+    def _peer_signals(self, candidates: Sequence[Candidate]) -> None:
+        """The two signals only the peers' arms read: blocks in flight and blocks ever routed, per engine."""
+        bs = self.svc.block_size
+        for c in candidates:
+            e = self._by_name[c.endpoint]
+            c.kv_blocks = float(len(e.kv_refs))
+            c.routed_tokens = float(len(e.routed) * bs)
+
+    # ---- what only the peers' arms read (the sidecar's own signals follow its lifecycle) -------------------
     def _track_decided(self, e: _Engine, r: _Req, matched: int, t: float) -> None:
-        r.uncached = max(0, r.sim.n_tokens - matched)
-        r.ahead = e.prefill_tokens + r.uncached
-        r.matched = r.sim.n_tokens - r.uncached
-        r.matched_ahead = e.prefill_matched + r.matched
-        r.decided_t = t
-        r.idle = not e.waiting and e.prefill_clock.idle(t)
-        e.prefill_clock.book(r.uncached, t)
-        e.prefill_tokens += r.uncached
-        e.prefill_matched += r.matched
-        e.uncached_tokens += r.uncached
-        e.kv_refs.hold(r.sim.block_keys)
-        e.routed.update(r.sim.block_keys)
-
-    def _track_first_token(self, e: _Engine, r: _Req, t: float) -> None:
-        e.prefill_tokens -= r.uncached
-        e.prefill_matched -= r.matched
-        e.decoding += 1
-        e.ttft_model.observe(r.ahead, r.running_at, t - r.decided_t, r.matched_ahead)
-        if r.idle:
-            e.prefill_clock.learn(r.uncached, r.running_at, t - r.decided_t)
+        if self._peer:
+            e.kv_refs.hold(r.sim.block_keys)
+            e.routed.update(r.sim.block_keys)
 
     def _track_ended(self, e: _Engine, r: _Req) -> None:
-        e.uncached_tokens -= r.uncached
-        e.decoding -= 1
-        e.kv_refs.release(r.sim.block_keys)
+        if self._peer:
+            e.kv_refs.release(r.sim.block_keys)
 
     def _matches(self, s: SimRequest) -> dict[str, int]:
         if self.config.credit == "gpu":
@@ -497,7 +455,10 @@ class Simulation:
         r.prefilled = True
         r.produced = 1
         r.last_t = t
-        self._track_first_token(e, r, t)
+        e.ttft_sum += t - r.decided_t
+        e.ttft_count += 1
+        if self.config.response_seen and r.decision is not None:  # the picker's full duplex shows first chunks
+            self.router.first_chunk(r.decision)
         if r.record is not None:
             r.record.first_token_t = t
         if s.max_tokens <= 1:
@@ -512,9 +473,8 @@ class Simulation:
         e.active.discard(r)
         e.held.release(r.sim.block_keys)
         e.served += 1
-        self.loads.release(r.lease)
-        if r.queued is not None and self.queued is not None:
-            self.queued.release(r.queued)
+        if r.decision is not None:
+            self.router.ended(r.decision)
         self._track_ended(e, r)
         self._open -= 1
         rec = r.record
@@ -543,6 +503,16 @@ class Simulation:
         bs = e.svc.block_size
         private = sum(private_blocks(r.sim.n_tokens, r.produced, bs) for r in e.active)
         return e.held.usage(e.svc.kv_capacity_blocks, private)
+
+    def _scrapes(self, t: float) -> list[tuple[str, EngineStats]]:
+        """Each engine's page as the sidecar's scraper reads it: running, waiting, KV usage, the TTFT histogram's
+        totals and the KV capacity (vllm:cache_config_info)."""
+        return [(e.name, EngineStats(float(e.running), float(len(e.waiting)), self._kv_usage(e), t, e.ttft_sum,
+                                     float(e.ttft_count), float(e.svc.kv_capacity_tokens))) for e in self.engines]
+
+    def _scrape_engines(self, t: float) -> None:
+        for name, stats in self._scrapes(t):
+            self.router.scraped(name, stats)
 
     def _sample(self, t: float) -> None:
         if self.samples and self.samples[-1].t == t:

@@ -1,0 +1,133 @@
+"""The sidecar's own decision pipeline, wired as `loadaware.app` wires it, on a simulation's clock.
+
+The discrete-event simulator (experiment.des) routes every request through this: the product's `Decider`
+(candidates, the queued-prefix credit, the working set, the policy, its fallbacks), its `LoadTracker` (in-flight
+counts refined by scrapes), its `SignalTracker` (token signals, TTFT models, prefill clocks, the BUFFERED-mode
+estimate) and, for the approximate source, its `ApproxPrefixSource`, all hearing the same lifecycle events the
+ext_proc server emits. So a grid figure is the shipped code's figure, not a twin's.
+
+What the simulator supplies is what the sidecar reads from the outside: the prefix source's answer for the
+exact sources (stock LMCache, a multi-holder LMCache lookup, KV events: experiment.des computes them from the
+engines' caches), the engines' scrapes, and whether the response path shows first chunks (the picker's full
+duplex does; a BUFFERED Envoy does not, and `first_chunk` is then never called).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from loadaware.fleet.registry import EndpointRegistry
+from loadaware.lifecycle import Decision, RequestLifecycle
+from loadaware.load.signals import SignalTracker
+from loadaware.load.tracker import EngineStats, LoadTracker
+from loadaware.policies.base import Candidate, Choice, Policy
+from loadaware.prefix.approx import ApproxIndex, ApproxPrefixSource
+from loadaware.prefix.source import PrefixSource
+from loadaware.prefix.wiring import APPROX_TOKEN_BLOCK
+from loadaware.routing.pipeline import Decider
+from loadaware.routing.request import InferenceRequest
+from loadaware.telemetry.metrics import Metrics
+
+# The sidecar's defaults (loadaware/config.py): the approximate source's per-engine capacity and decay.
+APPROX_CAPACITY_TOKENS = 100_000
+APPROX_TTL_S = 300.0
+SCRAPE_STALE_S = 5.0
+
+
+class FixedAnswer:
+    """An exact prefix source whose answer the simulator sets before each decision (what LMCache or the KV-events
+    index would say of the engines' caches at that moment)."""
+
+    name = "simulated"
+    exact = True
+
+    def __init__(self) -> None:
+        self.answer: dict[str, int] = {}
+
+    async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...],
+                      salt: str | None = None) -> dict[str, int]:
+        return self.answer
+
+
+class TwoArgPolicy:
+    """A policy whose `choose` takes no pool mean (the peers' arms): the pipeline passes one, unpruned it is None.
+    `before` sees the candidates first (the simulator fills signals only the peers read)."""
+
+    def __init__(self, policy: Any, before: Callable[[Sequence[Candidate]], None] | None = None) -> None:
+        self.inner = policy
+        self.name: str = policy.name
+        self.uses_prefix: bool = policy.uses_prefix
+        self.uses_signals: bool = policy.uses_signals
+        self.formula: str = getattr(policy, "formula", "")
+        self._before = before
+
+    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate],
+               mean_load: float | None = None) -> Choice | None:
+        if self._before is not None:
+            self._before(candidates)
+        choice: Choice | None = self.inner.choose(prompt_tokens, candidates)
+        return choice
+
+
+def _run(coro: Coroutine[Any, Any, Decision]) -> Decision:
+    """Drive a decision that never suspends (every source here answers at once) without an event loop."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        decision: Decision = done.value
+        return decision
+    coro.close()
+    raise RuntimeError("a simulated decision awaited something")
+
+
+class ProductRouter:
+    """One sidecar: `source` is "exact" (the simulator sets `exact.answer`), "approx" (the product's own
+    approximate index) or "none" (no prefix source: without a tokenizer the exact sources see no tokens)."""
+
+    def __init__(self, policy: Policy, endpoints: Sequence[str], clock: Callable[[], float], source: str) -> None:
+        self.lifecycle = RequestLifecycle()
+        self.registry = EndpointRegistry(endpoints)
+        self.loads = LoadTracker(SCRAPE_STALE_S, clock=clock)
+        self.signals = SignalTracker(clock)
+        self.exact = FixedAnswer()
+        self.approx: ApproxPrefixSource | None = None
+        prefix: PrefixSource | None = None
+        if source == "exact":
+            prefix = self.exact
+        elif source == "approx":
+            index = ApproxIndex(max(1, APPROX_CAPACITY_TOKENS // APPROX_TOKEN_BLOCK), APPROX_TOKEN_BLOCK,
+                                APPROX_TTL_S)
+            self.approx = prefix = ApproxPrefixSource(index, Metrics(policy.name), clock)
+        elif source != "none":
+            raise ValueError(f"unknown source {source!r}")
+        self.decider = Decider(policy, self.registry, self.loads, self.lifecycle, None, prefix,
+                               signals=self.signals)
+        # As loadaware.app subscribes them: counts first, then the token signals, then the approximate index.
+        self.lifecycle.subscribe(self.loads)
+        self.lifecycle.subscribe(self.signals)
+        self.lifecycle.subscribe_progress(self.signals)
+        self.loads.subscribe_scrapes(self.signals.scraped)
+        if self.approx is not None:
+            self.lifecycle.subscribe(self.approx)
+        for endpoint in self.registry.snapshot():
+            self.loads.join(endpoint)
+
+    def decide(self, tokens: list[int] | None) -> Decision:
+        """The sidecar's decision for a completions request with these prompt token ids (None: a prompt the
+        sidecar cannot tokenize, as without a tokenizer for an exact source)."""
+        request = InferenceRequest("completions", prompt=tokens if tokens is not None else "?")
+        return _run(self.decider.decide(request))
+
+    def first_chunk(self, decision: Decision) -> None:
+        self.lifecycle.first_chunk(decision)
+
+    def ended(self, decision: Decision) -> None:
+        self.lifecycle.ended(decision)
+
+    def scraped(self, endpoint: str, stats: EngineStats) -> None:
+        self.loads.record(endpoint, stats)
+
+    def expire(self) -> None:
+        if self.approx is not None:
+            self.approx.expire()
