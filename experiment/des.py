@@ -257,7 +257,7 @@ class Simulation:
         self.now = 0.0
         # The peers' arms read two signals the sidecar does not track (blocks in flight, blocks ever routed):
         # the simulation fills them on the candidates the sidecar's pipeline built.
-        self._peer = arm.factory is not None
+        self._peer = arm.name in PEER_POLICIES
         decides: Policy = TwoArgPolicy(self.policy, self._peer_signals) if self._peer else self.policy
         source = "approx" if config.credit == "approx" else "exact" if config.tokenizer else "none"
         self.router = ProductRouter(decides, self.endpoints, lambda: self.now, source)

@@ -36,11 +36,8 @@ class ProbeSimulation(Simulation):
 
     def _decide(self, s: SimRequest) -> tuple[_Engine, int]:
         engine, matched = super()._decide(s)
-        if self._measuring:
-            matches = self._matches(s) if self.policy.uses_prefix else {}
-            loads = self.loads.loads(self.endpoints)
-            cands = tuple(self._candidate(e, min(matches.get(e.name, 0), s.n_tokens), load)
-                          for e, load in zip(self.engines, loads))
+        if self._measuring and self._decision is not None:
+            cands = self._decision.candidates  # what the sidecar's pipeline scored
             self.decisions.append((self.now, s.prefix, s.n_tokens, cands, engine.index,
                                    [(e.running, len(e.waiting)) for e in self.engines]))
         return engine, matched

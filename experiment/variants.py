@@ -26,7 +26,7 @@ from experiment.calibration import CALIBRATED
 from experiment.des import Arm, arm_by_name
 from loadaware.policies.base import Candidate, Choice, Policy, lowest_cost, own_uncached
 from loadaware.policies.lane import DECODE_EXPONENT, Lane
-from loadaware.policies.lane_spread import in_flight_costs
+from loadaware.policies.lane_spread import LaneSpread, in_flight_costs
 from loadaware.policies.predictive import Predictive
 from sim.service_model import ServiceModel
 
@@ -360,6 +360,9 @@ VARIANTS: dict[str, Callable[[], Policy]] = {
     "lane-cap2-popular": partial(LanePopular, 1.0, 1, "lane-cap2-popular", 2.0),
     "lane-cap2-popular-c8": partial(LanePopular, 1.0, 8, "lane-cap2-popular-c8", 2.0),
     "lane-cap2-popular-discovered": LaneDiscovered,
+    # lane-spread's load bound (loadaware/policies/bounded.py) at other factors, and without it
+    "lane-spread-c1.5": partial(LaneSpread, load_bound=1.5),
+    "lane-spread-unbounded": partial(LaneSpread, load_bound=math.inf),
 }
 
 

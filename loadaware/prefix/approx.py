@@ -8,8 +8,8 @@ for `ttl_s` is dropped (the engine has probably evicted it). Every metric of thi
 "approx" in its name, and `loadaware_prefix_source_info{exact="false"}` marks it.
 
 `ApproxIndex` is pure (the caller passes the time), so a discrete-event experiment can use it directly.
-Without a tokenizer the units are the prompt's UTF-8 bytes (`TextUnits`), in blocks of 64 bytes: the
-benefit term stays a dimensionless fraction of the prompt.
+Without a tokenizer the units are the prompt's UTF-8 bytes in groups of 4 (`TextUnits`, about a token each),
+in blocks of 16 units as with tokens: prompt lengths stay comparable with KV capacities in tokens.
 
 Guesses are keyed by the request's `cache_salt` as the engine keys its blocks (blocks.block_keys): what a
 salted request was routed with credits only later requests with the same salt, and never an unsalted one.
@@ -29,7 +29,6 @@ from loadaware.prefix.blocks import LAST_KEYS, SlotTable, block_keys, unhold, wa
 from loadaware.prefix.source import salt_of
 from loadaware.telemetry.metrics import Metrics
 
-TEXT_BLOCK_BYTES = 64
 # Rough CPython cost of one guessed block: an OrderedDict entry (key, float, links) + an inverted-map entry.
 BYTES_PER_APPROX_BLOCK = 200
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loadaware.fleet.addresses import FeedAddress
-from loadaware.prefix.approx import TEXT_BLOCK_BYTES, ApproxIndex, ApproxPrefixSource
+from loadaware.prefix.approx import ApproxIndex, ApproxPrefixSource
 from loadaware.prefix.blocks import BlockIndex
 from loadaware.prefix.combined import CombinedPrefixSource, Covered, Member
 from loadaware.prefix.counted import SourceLookups
@@ -19,7 +19,7 @@ from loadaware.prefix.source import PrefixSource
 from loadaware.telemetry.metrics import Metrics
 
 SOURCE_NAMES = ("lmcache", "kv-events", "approx")
-# The approximate index counts blocks of 16 tokens (vLLM's default block), or of text bytes without a tokenizer.
+# The approximate index counts blocks of 16 tokens (vLLM's default block), or of 16 text units without a tokenizer.
 APPROX_TOKEN_BLOCK = 16
 
 
@@ -66,9 +66,9 @@ class PrefixWiring:
             kv = KvEventsPrefixSource(index, self.kv_feeds)
             exact.append(Member(lookups.wrap(kv), kv.covered))
         if "approx" in self.names:
-            block = APPROX_TOKEN_BLOCK if o.have_tokenizer else TEXT_BLOCK_BYTES
+            # Tokens, or without a tokenizer text units of ~a token each (tokenize/text_units.py): one block size.
             self.approx = ApproxPrefixSource(
-                ApproxIndex(max(1, o.approx_capacity_tokens // APPROX_TOKEN_BLOCK), block, o.approx_ttl_s,
+                ApproxIndex(max(1, o.approx_capacity_tokens // APPROX_TOKEN_BLOCK), APPROX_TOKEN_BLOCK, o.approx_ttl_s,
                             o.approx_max_blocks), metrics)
         for name in SOURCE_NAMES:
             metrics.prefix_source_info.labels(name, "false" if name == "approx" else "true").set(

@@ -88,13 +88,17 @@ def test_capacity_bounds_a_single_huge_prompt() -> None:
 
 async def test_text_units_share_prefixes() -> None:
     units = TextUnits()
-    a = await units.encode_prompt("hello world, a long shared system prompt. question one")
+    text = "hello world, a long shared system prompt. question one"  # 55 bytes
+    a = await units.encode_prompt(text)
     b = await units.encode_prompt("hello world, a long shared system prompt. question two")
-    assert a[:40] == b[:40] and len(a) == len("hello world, a long shared system prompt. question one")
+    assert a[:10] == b[:10] and a != b
+    assert len(a) == 14  # 13 units of 4 bytes and a 3-byte tail: counts are about tokens, not bytes
+    assert await units.encode_prompt("ab") != await units.encode_prompt("ab\0\0")  # a short tail keeps its length
+    assert await units.encode_prompt("é" * 8) == await units.encode_prompt("éééééééé")  # UTF-8 bytes, grouped
     sys = {"role": "system", "content": "x" * 300}
     c1 = await units.encode_chat([sys, {"role": "user", "content": "q1"}])
     c2 = await units.encode_chat([sys, {"role": "user", "content": "q2"}])
-    assert c1[:300] == c2[:300]
+    assert c1[:75] == c2[:75] and len(c1) < 100
 
 
 async def test_source_learns_from_the_pipeline_and_counts_its_credit() -> None:

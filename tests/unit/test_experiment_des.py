@@ -13,6 +13,7 @@ from experiment.metrics import seed_metrics
 from experiment.workload import WorkloadSpec, build
 from loadaware.load.tracker import EngineStats, LoadTracker
 from loadaware.policies import Policy
+from loadaware.lifecycle import Decision
 from loadaware.policies.base import Candidate, Choice
 from loadaware.policies.ttft_model import TtftPrior
 from sim.service_model import ServiceModel
@@ -112,7 +113,8 @@ class RecordingPolicy:
         self.uses_signals = policy.uses_signals
         self.seen: list[SeenDecision] = []
 
-    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:
+    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate],
+               mean_load: float | None = None) -> Choice | None:
         choice = self.policy.choose(prompt_tokens, candidates)
         assert choice is not None
         self.seen.append(SeenDecision(tuple(c.load for c in candidates),
@@ -133,7 +135,7 @@ def test_router_scrapes_feed_the_sidecars_load_view(tiny: Prepared) -> None:
 
     sim.loads.record = recording_record  # type: ignore[method-assign]
     policy = RecordingPolicy(sim.policy, sim.loads)
-    sim.policy = policy  # type: ignore[assignment]
+    sim.router.decider.policy = policy  # type: ignore[assignment]
     m = seed_metrics(sim.run())
     assert m.ok == 40
     # The scrapes reached the router's load view: every engine's, each applied `lag` after it was taken,
@@ -149,7 +151,8 @@ def test_router_scrapes_feed_the_sidecars_load_view(tiny: Prepared) -> None:
     assert any(seen.own_counts[seen.chosen] > min(seen.own_counts) for seen in policy.seen)
     # Without scrapes the same router sees exactly its own counts.
     unscraped = Simulation(tiny, arm_by_name("leastload"), replace(fleet, router_scrape_interval_s=0.0))
-    unscraped.policy = baseline = RecordingPolicy(unscraped.policy, unscraped.loads)  # type: ignore[assignment]
+    baseline = RecordingPolicy(unscraped.policy, unscraped.loads)
+    unscraped.router.decider.policy = baseline  # type: ignore[assignment]
     unscraped.run()
     assert all(seen.loads == tuple(map(float, seen.own_counts)) for seen in baseline.seen)
 
@@ -189,24 +192,48 @@ def test_sim_model_key_entry_points_match_token_entry_points() -> None:
     assert ServiceModel().first_token_seconds(4) == 0 and ServiceModel().decode_step_seconds(4, 9.0) == 0.005
 
 
-def test_the_router_keeps_each_engines_prefill_clock_as_the_sidecar_does(tiny: Prepared) -> None:
-    sim = Simulation(tiny, arm_by_name("lane"), FleetConfig(engines=1, service=CALIBRATED))
-    e, (a, b) = sim.engines[0], (_Req(s, None) for s in tiny.requests[:2])
-    price = TtftPrior().per_token_s
-    sim.now = 1.0
-    sim._track_decided(e, a, 0, 1.0)  # a cold engine: every prompt token uncached
-    sim._track_decided(e, b, 0, 1.0)
-    assert a.idle and not b.idle  # b is decided behind a on the same clock
-    c = sim._candidate(e, 0, 2.0)
-    assert c.lane_wait_s == pytest.approx(price * (a.sim.n_tokens + b.sim.n_tokens))
-    assert c.idle_ttft_per_token_s is None  # nothing learned yet: the policy's prior
-    sim._track_first_token(e, a, 1.4)
-    sim._track_first_token(e, b, 1.8)
-    model = e.prefill_clock.model
-    assert model is not None and model.observations == 1  # only a, decided on an idle clock, teaches it
-    sim.now = 10.0
-    learned = sim._candidate(e, 0, 0.0)
-    assert learned.lane_wait_s == 0.0 and learned.idle_ttft_per_token_s is not None
+@pytest.mark.parametrize("seen", [True, False])
+def test_the_router_is_the_sidecars_pipeline_and_learns_only_what_its_response_path_shows(tiny: Prepared,
+                                                                                         seen: bool) -> None:
+    """Every decision is the sidecar's Decider's (experiment.product_router): its signal tracker books each
+    engine's prefill clock, and learns TTFT only from first chunks, which a BUFFERED Envoy never shows."""
+    fleet = FleetConfig(engines=2, service=CALIBRATED, response_seen=seen, router_scrape_interval_s=1.0)
+    sim = Simulation(tiny, arm_by_name("lane"), fleet)
+    decisions: list[object] = []
+    sim.router.lifecycle.subscribe_progress(type("Seen", (), {"on_first_chunk": lambda _, d: decisions.append(d)})())
+    m = seed_metrics(sim.run())
+    assert m.ok == len(tiny.requests)
+    signals = [sim.router.signals.get(ep) for ep in sim.endpoints]
+    assert all(sig is not None for sig in signals)
+    learned = sum(sig.model.observations for sig in signals if sig is not None)
+    if seen:
+        # every first token passed the sidecar, warm-up included, and the TTFT models learned from them
+        assert len(decisions) == len(tiny.requests) + len(tiny.warmup) and learned > 0
+        assert not sim.router.signals.estimating
+    else:
+        assert decisions == [] and learned == 0  # the models stay the prior
+        assert sim.router.signals.estimating  # the prefill is retired by the engines' TTFT means instead
+    # nothing leaks: every count the sidecar took was given back when its request ended
+    assert sim.loads.total() == 0
+    assert all(sig is not None and sig.prefill_tokens == sig.uncached_tokens == sig.decoding == 0 for sig in signals)
+
+
+def test_the_approximate_source_is_the_sidecars_own_index(tiny: Prepared) -> None:
+    fleet = FleetConfig(engines=2, service=CALIBRATED, credit="approx")
+    sim = Simulation(tiny, arm_by_name("loadaware"), fleet)
+    sim.run()
+    approx = sim.router.approx
+    assert approx is not None and approx.index.total_blocks > 0
+    # what it credited is what the sidecar routed: each engine's guess holds the blocks of its requests
+    assert sum(approx.index.blocks(ep) for ep in sim.endpoints) == approx.index.total_blocks
+    # without a tokenizer an exact source sees no prompt: every decision is load-only
+    blind = Simulation(tiny, arm_by_name("loadaware"), FleetConfig(engines=2, service=CALIBRATED, tokenizer=False))
+    seen: list[Decision] = []
+    blind.router.lifecycle.subscribe(type("Log", (), {"on_decided": lambda _, d: seen.append(d),
+                                                      "on_served": lambda *_: None, "on_ended": lambda *_: None})())
+    blind.run()
+    assert blind.router.approx is None and len(seen) == len(tiny.requests) + len(tiny.warmup)
+    assert all(d.prompt_tokens == 0 and "no_tokenizer" in d.reasons for d in seen)
 
 
 def test_kv_usage_counts_the_blocks_admitted_requests_hold_not_the_idle_cache(tiny: Prepared) -> None:
@@ -232,17 +259,15 @@ def test_kv_usage_counts_the_blocks_admitted_requests_hold_not_the_idle_cache(ti
 
 
 def test_lane_spread_sees_the_working_set_as_the_sidecar_feeds_it(tiny: Prepared) -> None:
-    """The simulated router samples each routed prompt's blocks as loadaware.prefix.working_set does and sizes
-    the working set by the engines' GPU caches (what the sidecar scrapes from vllm:cache_config_info)."""
-    from loadaware.prefix.working_set import BLOCK_TOKENS, STRIDE, sampled_keys
+    """The sidecar's pipeline samples each routed prompt into its working set, sized by the engines' KV capacity
+    as their scrapes state it (vllm:cache_config_info)."""
+    from loadaware.prefix.working_set import BLOCK_TOKENS
 
     sim = Simulation(tiny, arm_by_name("lane-spread"), FleetConfig(engines=2, service=CALIBRATED))
-    ws = sim.working_set
-    assert ws is not None and ws.capacity_blocks == 2 * CALIBRATED.kv_capacity_tokens / BLOCK_TOKENS
-    assert Simulation(tiny, arm_by_name("lane"), FleetConfig(engines=2, service=CALIBRATED)).working_set is None
+    ws = sim.router.decider.working_set
+    assert ws is not None
+    assert Simulation(tiny, arm_by_name("lane"), FleetConfig(engines=2, service=CALIBRATED)).router.decider \
+        .working_set is None
     sim.run()
-    # every routed request's sampled blocks, the warm-up's included: one key per STRIDE blocks of its prompt
-    sampled = [s.block_keys[::STRIDE] for s in tiny.requests]
-    assert all(len(k) == len(sampled_keys(list(range(s.n_tokens)))) for k, s in zip(sampled, tiny.requests))
-    assert ws.state()["heads"] == len({k[0] for k in sampled if k})
-    assert ws.recurring > 0 and ws.demand() is not None
+    assert ws.capacity_blocks == 2 * CALIBRATED.kv_capacity_tokens / BLOCK_TOKENS
+    assert ws.state()["heads"] > 0 and ws.recurring > 0 and ws.demand() is not None

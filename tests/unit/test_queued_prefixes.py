@@ -197,19 +197,22 @@ def test_the_simulator_holds_and_releases_as_the_sidecar_does() -> None:
     from experiment.workload import WorkloadSpec, build
 
     spec = WorkloadSpec(rate=40.0, n_requests=300, n_prefixes=32, warmup_passes=1)
-    sim = Simulation(prepare(build(spec, 3)), arm_by_name("lane-spread"), FleetConfig(engines=2, service=CALIBRATED))
-    assert sim.queued is not None
+    # The sidecar learns an engine queues from its scrapes: every second, as its default scrape interval.
+    fleet = FleetConfig(engines=2, service=CALIBRATED, router_scrape_interval_s=1.0)
+    sim = Simulation(prepare(build(spec, 3)), arm_by_name("lane-spread"), fleet)
+    queued = sim.router.decider.queued
+    assert queued is not None
     held: list[int] = []
-    release = sim.queued.release
+    release = queued.index.release
 
     def counting(receipt: Receipt) -> None:
         held.append(len(receipt.keys))
         release(receipt)
 
-    sim.queued.release = counting  # type: ignore[method-assign]
+    queued.index.release = counting  # type: ignore[method-assign]
     sim.run()
     assert held, "40 req/s on 2 engines queues: some requests were held"
-    assert sim.queued.total_blocks == 0  # every hold was given back when its request ended
+    assert queued.index.total_blocks == 0  # every hold was given back when its request ended
 
 
 @pytest.mark.parametrize("name", ["lane", "loadaware"])
@@ -220,7 +223,7 @@ def test_the_simulator_keeps_no_index_for_other_policies(name: str) -> None:
 
     sim = Simulation(prepare(build(WorkloadSpec(n_requests=10, n_prefixes=4), 1)), arm_by_name(name),
                      FleetConfig(engines=2, service=CALIBRATED))
-    assert sim.queued is None
+    assert sim.router.decider.queued is None
 
 
 def test_the_cost_bench_exercises_the_credit() -> None:
