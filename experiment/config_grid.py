@@ -241,6 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--configs", default="all", help="comma list of configuration names, or 'all'")
     ap.add_argument("--points", default="all", help="comma list of point names, or 'all'")
     ap.add_argument("--arms", default="", help="extra arms beyond ours, loadaware and the peers")
+    ap.add_argument("--no-peers", action="store_true", help="ours, loadaware and --arms only (design runs)")
     ap.add_argument("--smoke", action="store_true",
                     help="every configuration at one point, 2 seeds, 60 requests: the test suite's run")
     ap.add_argument("--out", type=Path, default=Path("out/experiment/config-grid"))
@@ -256,17 +257,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         points = (POINTS_BY_NAME["reference"],)
         seeds = seeds[:2]
         configs = tuple(replace(c, requests=SMOKE_REQUESTS) for c in configs)
-    names = [args.ours, "loadaware", *PEERS] + [a.strip() for a in args.arms.split(",") if a.strip()]
+    names = [args.ours, "loadaware", *(() if args.no_peers else PEERS)] + [
+        a.strip() for a in args.arms.split(",") if a.strip()]
     arms = [arm_named(n) for n in dict.fromkeys(names)]
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     results = run(configs, points, arms, seeds, args.jobs, args.cache)
     wall = time.perf_counter() - t0
+    write_per_seed(args.out / "per_seed.csv", results)
+    if args.no_peers:
+        print(summary(results, args.ours, peers=False))
+        return 0
     heat = args.out / "heatmap.png"
     draw_heatmap(results, args.ours, heat)
     command = "python -m experiment.config_grid " + " ".join(argv if argv is not None else sys.argv[1:])
     section = report(results, args.ours, seeds, command.strip(), wall, args.jobs, heat.name)
-    write_per_seed(args.out / "per_seed.csv", results)
     (args.out / "report.md").write_text(section + "\n")
     if args.doc is not None:
         write_doc(args.doc, section)
@@ -274,15 +279,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def summary(results: Mapping[str, Mapping[str, Mapping[str, Sequence[SeedMetrics]]]], ours: str) -> str:
-    """A line per cell, for quick looks: ours / best peer and ours / loadaware (medians)."""
+def summary(results: Results, ours: str, peers: bool = True) -> str:
+    """A line per cell, for quick looks: ours (and every arm) against loadaware, and against the best peer."""
     out = []
-    for c in cells(dict(results), ours):  # type: ignore[arg-type]
-        base = c.vs_loadaware.effect.median if c.vs_loadaware is not None else float("nan")
-        out.append(f"{c.config:34s} {c.point:14s} ours {c.ours:7.3f} /peer {c.ratio:5.2f} ({c.peer}) "
-                   f"vs loadaware {base * 100:+6.1f}%")
+    for config, by_point in results.items():
+        for point, res in by_point.items():
+            med = {a: median_over_seeds([m.ttft_p95 for m in ms]) for a, ms in res.items()}
+            line = f"{config:34s} {point:14s} " + " ".join(f"{a}={v:.3f}" for a, v in med.items())
+            if peers:
+                peer = best_peer(res, "ttft_p95")
+                line += f" | ours/peer {med[ours] / med[peer]:.2f} ({peer})"
+            out.append(line + f" | ours/loadaware {med[ours] / med['loadaware']:.2f}")
     return "\n".join(out)
-
 
 if __name__ == "__main__":
     sys.exit(main())

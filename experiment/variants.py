@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -338,6 +339,20 @@ class LaneDiscovered(LanePopular):
         return self.singletons == 0 and super().room()
 
 
+@dataclass
+class LaneSpreadPrior(LaneSpread):
+    """lane-spread that never reads the learned TTFT prices: the prior's, as behind a BUFFERED Envoy."""
+
+    name: str = "lane-spread-prior"
+
+    def own_prefill_s(self, prompt_tokens: int, c: Candidate) -> float:
+        return self.prior.per_token_s * own_uncached(prompt_tokens, c)
+
+    def _ttft_after(self, own_s: float, c: Candidate) -> float:
+        p = self.prior
+        return c.lane_wait_s + own_s + p.base_s + p.per_running_s * c.load
+
+
 # Classes or partials of them, not closures: the grid pickles arms into its worker processes.
 VARIANTS: dict[str, Callable[[], Policy]] = {
     "predictive-crowd-clamped": PredictiveClampedCrowd,
@@ -360,9 +375,9 @@ VARIANTS: dict[str, Callable[[], Policy]] = {
     "lane-cap2-popular": partial(LanePopular, 1.0, 1, "lane-cap2-popular", 2.0),
     "lane-cap2-popular-c8": partial(LanePopular, 1.0, 8, "lane-cap2-popular-c8", 2.0),
     "lane-cap2-popular-discovered": LaneDiscovered,
-    # lane-spread's load bound (loadaware/policies/bounded.py) at other factors, and without it
-    "lane-spread-c1.5": partial(LaneSpread, load_bound=1.5),
-    "lane-spread-unbounded": partial(LaneSpread, load_bound=math.inf),
+    # lane-spread without its pile-up guard (loadaware/policies/bounded.py), and without its learned prices
+    "lane-spread-unbounded": partial(LaneSpread, max_share=1.0),
+    "lane-spread-prior": LaneSpreadPrior,
 }
 
 

@@ -10,7 +10,13 @@ request's first chunk shows its own prefill and first-token decode steps, with n
 model refits (a 4x4 solve) only when `view` is read, so a policy that never reads the clock never pays for it;
 until then the clock keeps the price of the last read (the prior's at first).
 
-The signal tracker (signals.py) keeps one per endpoint; the simulator (experiment.des) keeps the same per engine.
+Every learned price is bounded: within a factor LEARNED_RANGE of the prior's, either way. A fit can only say
+what its features explain, and one feature is missing whenever the prefix source credits tokens the engine must
+still load (an LMCache CPU hit): their load time is then learned as a larger base and a smaller price per
+uncached token, which prices a miss as almost a hit. Bounded, an engine can show itself twice as fast or slow as
+the prior (a heterogeneous fleet), and no fit can run away (docs/policies.md).
+
+The signal tracker (signals.py) keeps one per endpoint; the simulator (experiment.des) runs the same tracker.
 """
 
 from __future__ import annotations
@@ -20,9 +26,16 @@ from dataclasses import dataclass
 from loadaware.policies.ttft_model import TtftModel, TtftPrior
 
 IDLE_S = 1e-3  # a clock this close to now counts as idle
+LEARNED_RANGE = 2.0  # a learned price stays within [prior / 2, prior x 2]
+
+_PRIOR = TtftPrior()
+_PRIOR_PRICE_S = _PRIOR.per_token_s
 
 
-_PRIOR_PRICE_S = TtftPrior().per_token_s
+def bounded(learned: float, prior: float, factor: float = LEARNED_RANGE) -> float:
+    """`learned` clamped to [prior / factor, prior x factor]."""
+    lo, hi = prior / factor, prior * factor
+    return lo if learned < lo else hi if learned > hi else learned
 
 
 @dataclass(slots=True)
@@ -57,5 +70,8 @@ class PrefillClock:
         if m is None or m.observations == 0:
             return wait, None, None, None
         base, per_token, _, per_running = m.prices()
+        p = _PRIOR
+        base, per_token = bounded(base, p.base_s), bounded(per_token, p.per_token_s)
+        per_running = bounded(per_running, p.per_running_s)
         self.price_s = per_token
         return wait, base, per_token, per_running

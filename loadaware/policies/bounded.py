@@ -1,18 +1,19 @@
-"""Bounded load: no endpoint takes a request while it already carries more than its share of the pool.
+"""The pile-up guard: no endpoint takes a request while it already carries half of the fleet's load.
 
-    eligible(i) = load(i) + 1 <= ceil(c x (total_load + 1) / n)        c = LOAD_BOUND = 1.25
+    eligible(i) = load(i) + 1 <= ceil(MAX_SHARE x (total_load + 1))        in a pool of 3 or more endpoints
+    MAX_SHARE = 0.5
 
-total_load: the loads of the n endpoints of the pool (candidates, or the whole pool when the candidates are a
-pruned part of it: n x its mean). This is consistent hashing with bounded loads (Mirrokni, Thorup and
-Zadimoghaddam, SODA 2018): each bin's capacity is ceil(c x (m + 1) / n) for the (m + 1)-th ball, so whatever a
-preference says (a prefix match, a learned price, a tie-break), no endpoint takes more than c times the mean;
-with c = 1 + epsilon the search for an eligible bin stays short and the preference keeps its hits. The
-least-loaded endpoint is always eligible (its load is at most the mean), so the bound never leaves a request
-without a candidate.
+total_load: the loads (requests in flight) of the pool's endpoints, this request included by the + 1. It is a
+bin capacity in the manner of consistent hashing with bounded loads (Mirrokni, Thorup and Zadimoghaddam, SODA
+2018: each bin holds at most ceil(c x (m + 1) / n) of m + 1 balls), at c = n x MAX_SHARE: a preference (a prefix
+match, a learned price, a tie-break) may concentrate a hot prefix on its holder, but never past half of the
+fleet. The least-loaded endpoint always fits (its load is at most the mean), so the guard never leaves a
+request without a candidate. A candidate past it is priced out, not dropped: it ranks after every eligible one.
 
-Why a hard bound and not a weight: a cost that prices a hit as (almost) free, when its source credits tokens the
-engine must load back or that only the first registered holder is credited with (stock LMCache), keeps sending a
-hot prefix to one engine however long its batch grows. The bound is the guard that no such signal can pass.
+Why so loose: a fleet runs near its capacity, and there any tighter bound (c x the mean, c = 1.25, 1.5 or 2 on
+the configuration grid) forces prefix misses onto the other engines that cost more than the concentration they
+prevent (docs/policies.md). With two endpoints half the load is an even split, so a two-endpoint pool is not
+bounded: there the policy's own load terms are the only balance.
 """
 
 from __future__ import annotations
@@ -22,27 +23,24 @@ from collections.abc import Sequence
 
 from loadaware.policies.base import Candidate
 
-LOAD_BOUND = 1.25
-
-
-def within_bound(candidates: Sequence[Candidate], c: float = LOAD_BOUND, mean_load: float | None = None) -> list[bool]:
-    """Which candidates may take the request. `mean_load`: the pool's mean when the candidates are part of it."""
-    n = len(candidates)
-    if n == 0 or math.isinf(c):
-        return [True] * n
-    mean = sum(x.load for x in candidates) / n if mean_load is None else mean_load
-    cap = math.ceil(c * (mean * n + 1) / n)
-    return [x.load + 1 <= cap for x in candidates]
-
-
+MAX_SHARE = 0.5
+MIN_POOL = 3  # smaller pools are not bounded
 PRICED_OUT = 1e9  # added to the cost of a candidate past the bound: it ranks after every eligible one, and the
 # fallbacks among the priced-out keep their own order (a finite number: scores are shown as JSON and protobuf)
 
 
-def bounded_costs(costs: list[float], candidates: Sequence[Candidate], c: float = LOAD_BOUND,
-                  mean_load: float | None = None) -> list[float]:
+def within_bound(candidates: Sequence[Candidate], share: float = MAX_SHARE) -> list[bool]:
+    """Which candidates may take the request (all of them in a pool of fewer than MIN_POOL, or share >= 1)."""
+    n = len(candidates)
+    if n < MIN_POOL or share >= 1:
+        return [True] * n
+    cap = math.ceil(share * (sum(x.load for x in candidates) + 1))
+    return [x.load + 1 <= cap for x in candidates]
+
+
+def bounded_costs(costs: list[float], candidates: Sequence[Candidate], share: float = MAX_SHARE) -> list[float]:
     """`costs` with the candidates past the bound priced out; unchanged when every one is eligible."""
-    ok = within_bound(candidates, c, mean_load)
+    ok = within_bound(candidates, share)
     if all(ok):
         return costs
     return [x if fits else x + PRICED_OUT for x, fits in zip(costs, ok)]

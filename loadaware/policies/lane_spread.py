@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from loadaware.policies.base import Candidate, Choice, lowest_cost
-from loadaware.policies.bounded import LOAD_BOUND, bounded_costs
+from loadaware.policies.bounded import MAX_SHARE, bounded_costs
 from loadaware.policies.lane import Lane
 
 
@@ -52,17 +52,17 @@ class LaneSpread(Lane):
         "+ 1) + per_token(i) x uncached(i) x waiting(i) while the fleet's recurring working set fits its KV "
         "caches (cache_demand < 1) and the prompt's held prefix was routed at least once per candidate "
         "lately (prefix_routes); lane's cost otherwise; a queueing endpoint's matched tokens include what the "
-        "requests routed there while it queued hold of the prompt; lowest wins among the endpoints within the "
-        f"load bound (load + 1 <= ceil({LOAD_BOUND:g} x (total load + 1) / n))")
+        "requests routed there while it queued hold of the prompt; lowest wins among the endpoints that carry "
+        f"less than {MAX_SHARE:g} of the pool's load (pools of 3 or more)")
     uses_working_set: ClassVar[bool] = True
     uses_queued_prefixes: ClassVar[bool] = True
-    load_bound: float = LOAD_BOUND  # loadaware/policies/bounded.py; inf: unbounded
+    max_share: float = MAX_SHARE  # the pile-up guard (loadaware/policies/bounded.py); 1: off
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate], mean_load: float | None = None
                ) -> Choice | None:
         if not candidates:
             return None
-        costs = bounded_costs(self.costs(prompt_tokens, candidates), candidates, self.load_bound, mean_load)
+        costs = bounded_costs(self.costs(prompt_tokens, candidates), candidates, self.max_share)
         return lowest_cost(costs, candidates)
 
     def costs(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> list[float]:

@@ -360,3 +360,23 @@ def test_a_signalled_candidate_carries_each_model_price_in_its_own_field() -> No
     assert c.lane_wait_s > 0 and len({c.idle_ttft_base_s, c.idle_ttft_per_token_s, c.idle_ttft_per_running_s}) == 3
     assert (c.prefill_tokens, c.uncached_tokens, c.prefill_matched_tokens) == (11, 13, 7)
     assert (c.kv_blocks, c.routed_tokens, c.matched_tokens, c.load) == (0.0, 0.0, 300, 2.0)
+
+
+def test_a_learned_price_stays_within_a_factor_two_of_the_prior() -> None:
+    """A source that credits tokens the engine must still load (an LMCache CPU hit) teaches a large base and a
+    tiny price per uncached token; bounded, neither runs away."""
+    from loadaware.load.prefill_clock import LEARNED_RANGE, PrefillClock
+
+    prior = TtftPrior()
+    clock = PrefillClock()
+    for k in range(60):  # every first token ~0.4 s whatever the uncached count: load-back time, not prefill
+        clock.learn(10 + 100 * (k % 5), 1.0, 0.4)
+    _, base, per_token, per_running = clock.view(0.0)
+    assert base == pytest.approx(prior.base_s * LEARNED_RANGE)
+    assert per_token is not None and prior.per_token_s / LEARNED_RANGE <= per_token <= prior.per_token_s
+    assert per_running is not None and per_running <= prior.per_running_s * LEARNED_RANGE
+    slow = PrefillClock()
+    for k in range(60):  # an engine half as fast as the prior: learned as it is
+        slow.learn(200 + 50 * k % 800, 0.0, 2 * (prior.base_s + prior.per_token_s * (200 + 50 * k % 800)))
+    _, base, per_token, _ = slow.view(0.0)
+    assert per_token is not None and 1.4 * prior.per_token_s < per_token <= 2 * prior.per_token_s  # learned slower
