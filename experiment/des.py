@@ -12,15 +12,17 @@ It runs the SAME engine model as the real-time simulated engines and the SAME de
   `decode_step_seconds(running)` with `running` read when that step starts (so decode slows as the batch
   grows: the "decode-batch concentration" behind the reference's imbalance). Counters and gauges are
   EngineCore's: prefix_cache_queries/hits in tokens (GPU hits only), running, waiting, kv_cache_usage.
-- router: `loadaware.policies.make_policy` scores `Candidate(endpoint, matched_tokens, load)` exactly as the
-  decision pipeline builds them; load is the sidecar's own `LoadTracker` in-flight count (taken at the
-  decision, released when the response ends), optionally refined by the same tracker with engine scrapes
-  every `router_scrape_interval_s` that arrive `router_scrape_lag_s` late.
-- peers: `experiment.peers`' published policies (LMetric, Dynamo, llm-d, SGLang) run as arms on the same
-  candidates, which also carry the router's own token signals (uncached tokens in flight until the first
-  token and until the end, decode batch, distinct KV blocks in flight, distinct blocks ever routed) and
-  each engine's TTFT model learned from its first tokens, as the sidecar's `loadaware.load.signals` tracks
-  them; `FleetConfig.engine_services` gives engines their own service models (a heterogeneous fleet).
+- router: the sidecar itself (`experiment.product_router`): its `Decider` builds the candidates and decides,
+  its `LoadTracker` counts each request in flight from the decision to its end, refined by engine scrapes
+  every `router_scrape_interval_s` that arrive `router_scrape_lag_s` late (every scrape also carries the
+  engine's TTFT histogram totals and KV capacity, as vllm's page does), its `SignalTracker` keeps the token
+  signals, TTFT models and prefill clocks from the same lifecycle events the ext_proc server emits (first
+  chunks only when `response_seen`: the picker's full duplex; behind BUFFERED the tracker estimates), and the
+  queued-prefix credit and working set are the pipeline's own.
+- peers: `experiment.peers`' published policies (LMetric, Dynamo, llm-d, SGLang) decide through the same
+  pipeline on the same candidates; the two signals only they read (distinct KV blocks in flight, distinct
+  blocks ever routed) are filled by the simulation; `FleetConfig.engine_services` gives engines their own
+  service models (a heterogeneous fleet).
 - prefix credit: "single" = stock LMCache 0.5.6 (`KVController.lookup`): the walk over 256-token chunks
   stops at the first chunk nobody holds and credits each chunk to the FIRST REGISTERED engine holding it
   (registration order = engine index), an engine's match being the end of its last credited chunk;
@@ -29,7 +31,9 @@ It runs the SAME engine model as the real-time simulated engines and the SAME de
   LRU-evicted), as a KV-events index sees it (vLLM's KV events report every engine's GPU blocks, evictions
   included; the sidecar's `--prefix-source kv-events`, NVIDIA Dynamo's and llm-d's indexers read them; see
   docs/architecture.md, "Data sources"). Where the CPU stores hold every prefix and the GPU caches do not
-  (2 engines, many prefixes), "multi" credits engines with prefixes they must load back at a miss's cost.
+  (2 engines, many prefixes), "multi" credits engines with prefixes they must load back at a miss's cost;
+  "approx" = the sidecar's own approximate index (`loadaware.prefix.approx`) of what it routed. Without a
+  tokenizer (`tokenizer=False`) the exact sources see no prompt at all and the approximate one counts text units.
 
 Each prompt is hashed once per workload (`prepare`), not once per lookup: that and the per-engine step-time
 table are what make 20 seeds x 7 arms run in seconds. See `experiment.des_run` for the CLI.
