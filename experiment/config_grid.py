@@ -31,7 +31,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -81,7 +81,8 @@ def configurations() -> tuple[Configuration, ...]:
     """Every configuration the sidecar ships: 4 sources with a tokenizer, 2 without (the approximate source on
     text units; an exact source, which then sees nothing), each behind both response paths, cold and warm."""
     out = []
-    for tokenizer, sources in ((True, ("lmcache", "lmcache-multi", "kv-events", "approx")), (False, ("approx", "none"))):
+    with_tokenizer = ("lmcache", "lmcache-multi", "kv-events", "approx")
+    for tokenizer, sources in ((True, with_tokenizer), (False, ("approx", "none"))):
         for source in sources:
             for seen in (True, False):
                 for warm in (True, False):

@@ -2,10 +2,10 @@
 
     python -m experiment.prefill_error [--seeds 5] [--points reference,queueing] [--arm loadaware] [--json]
 
-The simulation runs the arm as `experiment.des` does; beside it the sidecar's own `SignalTracker` hears
-what BUFFERED mode hears: each decision and each request's end, never a first token, plus a scrape of each
-engine's TTFT histogram (sum and count of engine arrival -> first token, as vLLM and sim/ export it) at the
-first decision after every `--scrape-interval-s`. At every measured decision, for every engine:
+The simulation routes through the sidecar's own pipeline behind a BUFFERED Envoy (`response_seen` False): its
+`SignalTracker` hears each decision and each request's end, never a first token, plus a scrape of each engine
+(its TTFT histogram: sum and count of engine arrival -> first token, as vLLM and sim/ export it) every
+`--scrape-interval-s`. At every measured decision, for every engine:
 
     truth     = uncached tokens routed there whose first token is not out (the picker-mode signal)
     estimate  = the tracker's prefill_tokens (retired one learned mean TTFT after the decision, or at the end)
@@ -20,15 +20,11 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from experiment.des import Prepared, Simulation, _Engine, _Req, arm_by_name
+from experiment.des import Prepared, SimRequest, Simulation, _Engine, _Req, arm_by_name
 from experiment.grid import POINTS_BY_NAME, prepared
-from loadaware.lifecycle import Decision
-from loadaware.load.signals import SignalTracker
-from loadaware.load.tracker import EngineStats
-from loadaware.policies.base import Candidate
 
 
 @dataclass
@@ -54,57 +50,46 @@ class Errors:
 
 
 class BufferedView(Simulation):
-    """The simulation, with the sidecar's signal tracker fed as BUFFERED mode feeds it."""
+    """The simulation behind a BUFFERED Envoy, with the true prefill queue kept beside the sidecar's estimate."""
 
     def __init__(self, prepared: Prepared, arm_name: str, point_name: str, seed: int, scrape_interval_s: float
                  ) -> None:
         point = POINTS_BY_NAME[point_name].point
-        super().__init__(prepared, arm_by_name(arm_name), point.fleet, seed)
-        self.tracker = SignalTracker(clock=lambda: self.now)
-        self.scrape_interval_s = scrape_interval_s
-        self._next_scrape = 0.0
-        self._ttft_sum = {e.name: 0.0 for e in self.engines}
-        self._ttft_count = {e.name: 0.0 for e in self.engines}
-        self._decisions: dict[int, Decision] = {}
+        fleet = replace(point.fleet, response_seen=False, router_scrape_interval_s=scrape_interval_s)
+        super().__init__(prepared, arm_by_name(arm_name), fleet, seed)
+        self._truth = {e.name: 0 for e in self.engines}
+        self._in_flight = {e.name: 0 for e in self.engines}
+        self._uncached: dict[int, int] = {}
         self.errors = Errors()
 
-    def _scrape(self, t: float) -> None:
-        for name in self.endpoints:
-            self.tracker.scraped(name, EngineStats(0.0, 0.0, None, t, self._ttft_sum[name], self._ttft_count[name]))
-        self._next_scrape = t + self.scrape_interval_s
-
-    def _measure(self) -> None:
-        err = self.errors
-        for e in self.engines:
-            sig = self.tracker.get(e.name)
-            estimate = sig.prefill_tokens if sig is not None else 0
-            err.samples += 1
-            err.truth += e.prefill_tokens
-            err.estimate += abs(estimate - e.prefill_tokens)
-            err.at_end += abs(e.uncached_tokens - e.prefill_tokens)
+    def _decide(self, s: SimRequest) -> tuple[_Engine, int]:
+        if self._measuring:
+            err = self.errors
+            for e in self.engines:
+                sig = self.router.signals.get(e.name)
+                estimate = sig.prefill_tokens if sig is not None else 0
+                truth = self._truth[e.name]
+                err.samples += 1
+                err.truth += truth
+                err.estimate += abs(estimate - truth)
+                err.at_end += abs(self._in_flight[e.name] - truth)
+        return super()._decide(s)
 
     def _track_decided(self, e: _Engine, r: _Req, matched: int, t: float) -> None:
-        if t >= self._next_scrape:
-            self._scrape(t)
-        if self._measuring:
-            self._measure()
         super()._track_decided(e, r, matched, t)
-        n = r.sim.n_tokens
-        decision = Decision(str(r.sim.index), e.name, "routed", (), n, (Candidate(e.name, matched, r.running_at),),
-                            (0.0,), {}, 0.0)
-        self.tracker.on_decided(decision)
-        self._decisions[id(r)] = decision
+        uncached = max(0, r.sim.n_tokens - matched)
+        self._uncached[id(r)] = uncached
+        self._truth[e.name] += uncached
+        self._in_flight[e.name] += uncached
 
-    def _track_first_token(self, e: _Engine, r: _Req, t: float) -> None:
-        super()._track_first_token(e, r, t)
-        self._ttft_sum[e.name] += t - r.decided_t  # the engine's histogram: its arrival -> first token
-        self._ttft_count[e.name] += 1
+    def _prefill_done(self, r: _Req, t: float) -> None:
+        assert r.engine is not None
+        self._truth[r.engine.name] -= self._uncached.get(id(r), 0)
+        super()._prefill_done(r, t)
 
     def _track_ended(self, e: _Engine, r: _Req) -> None:
         super()._track_ended(e, r)
-        decision = self._decisions.pop(id(r), None)
-        if decision is not None:
-            self.tracker.on_ended(decision)
+        self._in_flight[e.name] -= self._uncached.pop(id(r), 0)
 
 
 def measure(point: str, seeds: Sequence[int], arm: str, scrape_interval_s: float) -> Errors:
