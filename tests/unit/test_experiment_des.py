@@ -271,3 +271,19 @@ def test_lane_spread_sees_the_working_set_as_the_sidecar_feeds_it(tiny: Prepared
     assert ws.capacity_blocks == 2 * CALIBRATED.kv_capacity_tokens / BLOCK_TOKENS
     heads = ws.state()["heads"]
     assert isinstance(heads, int) and heads > 0 and ws.recurring > 0 and ws.demand() is not None
+
+
+def test_the_buffered_estimate_is_measured_against_the_true_prefill_queue(tiny: Prepared) -> None:
+    """experiment.prefill_error: the sidecar's BUFFERED estimate (its own tracker, no first chunk seen) beside
+    the simulation's truth; it errs less than keeping every token until the end."""
+    from experiment.prefill_error import BufferedView
+
+    # long enough answers (64 tokens) that a request's end comes well after its first token, as at the reference
+    work = prepare(build(WorkloadSpec(n_prefixes=8, n_requests=150, rate=16.0, max_tokens=64), 3))
+    view = BufferedView(work, "loadaware", "reference", 0, 0.25)
+    view.run()
+    err = view.errors
+    assert err.samples == len(work.requests) * len(view.engines) and err.truth > 0
+    assert err.estimate < err.at_end
+    assert view.router.signals.estimating  # no first chunk reached the sidecar
+    assert all(v == 0 for v in view._truth.values()) and all(v == 0 for v in view._in_flight.values())
