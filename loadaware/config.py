@@ -202,15 +202,15 @@ class Settings:
     listen: str = setting("127.0.0.1:9002", parse_optional_hostport,
             "gRPC address for ext_proc and health (the debug API is on --admin-listen)", strict=True)
     endpoints: tuple[str, ...] = setting((), parse_endpoint_list,
-            "engines as Envoy's cluster names them: HOST:PORT,...")
+            "engines as Envoy's cluster names them: HOST:PORT,...", strict=True)
     endpoints_file: str = setting("", parse_path,
             "file of HOST:PORT lines or commas, re-read when it changes")
     # Endpoint discovery (loadaware/fleet/discovery/); the default follows --endpoints / --endpoints-file.
     discovery: str = setting("", parse_discovery,
             "static | file | envoy-admin | kubernetes | inference-pool (default: file with --endpoints-file, "
-            "else static)")
+            "else static)", strict=True)
     envoy_admin_url: str = setting("", parse_url,
-            "envoy-admin discovery: Envoy's admin API, e.g. http://127.0.0.1:9901")
+            "envoy-admin discovery: Envoy's admin API, e.g. http://127.0.0.1:9901", strict=True)
     envoy_cluster: str = setting("engines", parse_name,
             "envoy-admin discovery: the cluster whose hosts are the engines")
     discovery_interval_s: float = setting(1.0, parse_positive,
@@ -226,11 +226,11 @@ class Settings:
     inference_pool: str = setting("", parse_name,
             "inference-pool discovery: the InferencePool whose pods are the engines (in --k8s-namespace)")
     policy: str = setting("lane-spread", parse_policy,
-            "loadaware | kvaware | roundrobin | leastload | predictive | lane | lane-spread")
+            "loadaware | kvaware | roundrobin | leastload | predictive | lane | lane-spread", strict=True)
     loadaware_beta: float = setting(1.0, parse_beta,
             "exchange rate between prefix benefit and relative load (>= 0)", env='LOADAWARE_BETA')
     lmcache_url: str = setting("", parse_url,
-            "LMCache controller HTTP API, e.g. http://127.0.0.1:9000")
+            "LMCache controller HTTP API, e.g. http://127.0.0.1:9000", strict=True)
     lmcache_instance_map: Mapping[str, str] = setting({}, parse_instance_map,
             "explicit LMCache instance ids: ID=HOST:PORT,...")
     lmcache_timeout_ms: float = setting(100.0, parse_positive,
@@ -300,13 +300,13 @@ class Settings:
             "PEM CA bundle: require and verify client certificates (mutual TLS)", strict=True)
     prefix_source: tuple[str, ...] = setting((), parse_prefix_sources,
             "lmcache | kv-events | approx, or a comma combination (default: lmcache with --lmcache-url, "
-            "else approx)")
+            "else approx)", strict=True)
     kv_events_port: int = setting(5557, parse_port,
             "port of each engine's vLLM KV-event PUB socket, on the endpoint's host (0 = explicit map only)")
     kv_events_replay_port: int = setting(5558, parse_port,
             "port of each engine's KV-event replay (ROUTER) socket (0 = none)")
     kv_events_endpoints: Mapping[str, FeedAddress] = setting({}, parse_feed_map,
-            "explicit publishers: ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT][@FIRST[-LAST] ranks],...")
+            "explicit publishers: ENDPOINT=HOST:PUB_PORT[/REPLAY_PORT][@FIRST[-LAST] ranks],...", strict=True)
     kv_events_dp_ranks: int = setting(1, parse_positive_int,
             "data-parallel ranks behind each endpoint: ranks 0..N-1 publish on the KV-event ports + rank; "
             "an endpoint is credited with the minimum over its ranks")
@@ -319,7 +319,8 @@ class Settings:
     # The engines-connect pattern (prefix/kvevents/inbound.py): engines whose KV-events endpoint is this address.
     kv_events_bind: str = setting("", parse_optional_hostport,
             "HOST:PORT of a SUB socket the engines' KV-event publishers connect to (vLLM endpoint "
-            "tcp://<sidecar>:PORT, topic kv@<ip>@<model>); engines not in --kv-events-endpoints are fed only here")
+            "tcp://<sidecar>:PORT, topic kv@<ip>@<model>); engines not in --kv-events-endpoints are fed only here",
+            strict=True)
     kv_events_topic_map: Mapping[str, str] = setting({}, parse_topic_map,
             "engines-connect: TOPIC=HOST:PORT,... names the endpoint publishing each topic (default: kv@<ip>@<model> "
             "names the fleet's endpoint on <ip>)")

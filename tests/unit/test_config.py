@@ -76,6 +76,11 @@ def test_defaults_match_the_contract() -> None:
     ("LOADAWARE_ADMIN_LISTEN", "localhost"),
     ("LOADAWARE_EJECT_AFTER_FAILURES", "-1"), ("LOADAWARE_EJECTION_BASE_S", "soon"),
     ("LOADAWARE_MAX_EJECTION_PERCENT", "150"),
+    # a typo that would otherwise route with another policy, another prefix source or none at all
+    ("LOADAWARE_POLICY", "nonsense"), ("LOADAWARE_PREFIX_SOURCE", "lmcahce"),
+    ("LOADAWARE_LMCACHE_URL", "127.0.0.1:9000"), ("LOADAWARE_ENVOY_ADMIN_URL", "envoy:9901"),
+    ("LOADAWARE_DISCOVERY", "k8s"), ("LOADAWARE_ENDPOINTS", "engine-a"),
+    ("LOADAWARE_KV_EVENTS_BIND", "nowhere"),
 ])
 def test_bad_listener_tls_or_ejection_env_values_are_refused_at_start(env: str, value: str) -> None:
     with pytest.raises(ConfigError, match=env):
