@@ -175,6 +175,19 @@ def report(results: Results, ours: str, seeds: Sequence[int], command: str, wall
              ""]
     if heatmap:
         lines += [f"![ratio of ours to the best peer, TTFT p95]({heatmap})", ""]
+    configs = list(dict.fromkeys(c.config for c in cs))
+    points = list(dict.fromkeys(c.point for c in cs))
+    by = {(c.config, c.point): c for c in cs}
+    lines += ["Ours / best peer (medians of TTFT p95; **bold**: a lead with p < 0.025; ⚠: more than "
+              f"{FLOOR:.0%} worse than `loadaware`):", "",
+              "| configuration | " + " | ".join(points) + " | leads | floor |", "|---|" + "---|" * (len(points) + 2)]
+    for config in configs:
+        row = [by[(config, p)] for p in points if (config, p) in by]
+        cells_md = [(f"**{c.ratio:.2f}**" if c.leads else f"{c.ratio:.2f}") + ("" if c.floor_held else " ⚠")
+                    for c in row]
+        lines.append(f"| {config} | " + " | ".join(cells_md) + f" | {sum(c.leads for c in row)}/{len(row)} | "
+                     f"{sum(c.floor_held for c in row)}/{len(row)} |")
+    lines += ["", "Every cell:", ""]
     lines += ["| configuration | point | ours p95 s | vs best peer | vs loadaware |", "|---|---|---|---|---|"]
     for c in cs:
         base = _pct(c.vs_loadaware) if c.vs_loadaware is not None else "–"
@@ -223,10 +236,31 @@ def write_per_seed(path: Path, results: Results) -> None:
             w.writerows(rows)
 
 
+def read_per_seed(paths: Sequence[Path]) -> Results:
+    """The results of one or more runs' per_seed.csv (e.g. two seed ranges of the same grid), seeds in order."""
+    import dataclasses
+
+    types = {f.name: f.type for f in dataclasses.fields(SeedMetrics)}
+    rows: list[dict[str, str]] = []
+    for path in paths:
+        with path.open() as fh:
+            rows += list(csv.DictReader(fh))
+    rows.sort(key=lambda r: int(r["seed"]))
+    out: Results = {}
+    for r in rows:
+        kw = {k: r[k] if t in ("str", str) else int(r[k]) if t in ("int", int) else float(r[k])
+              for k, t in types.items()}
+        m = SeedMetrics(**kw)  # type: ignore[arg-type]
+        out.setdefault(r["config"], {}).setdefault(r["point"], {}).setdefault(m.arm, []).append(m)
+    return out
+
+
 def write_doc(doc: Path, section: str) -> None:
     text = doc.read_text() if doc.exists() else ""
     if START in text and END in text:
         text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: section, text, flags=re.S)
+    elif "<!-- grid:start -->" in text:  # before the single-configuration grid it supersedes
+        text = text.replace("<!-- grid:start -->", section + "\n\n<!-- grid:start -->", 1)
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     doc.write_text(text)
@@ -248,7 +282,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("out/experiment/config-grid"))
     ap.add_argument("--doc", type=Path, default=None)
     ap.add_argument("--cache", type=Path, default=Path("out/experiment/grid-workloads"))
+    ap.add_argument("--from-csv", type=Path, nargs="+", default=None,
+                    help="report on earlier runs' per_seed.csv files instead of running (seed ranges merged)")
     args = ap.parse_args(argv)
+    if args.from_csv:
+        results = read_per_seed(args.from_csv)
+        seeds = sorted({m.seed for by_point in results.values() for res in by_point.values() for ms in res.values()
+                        for m in ms})
+        return _write(results, args, seeds, 0.0, "python -m experiment.config_grid " + " ".join(
+            argv if argv is not None else sys.argv[1:]))
     configs = configurations() if args.configs == "all" else tuple(CONFIGS_BY_NAME[n.strip()]
                                                                      for n in args.configs.split(","))
     points: Sequence[GridPoint] = POINTS if args.points == "all" else tuple(
@@ -269,9 +311,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.no_peers:
         print(summary(results, args.ours, peers=False))
         return 0
-    heat = args.out / "heatmap.png"
-    draw_heatmap(results, args.ours, heat)
     command = "python -m experiment.config_grid " + " ".join(argv if argv is not None else sys.argv[1:])
+    return _write(results, args, seeds, wall, command)
+
+
+def _write(results: Results, args: argparse.Namespace, seeds: Sequence[int], wall: float, command: str) -> int:
+    """The report, the heat map (beside --doc as config-grid-heatmap.png when given) and the doc section."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    heat = args.doc.parent / "config-grid-heatmap.png" if args.doc is not None else args.out / "heatmap.png"
+    draw_heatmap(results, args.ours, heat)
     section = report(results, args.ours, seeds, command.strip(), wall, args.jobs, heat.name)
     (args.out / "report.md").write_text(section + "\n")
     if args.doc is not None:

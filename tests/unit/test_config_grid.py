@@ -37,5 +37,9 @@ def test_the_smoke_run_fills_every_cell(tmp_path: Path) -> None:
     assert len(rows) == 24 * 2 * len(arms)  # one point, 2 seeds
     assert all(int(r["ok"]) == int(r["sent"]) > 0 for r in rows)  # every request answered in every cell
     report = (out / "report.md").read_text()
-    assert report.count("| reference |") == 24 and (out / "heatmap.png").stat().st_size > 10_000
+    assert report.count("| reference |") == 24 + 1 and (tmp_path / "config-grid-heatmap.png").stat().st_size > 10_000
     assert "config-grid:start" in (tmp_path / "results.md").read_text()
+    # the same report from the run's per-seed file (how two seed ranges of one grid are merged)
+    again = tmp_path / "again"
+    assert main(["--from-csv", str(out / "per_seed.csv"), "--out", str(again)]) == 0
+    assert (again / "report.md").read_text().count("| reference |") == 24 + 1  # the cells and the matrix header
