@@ -72,7 +72,7 @@ class Sidecar:
             if s.tracemalloc_dir else None
         if self.memory_snapshots is not None:
             self.memory_snapshots.start_tracing()  # first, so everything built below is traced
-        self.metrics = Metrics(s.policy)
+        self.metrics = Metrics(s.effective_policy)
         self.full_collections = FullCollections(s.gc_full_interval_s, self.metrics.registry) \
             if s.gc_full_interval_s > 0 else None
         self.lifecycle = RequestLifecycle()
@@ -104,7 +104,7 @@ class Sidecar:
             on_change=self._health_changed)
         # Token-level signals per endpoint (uncached tokens in flight, decode batch, observed TTFT).
         self.signals = SignalTracker()
-        self.decider = Decider(make_policy(s.policy, s.loadaware_beta), self.registry, self.loads, self.lifecycle,
+        self.decider = Decider(make_policy(s.effective_policy, s.loadaware_beta), self.registry, self.loads, self.lifecycle,
                                encoder, self.prefixes.source, fallbacks=s.fallback_endpoints,
                                health=self.endpoint_health, models=self.models, ranking=self.loads,
                                signals=self.signals)
@@ -142,7 +142,7 @@ class Sidecar:
         self.catalog, self._discovery_tasks = self._discovery(s)
         self.supervisor = Supervisor(self.metrics.registry)
         self.readiness = Readiness(self.registry, self.scraper, self.supervisor, self.models_poller, self.resolver)
-        self.api = RouterServicer(s.policy, s.loadaware_beta, s.describe, self.decider, self.registry,
+        self.api = RouterServicer(s.effective_policy, s.loadaware_beta, s.describe, self.decider, self.registry,
                                   self.loads, self.bridge, self.catalog, self.readiness.ready,
                                   health=self.endpoint_health, models=self.models, signals=self.signals)
         self.extproc = ExtProcServicer(self.decider, self.lifecycle, self.metrics, s.destination_header,
@@ -265,8 +265,9 @@ class Sidecar:
         if self.full_collections is not None:
             tasks.append(("gc-full", self.full_collections.run))
         self.supervisor.start([TaskSpec(name, run, required=is_required(name)) for name, run in tasks])
-        log.info("serving ext_proc on %s (port %s), debug API on %s, policy=%s beta=%s endpoints=%s lmcache=%s "
-                 "tokenizer=%s", s.listen, self.bound_port, s.admin_listen or "off", s.policy, s.loadaware_beta,
+        log.info("serving ext_proc on %s (port %s), debug API on %s, policy=%s (%s) beta=%s endpoints=%s lmcache=%s "
+                 "tokenizer=%s", s.listen, self.bound_port, s.admin_listen or "off", s.effective_policy,
+                 s.policy_reason, s.loadaware_beta,
                  ",".join(self.registry.snapshot()) or "none", s.lmcache_url or "off", s.tokenizer or "off")
 
     async def _start_admin(self, s: Settings) -> None:

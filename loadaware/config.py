@@ -26,6 +26,7 @@ from loadaware.fleet.addresses import (
     parse_topic_map,
 )
 from loadaware.policies import POLICY_NAMES
+from loadaware.policies.auto import AUTO, auto_policy
 from loadaware.prefix.blocks import DEFAULT_MAX_BLOCKS
 
 log = logging.getLogger(__name__)
@@ -75,8 +76,8 @@ def parse_non_negative(text: str) -> float:
 
 
 def parse_policy(text: str) -> str:
-    if text not in POLICY_NAMES:
-        raise ValueError(f"{text!r}: expected one of {', '.join(POLICY_NAMES)}")
+    if text != AUTO and text not in POLICY_NAMES:
+        raise ValueError(f"{text!r}: expected {AUTO} or one of {', '.join(POLICY_NAMES)}")
     return text
 
 
@@ -225,8 +226,9 @@ class Settings:
             "kubernetes discovery outside a cluster: kubeconfig file (default: in-cluster service account)")
     inference_pool: str = setting("", parse_name,
             "inference-pool discovery: the InferencePool whose pods are the engines (in --k8s-namespace)")
-    policy: str = setting("lane-spread", parse_policy,
-            "loadaware | kvaware | roundrobin | leastload | predictive | lane | lane-spread", strict=True)
+    policy: str = setting(AUTO, parse_policy,
+            "auto | loadaware | kvaware | roundrobin | leastload | predictive | lane | lane-spread (auto: lane-spread "
+            "with --tokenizer, else loadaware; docs/policies.md)", strict=True)
     loadaware_beta: float = setting(1.0, parse_beta,
             "exchange rate between prefix benefit and relative load (>= 0)", env='LOADAWARE_BETA')
     lmcache_url: str = setting("", parse_url,
@@ -350,6 +352,16 @@ class Settings:
         return self.prefix_source or (("lmcache",) if self.lmcache_url else ("approx",))
 
     @property
+    def effective_policy(self) -> str:
+        """--policy, or what `auto` chose for this configuration (policies/auto.py)."""
+        return auto_policy(bool(self.tokenizer))[0] if self.policy == AUTO else self.policy
+
+    @property
+    def policy_reason(self) -> str:
+        """Why the policy in effect is the one: the operator's choice, or `auto`'s reason."""
+        return auto_policy(bool(self.tokenizer))[1] if self.policy == AUTO else f"--policy {self.policy}"
+
+    @property
     def discovery_mode(self) -> str:
         """--discovery, or what --endpoints / --endpoints-file imply."""
         return self.discovery or ("file" if self.endpoints_file else "static")
@@ -365,6 +377,8 @@ class Settings:
                 value = {k: v if isinstance(v, (str, int, float, bool)) else str(v) for k, v in value.items()}
             if s.name == "discovery" and not value:
                 value = self.discovery_mode  # what "not given" amounts to
+            if s.name == "policy" and value == AUTO:
+                value = f"{self.effective_policy} ({self.policy_reason})"
             out.append({"name": s.name, "flag": s.flag, "env": s.env, "value": value,
                         "origin": self.origins.get(s.name, "default")})
         return out

@@ -67,7 +67,13 @@ def test_endpoints_and_maps_parse() -> None:
 def test_defaults_match_the_contract() -> None:
     s = from_args([], environ={})
     assert s.listen == "127.0.0.1:9002"
-    assert s.policy == "lane-spread"  # the placement grid's winner (docs/results.md)
+    assert s.policy == "auto" and s.effective_policy == "loadaware"  # no tokenizer: loadaware (policies/auto.py)
+    with_tokenizer = from_args(["--tokenizer", "/models/tokenizer.json"], environ={})
+    assert with_tokenizer.effective_policy == "lane-spread" and "tokenizer" in with_tokenizer.policy_reason
+    shown = {d["name"]: d["value"] for d in with_tokenizer.describe()}["policy"]
+    assert shown.startswith("lane-spread (auto: ")  # GetConfig says what auto chose and why
+    chosen = from_args(["--tokenizer", "/models/tokenizer.json", "--policy", "loadaware"], environ={})
+    assert chosen.effective_policy == "loadaware" and chosen.policy_reason == "--policy loadaware"
     assert s.destination_header == "x-gateway-destination-endpoint"
 
 
