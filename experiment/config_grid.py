@@ -42,6 +42,7 @@ from experiment.grid_blocks import PEERS, best_peer, median_over_seeds
 from experiment.metrics import DEFAULT_SLO_S, SeedMetrics, seed_metrics
 from experiment.stats import PairedComparison, paired_comparison
 from experiment.variants import arm as arm_named
+from loadaware.policies.auto import AUTO, auto_policy
 
 START, END = "<!-- config-grid:start -->", "<!-- config-grid:end -->"
 SCRAPE_INTERVAL_S = 1.0  # the sidecar's default --scrape-interval-s
@@ -142,15 +143,25 @@ class Cell:
         return c is None or c.effect.median <= FLOOR
 
 
+def arm_of(ours: str, config: str) -> str:
+    """The arm judged in a configuration: `ours`, or for "auto" what `--policy auto` runs there (the sidecar's
+    own rule, loadaware/policies/auto.py)."""
+    if ours != AUTO:
+        return ours
+    c = CONFIGS_BY_NAME.get(config)
+    return auto_policy(c.tokenizer if c is not None else "/tok/" in config)[0]
+
+
 def cells(results: Results, ours: str, baseline: str = "loadaware") -> list[Cell]:
     out = []
     for config, by_point in results.items():
+        arm = arm_of(ours, config)
         for point, res in by_point.items():
             peer = best_peer(res, "ttft_p95")
-            ours_v = [m.ttft_p95 for m in res[ours]]
-            vs_peer = paired_comparison("ttft_p95", ours, peer, ours_v, [m.ttft_p95 for m in res[peer]])
-            vs_base = paired_comparison("ttft_p95", ours, baseline, ours_v, [m.ttft_p95 for m in res[baseline]]) \
-                if baseline in res and baseline != ours else None
+            ours_v = [m.ttft_p95 for m in res[arm]]
+            vs_peer = paired_comparison("ttft_p95", arm, peer, ours_v, [m.ttft_p95 for m in res[peer]])
+            vs_base = paired_comparison("ttft_p95", arm, baseline, ours_v, [m.ttft_p95 for m in res[baseline]]) \
+                if baseline in res and baseline != arm else None
             out.append(Cell(config, point, median_over_seeds(ours_v), peer, vs_peer, vs_base))
     return out
 
@@ -166,7 +177,9 @@ def report(results: Results, ours: str, seeds: Sequence[int], command: str, wall
     leads = sum(c.leads for c in cs)
     floor = sum(c.floor_held for c in cs)
     lines = [START, "## The configuration grid (discrete-event mode, `experiment.config_grid`)", "",
-             f"`{ours}` against the best peer arm (" + ", ".join(f"`{p}`" for p in PEERS) + ") and against the "
+             (f"The default (`--policy auto`: `{auto_policy(True)[0]}` in the configurations with a tokenizer, "
+              f"`{auto_policy(False)[0]}` without)" if ours == AUTO else f"`{ours}`")
+             + " against the best peer arm (" + ", ".join(f"`{p}`" for p in PEERS) + ") and against the "
              f"seed's `loadaware` (beta 1) in every point x configuration cell: {len(seeds)} paired seeds "
              f"({seeds[0]}-{seeds[-1]}), TTFT p95, one-sided exact Wilcoxon (bold: p < 0.025), median paired "
              "change. Every arm decides through the sidecar's own pipeline (`experiment/product_router.py`).", "",
@@ -300,7 +313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         points = (POINTS_BY_NAME["reference"],)
         seeds = seeds[:2]
         configs = tuple(replace(c, requests=SMOKE_REQUESTS) for c in configs)
-    names = [args.ours, "loadaware", *(() if args.no_peers else PEERS)] + [
+    names = [*([args.ours] if args.ours != AUTO else auto_policy(True)[:1]), "loadaware",
+             *(() if args.no_peers else PEERS)] + [
         a.strip() for a in args.arms.split(",") if a.strip()]
     arms = [arm_named(n) for n in dict.fromkeys(names)]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -334,12 +348,14 @@ def summary(results: Results, ours: str, peers: bool = True) -> str:
     for config, by_point in results.items():
         for point, res in by_point.items():
             med = {a: median_over_seeds([m.ttft_p95 for m in ms]) for a, ms in res.items()}
+            arm = arm_of(ours, config)
             line = f"{config:34s} {point:14s} " + " ".join(f"{a}={v:.3f}" for a, v in med.items())
             if peers:
                 peer = best_peer(res, "ttft_p95")
-                line += f" | ours/peer {med[ours] / med[peer]:.2f} ({peer})"
-            out.append(line + f" | ours/loadaware {med[ours] / med['loadaware']:.2f}")
+                line += f" | ours/peer {med[arm] / med[peer]:.2f} ({peer})"
+            out.append(line + f" | ours/loadaware {med[arm] / med['loadaware']:.2f}")
     return "\n".join(out)
+
 
 if __name__ == "__main__":
     sys.exit(main())
