@@ -104,8 +104,8 @@ class Sidecar:
             on_change=self._health_changed)
         # Token-level signals per endpoint (uncached tokens in flight, decode batch, observed TTFT).
         self.signals = SignalTracker()
-        self.decider = Decider(make_policy(s.effective_policy, s.loadaware_beta), self.registry, self.loads, self.lifecycle,
-                               encoder, self.prefixes.source, fallbacks=s.fallback_endpoints,
+        self.decider = Decider(make_policy(s.effective_policy, s.loadaware_beta), self.registry, self.loads,
+                               self.lifecycle, encoder, self.prefixes.source, fallbacks=s.fallback_endpoints,
                                health=self.endpoint_health, models=self.models, ranking=self.loads,
                                signals=self.signals)
         # Who hears about each request: counts first (a later listener failing must not leak one).

@@ -76,8 +76,8 @@ def build(policy: str = "loadaware", answer: dict[str, int] | None = None,
     if discovered is not None:
         catalog = DiscoveryCatalog("kubernetes", registry)
         catalog.apply(discovered)
-    servicer = RouterServicer(settings.effective_policy, settings.loadaware_beta, settings.describe, decider, registry, loads,
-                              bridge, catalog, lambda: True, health=health)
+    servicer = RouterServicer(settings.effective_policy, settings.loadaware_beta, settings.describe, decider, registry,
+                              loads, bridge, catalog, lambda: True, health=health)
     return servicer, type("Parts", (), {"loads": loads, "inflight": inflight, "metrics": metrics,
                                         "clock": clock, "decider": decider, "recent": recent, "health": health,
                                         "lifecycle": lifecycle})
