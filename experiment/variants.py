@@ -28,6 +28,7 @@ from experiment.des import Arm, arm_by_name
 from loadaware.policies.base import Candidate, Choice, Policy, lowest_cost, own_uncached
 from loadaware.policies.lane import DECODE_EXPONENT, Lane
 from loadaware.policies.lane_spread import LaneSpread, in_flight_costs
+from loadaware.policies.loadaware import LoadAware
 from loadaware.policies.predictive import Predictive
 from sim.service_model import ServiceModel
 
@@ -353,6 +354,31 @@ class LaneSpreadPrior(LaneSpread):
         return c.lane_wait_s + own_s + p.base_s + p.per_running_s * c.load
 
 
+@dataclass
+class LaneSpreadColdLoadaware(LaneSpread):
+    """lane-spread that scores as the seed's loadaware while the working set is unknown (new heads arriving)."""
+
+    name: str = "lane-spread-cold-loadaware"
+
+    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate], mean_load: float | None = None
+               ) -> Choice | None:
+        if candidates and candidates[0].cache_demand is None:
+            return LoadAware().choose(prompt_tokens, candidates, mean_load)
+        return super().choose(prompt_tokens, candidates, mean_load)
+
+
+@dataclass
+class LaneSpreadColdSpread(LaneSpread):
+    """lane-spread that counts every request in flight (its spreading factor) while the working set is unknown."""
+
+    name: str = "lane-spread-cold-spread"
+
+    def costs(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> list[float]:
+        if candidates and candidates[0].cache_demand is None:
+            return in_flight_costs(self, prompt_tokens, candidates)
+        return super().costs(prompt_tokens, candidates)
+
+
 # Classes or partials of them, not closures: the grid pickles arms into its worker processes.
 VARIANTS: dict[str, Callable[[], Policy]] = {
     "predictive-crowd-clamped": PredictiveClampedCrowd,
@@ -378,6 +404,8 @@ VARIANTS: dict[str, Callable[[], Policy]] = {
     # lane-spread without its pile-up guard (loadaware/policies/bounded.py), and without its learned prices
     "lane-spread-unbounded": partial(LaneSpread, max_share=1.0),
     "lane-spread-prior": LaneSpreadPrior,
+    "lane-spread-cold-loadaware": LaneSpreadColdLoadaware,
+    "lane-spread-cold-spread": LaneSpreadColdSpread,
 }
 
 
