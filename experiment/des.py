@@ -61,10 +61,6 @@ from sim.prefix_cache import Block, PrefixCache, block_key, iter_blocks
 from sim.service_model import ServiceModel, split_prompt
 
 Credit = Literal["single", "multi", "gpu", "approx"]
-# The prefix source each credit stands for (`--prefix-source`), for the docs and the grid's labels.
-CREDIT_SOURCE = {"single": "lmcache", "multi": "lmcache (multi-holder lookup)", "gpu": "kv-events",
-                 "approx": "approx"}
-UNITS_PER_TOKEN_ODD = 2  # without a tokenizer an odd token id stands for 2 text units, an even one for 1 (below)
 
 
 # ---- arms ----------------------------------------------------------------------------------------------
@@ -372,7 +368,8 @@ class Simulation:
         tokens.extend(range(-1, -1 - (s.n_tokens - len(tokens)), -1))
         if self.config.tokenizer:
             return tokens
-        return [u for tok in tokens for u in ((2 * tok, 2 * tok + 1) if tok % UNITS_PER_TOKEN_ODD else (2 * tok,))]
+        # 1.5 text units per token (FleetConfig.tokenizer): an odd token id stands for 2 units, an even one for 1
+        return [u for tok in tokens for u in ((2 * tok, 2 * tok + 1) if tok % 2 else (2 * tok,))]
 
     def _peer_signals(self, candidates: Sequence[Candidate]) -> None:
         """The two signals only the peers' arms read: blocks in flight and blocks ever routed, per engine."""
