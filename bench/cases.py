@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loadaware.policies.auto import AUTO
 from testkit.envoy import EnvoyProc
 from testkit.paths import ENVOY_PASSTHROUGH_CONFIG
 from testkit.ports import free_port
@@ -148,9 +149,10 @@ def decision_bodies_files(cfg: BenchConfig, max_tokens: int = 1, stream: bool = 
 
 
 def run_decision(cfg: BenchConfig, results: CaseResults) -> None:
-    """2. 1,578-token prompts over 64 shared prefixes, loadaware + LMCache, vs Envoy alone; 3. rate steps."""
+    """2. 1,578-token prompts over 64 shared prefixes, the default policy + LMCache, vs Envoy alone; 3. rate
+    steps."""
     warm_file, bodies_file = decision_bodies_files(cfg)
-    with bench_stack(cfg, "loadaware", lmcache=True) as (stack, alone):
+    with bench_stack(cfg, AUTO, lmcache=True) as (stack, alone):
         sidecar = stack.sidecar
         url = f"{stack.url}/v1/completions"
         fill_caches(cfg, results, url, warm_file, "decision")

@@ -13,7 +13,7 @@ streaming the response through the sidecar costs. The engines emit one SSE event
 apart (real engines: tens of ms), so that each event reaches Envoy, and so the sidecar, as its own chunk;
 without a gap Envoy reads several events at once and fewer, larger chunks cross (Envoy's ext_proc counters
 show how many did). Prompts: "tiny" (the transport case's, policy leastload) and "decision" (the 1,578-token
-prompts over 64 cached prefixes, loadaware + LMCache).
+prompts over 64 cached prefixes, the default policy + LMCache).
 
 The stack binds the shipped fixed addresses (Envoy 10000/10001, sidecar 9002, engines 127.0.0.2-4:8000):
 everything here runs under testkit's machine-wide loopback lock.
@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
+from loadaware.policies.auto import AUTO
 from testkit.envoy import EnvoyProc
 from testkit.loopback_lock import loopback_lock
 from testkit.paths import REPO
@@ -50,7 +51,7 @@ ARMS = ("envoy_alone", "buffered", "full_duplex")
 # prompt -> (case name, sidecar policy, LMCache)
 PROMPTS: dict[str, tuple[str, str, bool]] = {
     "tiny": ("picker", "leastload", False),
-    "decision": ("picker_decision", "loadaware", True),
+    "decision": ("picker_decision", AUTO, True),
 }
 
 

@@ -200,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "(sidecar policy leastload)", TARGETS["transport_sidecar_cpu_us"]))
     parts.append(case_table(results, "models_get", "1c. GET /v1/models (pass-through, body skipped)", None))
     parts.append(case_table(results, "decision", "2. Full decision: 1,578-token prompt, 64 shared prefixes "
-                            "(loadaware + LMCache)", TARGETS["decision_sidecar_cpu_us"]))
+                            "(the default policy + LMCache)", TARGETS["decision_sidecar_cpu_us"]))
     parts.append(steps_table(results.steps))
     if kv_result is not None:
         parts.append(kv_events_bench.table(kv_result))
@@ -212,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parts.append(picker_table(results, "picker", f"7a. Picker mode ({streamed}): tiny prompt (sidecar policy "
                               "leastload)"))
     parts.append(picker_table(results, "picker_decision", f"7b. Picker mode ({streamed}): 1,578-token prompt, 64 "
-                              "shared prefixes (loadaware + LMCache)"))
+                              "shared prefixes (the default policy + LMCache)"))
     if table_rows is not None:
         parts.append(table_markdown(table_rows, cfg.rate, cfg.duration))
     if floor_rows is not None:

@@ -1,7 +1,7 @@
 """The rows of case 8 (`table`, bench/table.py): which router each one runs and how, as plain data.
 
 Every row routes the same bodies to the same engines at the same rate; only what sits in front of the
-engines changes. The sidecar rows all use the product's policy (loadaware) so that they differ only in the
+engines changes. The sidecar rows all use the default policy (`auto`) so that they differ only in the
 prefix source, the tokenizer and the ext_proc mode; the peers run their own `cache_aware` policy.
 """
 
@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from loadaware.policies.auto import AUTO
 from testkit.paths import ENVOY_CONFIG, ENVOY_PASSTHROUGH_CONFIG, REPO, TINY_TOKENIZER
 
 POOL_CONFIG = REPO / "envoy" / "envoy-inference-pool.yaml"
-SIDECAR_POLICY = "loadaware"
+SIDECAR_POLICY = AUTO
 PEER_POLICY = "cache_aware"
 
 RouterKind = Literal["envoy", "sidecar", "peer"]

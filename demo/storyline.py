@@ -7,15 +7,20 @@ from demo.prompts import MODEL, chunk_aligned, prefix_text, summarize
 from demo.session import DemoSession, heading
 
 DEST_HEADER = "x-gateway-destination-endpoint"
-PHANTOM_RUNNING = 12  # reported running requests that make the holder look loaded in step 4
+# Reported running requests that make the holder look loaded in step 4: enough that joining its decode batch
+# costs the default policy more than prefilling the whole ~1,500-token prompt on an idle engine (and the
+# seed's loadaware at beta 1 more than the prefix is worth).
+PHANTOM_RUNNING = 12
 
 
 async def storyline(demo: DemoSession) -> None:
     """Steps 1-5, each with the decision explained and its claim checked."""
     tok = demo.tok
     engines = sorted(demo.urls)
+    config = (await demo.get_json(f"{demo.debug_url}/debug/state")).get("config", [])
+    policy = next((s["value"] for s in config if s.get("name") == "policy"), "unknown")
     print(f"fleet: {', '.join(f'{n}={demo.endpoint_of(n)}' for n in engines)}; "
-          f"policy loadaware, beta={demo.beta:g}; Envoy at {demo.stack.url}", flush=True)
+          f"policy {policy} (no --policy: the default); Envoy at {demo.stack.url}", flush=True)
 
     # 1. cold prompt
     heading(1, "a cold prompt with a long shared prefix")

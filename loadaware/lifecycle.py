@@ -71,6 +71,7 @@ class Decision:
     served_reported: bool = False  # the proxy said who served (else a response is the proxy's own)
     status: int | None = None  # the response's HTTP status, once its headers came back
     model: str | None = None  # the request body's `model`, when it names one
+    policy: str = ""  # the policy that decided (its name; `auto` shows what it resolved to)
     lease: Any = None  # the load module's receipt for this request's in-flight count
     signals: Any = None  # the token-signal tracker's receipt (loadaware.load.signals)
     queued: Any = None  # the queued-prefix index's receipt (loadaware.prefix.queued)
@@ -83,7 +84,8 @@ class Decision:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "request_id": self.request_id, "endpoint": self.endpoint, "ranked": list(self.ranked),
+            "request_id": self.request_id, "policy": self.policy, "endpoint": self.endpoint,
+            "ranked": list(self.ranked),
             "served": self.served, "status": self.status,
             "outcome": self.outcome, "reasons": list(self.reasons), "prompt_tokens": self.prompt_tokens,
             "candidates": [{"endpoint": c.endpoint, "matched_tokens": c.matched_tokens, "load": c.load,

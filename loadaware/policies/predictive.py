@@ -57,6 +57,7 @@ class Predictive:
         "base, per_token, per_held, per_running: i's learned TTFT model; lowest wins")
     uses_prefix: bool = True
     uses_signals: bool = True
+    uses_ttft_model: ClassVar[bool] = True  # the only policy that reads the TTFT model's prices
 
     def costs(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> list[float]:
         if any(c.waiting > 0 for c in candidates):

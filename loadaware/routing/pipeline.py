@@ -78,6 +78,8 @@ class Decider:
         if self.queued is not None:
             lifecycle.subscribe(self.queued)
         self._fleet_capacity = getattr(loads, "kv_capacity_tokens", None)
+        # The TTFT model's prices cost a fit to read: only for a policy that reads them (and for Explain).
+        self._reads_ttft_model = bool(getattr(policy, "uses_ttft_model", False))
         self._capacity_seen = 0.0
         self.signals = signals  # per-endpoint token signals (load/signals.py); None: candidates carry none
         self._fresh_stats = getattr(loads, "fresh_stats", None)  # bound once: the candidates are the hot path
@@ -376,7 +378,7 @@ class Decider:
             return Candidate(ep, matched, load, decode_batch=decoding, waiting=waiting, kv_usage=kv)
         m = sig.model
         base = per_token = per_matched = per_running = None
-        if m.observations > 0:
+        if m.observations > 0 and (self._reads_ttft_model or previewing()):
             base, per_token, per_matched, per_running = m.prices()
         lane_wait, idle_base, idle_per_token, idle_per_running = sig.prefill_clock.view(now)
         # Positional, in Candidate's field order (keywords cost ~0.5 µs per candidate): kv_blocks and
@@ -403,7 +405,8 @@ class Decider:
                 pool_size: int = 0, mean_load: float | None = None) -> Decision:
         decision = Decision(request_id, order[0] if order else None, outcome, tuple(reasons), n_tokens, candidates,
                             scores, stages, time.perf_counter() - started, tokens=tokens or None, ranked=order,
-                            model=model, pool_size=pool_size or len(candidates), mean_load=mean_load)
+                            model=model, pool_size=pool_size or len(candidates), mean_load=mean_load,
+                            policy=self.policy.name)
         if count:  # Explain decides without counting: nothing hears about it
             self.lifecycle.decided(decision)
         return decision
