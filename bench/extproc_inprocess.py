@@ -105,7 +105,8 @@ async def _figures(app: Sidecar, body: bytes, n: int) -> dict[str, float]:
     buffered = await _cpu_us(app, buffered_messages(body), n)
     duplex = await _cpu_us(app, duplex_messages(body), n // 2)
     bare = await _cpu_us(app, duplex_messages(body, chunks=0), n // 2)
-    return {"buffered_us": buffered, "full_duplex_us": duplex, "per_response_chunk_us": (duplex - bare) / RESPONSE_CHUNKS}
+    return {"buffered_us": buffered, "full_duplex_us": duplex,
+            "per_response_chunk_us": (duplex - bare) / RESPONSE_CHUNKS}
 
 
 async def _run(quick: bool) -> dict[str, Any]:
@@ -145,7 +146,8 @@ def table(result: dict[str, Any]) -> str:
         rows.append(f"| {name}, {r['prompt_bytes']:,} B body | {r['buffered_us']:,.1f} µs | "
                     f"{r['full_duplex_us']:,.1f} µs | {r['per_response_chunk_us']:,.2f} µs |")
     base, ours = (result[p] for p in COMPARED)
-    rows.append(f"\nThe default's cost over loadaware's (bound: +10 µs): {ours['buffered_us'] - base['buffered_us']:+,.1f} µs "
+    rows.append(f"\nThe default's cost over loadaware's (bound: +10 µs): "
+                f"{ours['buffered_us'] - base['buffered_us']:+,.1f} µs "
                 f"BUFFERED, {ours['full_duplex_us'] - base['full_duplex_us']:+,.1f} µs full duplex "
                 f"({ROUNDS} alternating rounds).")
     return "\n".join(rows) + "\n"

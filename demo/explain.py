@@ -90,7 +90,8 @@ def why_cost(d: dict[str, Any], name: EngineName) -> str:
               f"{float(best_match.get('decode_batch', 0)):g}, load {float(best_match['load']):g})")
     if out:
         return (f"{holder} carries more than half of the pool's load, so the pile-up guard priced it out (its own "
-                f"cost {held:.3f} s); {name(chosen['endpoint'])} costs {cost:.3f} s -> load outweighs the cached prefix")
+                f"cost {held:.3f} s); {name(chosen['endpoint'])} costs {cost:.3f} s -> load outweighs the cached "
+                "prefix")
     return (f"{holder} costs {held:.3f} s, more than prefilling the whole prompt on {name(chosen['endpoint'])} "
             f"({cost:.3f} s) -> load outweighs the cached prefix")
 

@@ -123,7 +123,8 @@ class RealVllmStep:
             seen = wait_for(lambda: metric_sum(self.g.sidecar.metrics_text(), "loadaware_engine_running",
                                                {"endpoint": holder}) >= BUSY_SEEN, 90)
             self.check(seen, f"the sidecar's scrape of vllm:num_requests_running shows {self.name(holder)} busy")
-            moved, _ = self.send(body, f"the same prompt while {self.name(holder)} runs {BUSY_REQUESTS} requests from elsewhere:")
+            moved, _ = self.send(body, f"the same prompt while {self.name(holder)} runs {BUSY_REQUESTS} requests from "
+                                       "elsewhere:")
             self.check(moved not in (None, holder),
                        f"the busy holder lost the repeat to its idle peer {self.name(moved)}")
         finally:

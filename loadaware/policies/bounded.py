@@ -40,7 +40,15 @@ def within_bound(candidates: Sequence[Candidate], share: float = MAX_SHARE) -> l
 
 def bounded_costs(costs: list[float], candidates: Sequence[Candidate], share: float = MAX_SHARE) -> list[float]:
     """`costs` with the candidates past the bound priced out; unchanged when every one is eligible."""
-    ok = within_bound(candidates, share)
-    if all(ok):
+    if len(candidates) < MIN_POOL or share >= 1:
         return costs
+    total = 0.0
+    top = 0.0
+    for x in candidates:  # one pass, no lists: this runs on every decision
+        total += x.load
+        if x.load > top:
+            top = x.load
+    if top + 1 <= math.ceil(share * (total + 1)):
+        return costs
+    ok = within_bound(candidates, share)
     return [x if fits else x + PRICED_OUT for x, fits in zip(costs, ok)]

@@ -70,7 +70,7 @@ def test_row_c2_runs_the_shipped_config_without_response_headers(tmp_path: Path)
 def test_sidecar_flags_without_the_tokenizer_and_with_lmcache() -> None:
     args = APPROX.args(["127.0.0.2:8000"], "127.0.0.1:9002", "127.0.0.1:1234", None)
     assert "--tokenizer" not in args and args[args.index("--prefix-source") + 1] == "approx"
-    assert args[args.index("--policy") + 1] == "loadaware"
+    assert args[args.index("--policy") + 1] == "auto"  # the default, as shipped
     args = LMCACHE_TOK.args(["127.0.0.2:8000"], "127.0.0.1:9002", "127.0.0.1:1234", "http://127.0.0.1:9000")
     assert "--tokenizer" in args and args[args.index("--lmcache-url") + 1] == "http://127.0.0.1:9000"
     with pytest.raises(ValueError):

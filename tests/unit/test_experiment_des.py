@@ -108,6 +108,7 @@ class RecordingPolicy:
     def __init__(self, policy: Policy, loads: LoadTracker) -> None:
         self.policy = policy
         self.loads = loads
+        self.name = policy.name
         self.uses_prefix = policy.uses_prefix
         self.uses_signals = policy.uses_signals
         self.seen: list[SeenDecision] = []

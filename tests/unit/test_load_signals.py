@@ -77,7 +77,8 @@ def test_uncached_tokens_are_counted_at_the_decision_and_retired_at_first_chunk_
 def test_prefix_held_tokens_are_counted_beside_the_uncached_and_feed_the_ttft_model() -> None:
     decider, signals, lifecycle, clock, _ = rig({FLEET[0]: 600})
     decider.policy = KvAware(uses_signals=True)  # kvaware's choices, with candidates that show
-    # the signals (kvaware itself reads none)
+    # the signals (kvaware itself reads none), the TTFT model's prices among them as a policy that reads them sees
+    decider._reads_ttft_model = True
     first = asyncio.run(decider.decide(prompt(1000), "r1"))
     second = asyncio.run(decider.decide(prompt(1000), "r2"))
     assert first.endpoint == second.endpoint == FLEET[0]
@@ -351,6 +352,9 @@ def test_a_signalled_candidate_carries_each_model_price_in_its_own_field() -> No
         s.prefill_clock.learn(100 + 30 * k, k % 4, 0.01 + 0.0005 * (100 + 30 * k) + 0.002 * (k % 4))
     s.prefill_clock.book(500, clock.t)
     s.prefill_matched_tokens, s.prefill_tokens, s.uncached_tokens = 7, 11, 13
+    unread = decider.signalled(FLEET[0], 300, 2.0)  # lane reads the clock's model, not the TTFT model: unpriced
+    assert (unread.ttft_base_s, unread.ttft_per_token_s, unread.ttft_per_running_s) == (None, None, None)
+    decider._reads_ttft_model = True  # as for predictive, the policy that reads it
     c = decider.signalled(FLEET[0], 300, 2.0)
     m = s.model
     assert (c.ttft_base_s, c.ttft_per_token_s, c.ttft_per_matched_token_s, c.ttft_per_running_s) == m.prices()
@@ -380,3 +384,21 @@ def test_a_learned_price_stays_within_a_factor_two_of_the_prior() -> None:
         slow.learn(200 + 50 * k % 800, 0.0, 2 * (prior.base_s + prior.per_token_s * (200 + 50 * k % 800)))
     _, base, per_token, _ = slow.view(0.0)
     assert per_token is not None and 1.4 * prior.per_token_s < per_token <= 2 * prior.per_token_s  # learned slower
+
+
+@pytest.mark.parametrize(("policy", "priced"), [("predictive", True), ("lane-spread", False), ("loadaware", False)])
+def test_only_the_policy_that_reads_the_ttft_model_pays_for_its_prices(policy: str, priced: bool) -> None:
+    """predictive's candidates carry the learned TTFT model's prices; the other policies' do not (a read costs
+    a fit), whatever the model has learned."""
+    decider, signals, lifecycle, clock, _ = rig({FLEET[0]: 600}, policy=policy)
+    d = asyncio.run(decider.decide(prompt(1000), "r1"))
+    clock.t += 0.2
+    lifecycle.first_chunk(d)
+    s = signals.get(d.endpoint or "")
+    assert s is not None and s.model.observations == 1
+    again = asyncio.run(decider.decide(prompt(1000), "r2"))
+    c = {c.endpoint: c for c in again.candidates}[d.endpoint or ""]
+    assert (c.ttft_base_s is not None) is priced
+    if priced:
+        assert (c.ttft_base_s, c.ttft_per_token_s, c.ttft_per_matched_token_s, c.ttft_per_running_s) == \
+            s.model.prices()

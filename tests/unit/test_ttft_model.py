@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from loadaware.policies.ttft_model import TtftModel, TtftPrior
+from loadaware.policies.ttft_model import REFIT_EVERY, TtftModel, TtftPrior
 
 
 def test_prior_before_any_observation() -> None:
@@ -64,3 +64,23 @@ def test_learns_what_a_held_token_costs() -> None:
     assert loaded.per_token_s == pytest.approx(1 / 4000, rel=0.05)
     assert free.per_matched_token_s == pytest.approx(0.0, abs=1e-6)
     assert loaded.predict(1000, 10, 3000) == pytest.approx(0.02 + 0.25 + 0.02 + 0.25, rel=0.05)
+
+
+def test_refits_on_every_early_observation_then_every_refit_every() -> None:
+    """Read on every decision, the fit follows each of the first REFIT_EVERY lessons, then moves once per
+    REFIT_EVERY more: between refits the prices stand, and the refit lands on the fit of everything seen."""
+    m = TtftModel()
+    seen = []
+    for k in range(REFIT_EVERY):
+        m.observe(100 * (k + 1), 1, 0.2 + 0.001 * 100 * (k + 1))
+        seen.append(m.prices())
+    assert len(set(seen)) == REFIT_EVERY  # each early lesson moved the prices
+    held = m.prices()
+    for _ in range(REFIT_EVERY - 1):
+        m.observe(3000, 2, 5.0)  # a much slower engine: not shown until the refit
+        assert m.prices() == held
+    m.observe(3000, 2, 5.0)
+    moved = m.prices()
+    fresh = TtftModel()
+    fresh._xx, fresh._xy, fresh.observations = m._xx, m._xy, m.observations
+    assert moved != held and moved == fresh.prices()
