@@ -66,7 +66,7 @@ class MetricsPage:
                 self._credited_seen = credited
         now = self.signals.clock()
         for endpoint in fleet:
-            sig = self.signals.get(endpoint)
+            sig = self.signals.peek(endpoint)  # off the loop: a pure read, never the settling `get`
             if sig is not None:  # the clock's lead read, not viewed: a render off the loop never refits its model
                 lane = sig.prefill_clock.lead(now)
                 self.metrics.token_signals(endpoint, sig.prefill_tokens, sig.uncached_tokens, sig.decoding, sig.ttft_s,

@@ -77,8 +77,14 @@ class SignalTracker:
         self._by_endpoint: dict[str, EndpointSignals] = {}
         self.estimating = True  # until a first response chunk shows the response path is there
 
+    def peek(self, endpoint: str) -> EndpointSignals | None:
+        """The endpoint's signals as last settled, changing nothing: for readers off the event loop (the
+        /metrics page renders in a worker thread), which must not settle the estimate's queue while a decision
+        on the loop does."""
+        return self._by_endpoint.get(endpoint)
+
     def get(self, endpoint: str) -> EndpointSignals | None:
-        """The endpoint's signals as of now (the estimate settled first)."""
+        """The endpoint's signals as of now (the estimate settled first). On the event loop only."""
         s = self._by_endpoint.get(endpoint)
         if s is not None and s.pending:
             self._settle(s, self.clock())

@@ -163,6 +163,20 @@ def test_buffered_mode_retires_prefill_one_mean_ttft_after_the_decision() -> Non
     assert s.ttft_s is None and s.model.observations == 0  # an estimate teaches the TTFT model nothing
 
 
+def test_peek_reads_without_settling_the_estimate() -> None:
+    """`peek` (what the /metrics page, rendered off the event loop, reads) changes nothing: a prefill whose
+    estimate is due stays counted until `get` (on the loop) settles it."""
+    decider, signals, _, clock, loads = rig({FLEET[0]: 600})
+    learned_ttft(signals, loads, clock, FLEET[0], 0.5)
+    asyncio.run(decider.decide(prompt(1000), "r1"))
+    clock.t += 0.6  # past one mean TTFT: due
+    peeked = signals.peek(FLEET[0])
+    assert peeked is not None and peeked.pending and (peeked.prefill_tokens, peeked.decoding) == (400, 0)
+    assert signals.peek(FLEET[0]) is peeked and peeked.prefill_tokens == 400  # a second read: still nothing moved
+    settled = signals.get(FLEET[0])
+    assert settled is peeked and not settled.pending and (settled.prefill_tokens, settled.decoding) == (0, 1)
+
+
 def test_an_end_before_the_estimate_retires_once_and_the_queue_keeps_decision_order() -> None:
     decider, signals, lifecycle, clock, loads = rig({FLEET[0]: 600})
     learned_ttft(signals, loads, clock, FLEET[0], 1.0)
