@@ -47,7 +47,7 @@ from loadaware.prefix.wiring import PrefixOptions, PrefixWiring
 from loadaware.routing.pipeline import Decider, PromptEncoder
 from loadaware.runtime.listeners import add_listener, bind
 from loadaware.runtime.readiness import Readiness, is_required
-from loadaware.runtime.supervisor import Supervisor, TaskSpec
+from loadaware.tasks.supervisor import Supervisor, TaskSpec
 from loadaware.telemetry.decisions import DecisionLog, DecisionMetrics, RecentDecisions
 from loadaware.telemetry.epp import EppMetrics
 from loadaware.telemetry.faults import ListenerFailures
@@ -87,9 +87,12 @@ class Sidecar:
         self.resolver = InstanceResolver(self.lmcache, self.bridge, s.instance_refresh_s) if self.lmcache else None
         lmcache_source = LMCachePrefixSource(self.lmcache, self.bridge, self.resolver, self.metrics) \
             if self.lmcache else None
+        # Every background task runs under it, those that come and go with the fleet (KV-event feeds) too.
+        self.supervisor = Supervisor(self.metrics.registry)
         # --prefix-source: LMCache, the KV-events index, the approximate index, or a combination.
         self.prefixes = PrefixWiring(self._prefix_options(s), self.metrics, self.registry.snapshot, lmcache_source,
-                                     lambda eps: {ep for ep in eps if self.bridge.instance_for(ep)})
+                                     lambda eps: {ep for ep in eps if self.bridge.instance_for(ep)},
+                                     spawn=self.supervisor.spawn)
         # The request's model selects its engines (--models-refresh-s 0: off, every engine serves anything).
         self.models = EndpointModels(MODELS_STALE_ROUNDS * s.models_refresh_s) if s.models_refresh_s else None
         self.models_poller = ModelsPoller(self.registry, self.models, self.metrics, s.models_refresh_s,
@@ -140,7 +143,6 @@ class Sidecar:
             self.loads.join(endpoint)
         self.bridge.set_endpoints(self.registry.snapshot())
         self.catalog, self._discovery_tasks = self._discovery(s)
-        self.supervisor = Supervisor(self.metrics.registry)
         self.readiness = Readiness(self.registry, self.scraper, self.supervisor, self.models_poller, self.resolver)
         self.api = RouterServicer(s.effective_policy, s.loadaware_beta, s.describe, self.decider, self.registry,
                                   self.loads, self.bridge, self.catalog, self.readiness.ready,

@@ -12,7 +12,7 @@ from loadaware.prefix.approx import ApproxIndex, ApproxPrefixSource
 from loadaware.prefix.blocks import BlockIndex
 from loadaware.prefix.combined import CombinedPrefixSource, Covered, Member
 from loadaware.prefix.counted import SourceLookups
-from loadaware.prefix.kvevents.feeds import KvEventsFeeds
+from loadaware.prefix.kvevents.feeds import KvEventsFeeds, Spawn
 from loadaware.prefix.kvevents.inbound import InboundKvEvents
 from loadaware.prefix.kvevents.query import KvEventsPrefixSource
 from loadaware.prefix.source import PrefixSource
@@ -43,7 +43,7 @@ class PrefixOptions:
 
 class PrefixWiring:
     def __init__(self, options: PrefixOptions, metrics: Metrics, endpoints: Callable[[], tuple[str, ...]],
-                 lmcache: PrefixSource | None, lmcache_covered: Covered | None) -> None:
+                 lmcache: PrefixSource | None, lmcache_covered: Covered | None, spawn: Spawn | None = None) -> None:
         o = options
         self.names = o.names
         self.kv_feeds: KvEventsFeeds | None = None
@@ -59,7 +59,7 @@ class PrefixWiring:
             pub_port = 0 if o.kv_events_bind else o.kv_events_port
             self.kv_feeds = KvEventsFeeds(index, metrics, endpoints, dict(o.kv_events_endpoints), pub_port,
                                           o.kv_events_replay_port, o.kv_events_topic, o.kv_events_replay_timeout_s,
-                                          dp_ranks=o.kv_events_dp_ranks)
+                                          dp_ranks=o.kv_events_dp_ranks, spawn=spawn)
             if o.kv_events_bind:
                 self.kv_inbound = InboundKvEvents(self.kv_feeds, o.kv_events_bind, o.kv_events_topic_map,
                                                   o.kv_events_replay_port, endpoints)

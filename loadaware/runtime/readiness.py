@@ -11,7 +11,7 @@ from loadaware.fleet.models_poller import ModelsPoller
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.load.scraper import MetricsScraper
 from loadaware.prefix.lmcache.resolver import InstanceResolver
-from loadaware.runtime.supervisor import Supervisor
+from loadaware.tasks.supervisor import Supervisor
 
 # Without these the sidecar cannot decide well (or at all): readiness drops while one keeps failing.
 REQUIRED_TASKS = ("scraper", "endpoints-file", "readiness")

@@ -1,4 +1,4 @@
-"""The supervisor of background tasks (loadaware/runtime/supervisor.py): restart with backoff, count, and
+"""The supervisor of background tasks (loadaware/tasks/supervisor.py): restart with backoff, count, and
 readiness down while a required task keeps failing; then each of the sidecar's own tasks made to fail."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from loadaware.app import Sidecar
 from loadaware.config import from_args
 from loadaware.runtime.readiness import is_required
-from loadaware.runtime.supervisor import Supervisor, SupervisorOptions, TaskSpec
+from loadaware.tasks.supervisor import Supervisor, SupervisorOptions, TaskSpec
 from testkit.ports import free_port
 from tests.conftest import wait_until_async
 
@@ -40,7 +40,7 @@ async def test_a_failing_task_is_restarted_counted_and_marks_required_failing_un
     async def optional() -> None:
         raise ValueError("optional helper down")
 
-    with caplog.at_level(logging.WARNING, logger="loadaware.runtime.supervisor"):
+    with caplog.at_level(logging.WARNING, logger="loadaware.tasks.supervisor"):
         supervisor.start([TaskSpec("needed", flaky, required=True), TaskSpec("extra", optional)])
         await wait_until_async(lambda: supervisor.failing().get("needed", "").startswith("RuntimeError: boom"),
                                message="the required task is reported failing")
@@ -55,6 +55,43 @@ async def test_a_failing_task_is_restarted_counted_and_marks_required_failing_un
     tracebacks = [r for r in caplog.records if r.exc_info and "needed" in r.getMessage()]
     assert len(tracebacks) == 1  # one traceback per streak, one line per later failure
     assert any("keeps failing" in r.getMessage() for r in caplog.records)
+
+
+async def test_spawned_tasks_share_a_series_restart_with_backoff_and_are_forgotten_when_cancelled() -> None:
+    """Tasks that come and go with the fleet (one KV-event feed per engine): each restarts on its own backoff,
+    all count under their series, the series is failing while any of them keeps failing, and a cancelled one
+    leaves no streak behind."""
+    registry = CollectorRegistry()
+    supervisor = Supervisor(registry, FAST)
+    starts: dict[str, list[float]] = {"a": [], "b": []}
+    loop = asyncio.get_running_loop()
+
+    async def crashing(name: str) -> None:
+        starts[name].append(loop.time())
+        raise OSError(f"feed {name} broke")
+
+    async def steady() -> None:
+        await asyncio.sleep(3600)
+
+    a = supervisor.spawn(TaskSpec("feed a", partial(crashing, "a"), series="feeds"))
+    b = supervisor.spawn(TaskSpec("feed b", partial(crashing, "b"), series="feeds"))
+    calm = supervisor.spawn(TaskSpec("feed c", steady, series="feeds"))
+    with pytest.raises(ValueError):
+        supervisor.spawn(TaskSpec("feed a", steady))  # one name, one task
+    await wait_until_async(lambda: min(len(v) for v in starts.values()) >= 4, message="both restarted")
+    gaps = [later - earlier for earlier, later in zip(starts["a"], starts["a"][1:])]
+    assert gaps[1] >= gaps[0] * 1.5 and gaps[-1] <= FAST.max_s * 3  # the delay doubles, up to max_s
+    assert restarts(registry, "feeds") >= 6 and restarts(registry, "feed a") == 0  # one series for the kind
+    assert registry.get_sample_value("loadaware_task_failing", {"task": "feeds"}) == 1
+    assert not supervisor.failing()  # spawned tasks are optional: readiness stands
+    a.cancel()
+    b.cancel()
+    await asyncio.gather(a, b, return_exceptions=True)
+    await asyncio.sleep(0)  # the done callbacks
+    assert {row["task"] for row in supervisor.state()} == {"feed c"}  # the cancelled ones are forgotten
+    assert registry.get_sample_value("loadaware_task_failing", {"task": "feeds"}) == 0  # the one left is healthy
+    await supervisor.stop()
+    assert calm.cancelled()
 
 
 async def test_a_task_that_returns_is_restarted_and_cancellation_is_not_a_failure() -> None:
@@ -140,4 +177,4 @@ async def test_missing_kubeconfig_says_so_and_turns_readiness_not_serving(caplog
                                                for r in caplog.records), message="health says why")
         finally:
             await app.stop()
-    assert any(r.name == "loadaware.runtime.supervisor" and r.levelno == logging.ERROR for r in caplog.records)
+    assert any(r.name == "loadaware.tasks.supervisor" and r.levelno == logging.ERROR for r in caplog.records)

@@ -38,9 +38,13 @@ from loadaware.prefix.kvevents.codec import (
 )
 from loadaware.prefix.kvevents.groups import GroupRouter, rank_name
 from loadaware.prefix.kvevents.sync import ApplyCounts, FeedSync, Verdict, apply_batch
+from loadaware.tasks.supervisor import Supervisor, TaskSpec
 from loadaware.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+Spawn = Callable[[TaskSpec], "asyncio.Task[None]"]
+FEED_SERIES = "kv-events-feed"  # the restart metric's task label of every engine's feed
 
 
 def feed_address(endpoint: str, explicit: Mapping[str, FeedAddress], pub_port: int,
@@ -247,9 +251,12 @@ class KvEventsFeeds:
 
     def __init__(self, index: BlockIndex, metrics: Metrics, endpoints: Callable[[], tuple[str, ...]],
                  explicit: Mapping[str, FeedAddress], pub_port: int, replay_port: int, topic: str = "",
-                 replay_timeout_s: float = 2.0, dp_ranks: int = 1) -> None:
+                 replay_timeout_s: float = 2.0, dp_ranks: int = 1, spawn: Spawn | None = None) -> None:
         if dp_ranks < 1:
             raise ValueError("dp_ranks must be >= 1")
+        # Each feed and the sweeper run supervised (restarted with backoff, counted): the sidecar's supervisor,
+        # or a private one where the feeds run alone (tests, tools).
+        self.spawn: Spawn = spawn if spawn is not None else Supervisor().spawn
         self.index = index
         self.metrics = metrics
         self.endpoints = endpoints
@@ -296,22 +303,21 @@ class KvEventsFeeds:
                                 self.replay_timeout_s, rank)
                      for rank in (address.ranks if address.ranks is not None else self.dp_ranks)]
             self.attach(endpoint, feeds)
-            self._tasks[endpoint] = [asyncio.create_task(self._guard(f), name=f"kv-events-{f.endpoint}")
-                                     for f in feeds]
+            self._tasks[endpoint] = [
+                self.spawn(TaskSpec(f"kv-events-feed {f.endpoint} {f.address.pub}",
+                                    functools.partial(self._run_feed, f), series=FEED_SERIES))
+                for f in feeds]
 
-    async def _guard(self, feed: EngineFeed) -> None:
-        """A feed that crashes is restarted on an empty index: one engine's bad data must not end the rest."""
-        while True:
-            try:
-                await feed.run()
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("kv-events %s: feed failed; restarting", feed.endpoint)
-                feed.reset("feed_error")
-                feed.connected = feed.synced = False
-                await asyncio.sleep(1.0)
+    @staticmethod
+    async def _run_feed(feed: EngineFeed) -> None:
+        """A feed that crashes starts again on an empty index (the supervisor restarts it with backoff): one
+        engine's bad data must not end the rest."""
+        try:
+            await feed.run()
+        except Exception:
+            feed.reset("feed_error")
+            feed.connected = feed.synced = False
+            raise
 
     def attach(self, endpoint: str, feeds: list[EngineFeed]) -> None:
         """Make `feeds` (one per rank) the endpoint's, without starting them."""
@@ -401,7 +407,7 @@ class KvEventsFeeds:
                 await asyncio.sleep(0)
 
     async def run(self) -> None:
-        sweeper = asyncio.create_task(self._sweep(), name="kv-index-sweep")
+        sweeper = self.spawn(TaskSpec("kv-index-sweep", self._sweep))
         try:
             while True:
                 self._fleet_changed.clear()

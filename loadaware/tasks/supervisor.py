@@ -9,11 +9,16 @@ in a row is logged with its traceback, later ones in one line each (the backoff 
 that has failed `failing_after` times in a row makes `failing()` name it with the reason, which readiness
 turns into NOT_SERVING; a run that stays up `stable_s` clears its streak and the reason. Cancellation (the
 sidecar stopping) ends the task; it is never a failure.
+
+Tasks that come and go with the fleet (one KV-event feed per engine, ...) are `spawn`ed by their owner, which
+cancels them: supervised the same way, counted under a shared `series` (one series per kind, not per engine),
+and forgotten when they end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -31,6 +36,11 @@ class TaskSpec:
     name: str
     run: TaskFactory
     required: bool = False
+    series: str = ""  # the metrics' task label (default: the name); spawned tasks of one kind share one
+
+    @property
+    def label(self) -> str:
+        return self.series or self.name
 
 
 @dataclass(frozen=True)
@@ -57,16 +67,43 @@ class Supervisor:
         self._streaks: dict[str, _Streak] = {}
         self._specs: dict[str, TaskSpec] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._spawned: set[asyncio.Task[None]] = set()
+
+    def _register(self, spec: TaskSpec) -> None:
+        if spec.name in self._specs:
+            raise ValueError(f"two background tasks named {spec.name!r}")
+        self._specs[spec.name] = spec
+        self._streaks[spec.name] = _Streak()
+        self.restarts.labels(spec.label)  # a series from the start: a rate() of nothing is 0, not absent
+        self._refresh_failing(spec.label)
 
     def start(self, specs: list[TaskSpec]) -> None:
         for spec in specs:
-            if spec.name in self._specs:
-                raise ValueError(f"two background tasks named {spec.name!r}")
-            self._specs[spec.name] = spec
-            self._streaks[spec.name] = _Streak()
-            self.restarts.labels(spec.name)  # a series from the start: a rate() of nothing is 0, not absent
-            self.failing_gauge.labels(spec.name).set(0)
+            self._register(spec)
             self._tasks.append(asyncio.create_task(self._supervise(spec), name=spec.name))
+
+    def spawn(self, spec: TaskSpec) -> asyncio.Task[None]:
+        """Start a task its owner will cancel (e.g. an engine's KV-event feed), supervised like the others;
+        its streak is forgotten when it ends."""
+        self._register(spec)
+        task = asyncio.create_task(self._supervise(spec), name=spec.name)
+        self._spawned.add(task)
+        task.add_done_callback(functools.partial(self._forget, spec.name))
+        return task
+
+    def _forget(self, name: str, task: asyncio.Task[None]) -> None:
+        self._spawned.discard(task)
+        spec = self._specs.pop(name, None)
+        self._streaks.pop(name, None)
+        if spec is not None:
+            self._refresh_failing(spec.label)
+
+    def _refresh_failing(self, label: str) -> None:
+        """The failing gauge of a series: 1 while any of its tasks has failed failing_after times in a row."""
+        limit = self.options.failing_after
+        failing = any(self._specs[name].label == label and streak.failures >= limit
+                      for name, streak in self._streaks.items())
+        self.failing_gauge.labels(label).set(1 if failing else 0)
 
     def failing(self) -> dict[str, str]:
         """Required tasks failing past the threshold, with the reason: readiness is NOT_SERVING while any is."""
@@ -80,9 +117,10 @@ class Supervisor:
                  "last_failure": streak.reason} for name, streak in self._streaks.items()]
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._spawned]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
 
     async def _supervise(self, spec: TaskSpec) -> None:
@@ -103,7 +141,7 @@ class Supervisor:
             streak.failures += 1
             streak.reason = reason
             delay = min(self.options.max_s, self.options.base_s * 2 ** (streak.failures - 1))
-            self.restarts.labels(spec.name).inc()
+            self.restarts.labels(spec.label).inc()
             if streak.failures == 1:
                 log.error("background task %s failed (%s); restarting in %.1fs", spec.name, reason, delay,
                           exc_info=failure)
@@ -114,15 +152,15 @@ class Supervisor:
                 log.error("required background task %s keeps failing: readiness is NOT_SERVING until it recovers",
                           spec.name)
             if streak.failures >= self.options.failing_after:
-                self.failing_gauge.labels(spec.name).set(1)
+                self._refresh_failing(spec.label)
             await asyncio.sleep(delay)
 
     def _stable(self, name: str) -> None:
         """The task has run `stable_s` without failing: its streak is over."""
-        streak = self._streaks[name]
-        if streak.failures:
+        streak = self._streaks.get(name)
+        if streak is not None and streak.failures:
             if streak.failures >= self.options.failing_after:
                 log.warning("background task %s recovered", name)
             streak.failures = 0
             streak.reason = ""
-            self.failing_gauge.labels(name).set(0)
+            self._refresh_failing(self._specs[name].label)

@@ -1,0 +1,1 @@
+"""Background tasks: run, restarted with backoff, counted (supervisor.py)."""
