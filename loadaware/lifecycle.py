@@ -162,8 +162,8 @@ class RequestLifecycle:
         for listener in self._progress_listeners:
             try:
                 listener.on_first_chunk(decision)
-            except Exception:
-                log.exception("progress listener %r failed on first_chunk", listener)
+            except Exception as exc:  # noqa: BLE001 - on the response path: counted and rate-limited by on_failure
+                self._failed("first_chunk", listener, exc)
 
     def subscribe(self, listener: LifecycleListener) -> None:
         self._listeners.append(listener)

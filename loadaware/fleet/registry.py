@@ -9,7 +9,10 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from loadaware.telemetry.faults import RateLimitedLog
+
 log = logging.getLogger(__name__)
+_quiet = RateLimitedLog(log)
 
 RemovalListener = Callable[[str], None]
 
@@ -95,8 +98,9 @@ class EndpointRegistry:
         # One failing listener must not cost the others their event (the fleet would disagree with itself).
         try:
             event(arg)
-        except Exception:
-            log.exception("fleet listener failed on %s", getattr(event, "__name__", "event"))
+        except Exception as exc:  # noqa: BLE001 - rate-limited: a broken listener fails on every fleet change
+            name = getattr(event, "__name__", "event")
+            _quiet.log(logging.ERROR, f"fleet listener {event!r}", "fleet listener failed on %s", name, exc_info=exc)
 
     def snapshot(self) -> tuple[str, ...]:
         """The endpoints in discovery's order; the same tuple object until the set changes."""

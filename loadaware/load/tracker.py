@@ -29,8 +29,10 @@ from dataclasses import dataclass
 
 from loadaware.lifecycle import Decision
 from loadaware.load.order import LoadOrder
+from loadaware.telemetry.faults import RateLimitedLog
 
 log = logging.getLogger(__name__)
+_quiet = RateLimitedLog(log)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,8 +147,10 @@ class LoadTracker:
         for listener in self._scrape_listeners:
             try:
                 listener(endpoint, stats)
-            except Exception:  # a listener's failure never costs the scrape its load figures
-                log.exception("scrape listener %r failed", listener)
+            except Exception as exc:  # noqa: BLE001 - a listener's failure never costs the scrape its load figures
+                # once per scrape of every endpoint: one traceback per listener per interval, not per scrape
+                _quiet.log(logging.ERROR, f"scrape listener {listener!r}", "scrape listener %r failed", listener,
+                           exc_info=exc)
 
     def stats(self, endpoint: str) -> EngineStats | None:
         return self._stats.get(endpoint)

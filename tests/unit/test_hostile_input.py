@@ -208,16 +208,30 @@ def test_a_failing_listener_is_counted_and_logged_once_per_interval(caplog: pyte
         def on_ended(self, decision: Decision) -> None:
             pass
 
+    class BrokenProgress:
+        def on_first_chunk(self, decision: Decision) -> None:
+            raise ValueError("progress listener bug")  # on the response path, once per request
+
+    firsts: list[Decision] = []
+
+    class ProgressWitness:
+        def on_first_chunk(self, decision: Decision) -> None:
+            firsts.append(decision)
+
     lifecycle = RequestLifecycle(on_failure=ListenerFailures(counted.append))
     lifecycle.subscribe(Broken())
     lifecycle.subscribe(Witness())
+    lifecycle.subscribe_progress(BrokenProgress())
+    lifecycle.subscribe_progress(ProgressWitness())
     with caplog.at_level(logging.WARNING, logger="loadaware.lifecycle"):
         for i in range(10):
             d = Decision(f"r{i}", FLEET[0], "routed", (), 0, (), (), {}, 0.0)
             lifecycle.decided(d)
+            lifecycle.first_chunk(d)
             lifecycle.ended(d)
-    assert len(seen) == 10 and counted == ["listener_error"] * 20
-    assert len(caplog.records) == 2 and all(r.levelno == logging.WARNING for r in caplog.records)
+    assert len(seen) == 10 and len(firsts) == 10 and counted == ["listener_error"] * 30
+    # one line per kind of failure per interval (decided, first_chunk, ended), never a traceback per request
+    assert len(caplog.records) == 3 and all(r.levelno == logging.WARNING for r in caplog.records)
 
 
 async def test_a_served_endpoint_outside_the_decision_is_not_believed() -> None:

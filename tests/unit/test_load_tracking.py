@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+
 from loadaware.lifecycle import Decision, RequestLifecycle
 from loadaware.load.tracker import EngineStats, LoadTracker
 
@@ -96,7 +100,8 @@ def test_dropping_an_endpoint_forgets_its_stats_too() -> None:
     assert tracker.stats("e1") is None and tracker.loads(("e1",)) == [0.0]
 
 
-def test_scrape_listeners_hear_every_recorded_scrape_and_a_failing_one_costs_nothing() -> None:
+def test_scrape_listeners_hear_every_recorded_scrape_and_a_failing_one_costs_nothing(
+        caplog: pytest.LogCaptureFixture) -> None:
     clock = Clock()
     tracker = LoadTracker(stale_s=5, clock=clock)
     heard: list[tuple[str, EngineStats]] = []
@@ -107,6 +112,10 @@ def test_scrape_listeners_hear_every_recorded_scrape_and_a_failing_one_costs_not
     tracker.subscribe_scrapes(broken)
     tracker.subscribe_scrapes(lambda ep, st: heard.append((ep, st)))
     stats = EngineStats(running=4, waiting=1, kv_usage=None, at=clock.now, ttft_sum=2.0, ttft_count=8.0)
-    tracker.record("e1", stats)
-    assert heard == [("e1", stats)]
+    with caplog.at_level(logging.ERROR, logger="loadaware.load.tracker"):
+        tracker.record("e1", stats)
+        for i in range(2, 30):  # a scrape of every endpoint every interval: the broken listener fails on each
+            tracker.record(f"e{i}", stats)
+    assert heard[0] == ("e1", stats) and len(heard) == 29
     assert tracker.load("e1", clock.now) == 5  # the scrape counted all the same
+    assert len(caplog.records) == 1  # one traceback per listener per interval, not one per scrape
