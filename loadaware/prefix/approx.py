@@ -25,7 +25,7 @@ from typing import Any
 
 from loadaware.fleet.members import member_set
 from loadaware.lifecycle import Decision, previewing
-from loadaware.prefix.blocks import LAST_KEYS, SlotTable, block_keys, unhold, walk
+from loadaware.prefix.blocks import SlotTable, block_keys, chain_keys, unhold, walk
 from loadaware.prefix.source import salt_of
 from loadaware.telemetry.metrics import Metrics
 
@@ -60,7 +60,7 @@ class ApproxIndex:
 
     def keys(self, tokens: Sequence[int], salt: str | None = None) -> list[int]:
         if len(tokens) // self.block_size <= self.capacity_blocks:  # the whole chain: shared with other indexes
-            return LAST_KEYS.get(tokens, self.block_size, salt)
+            return chain_keys(tokens, self.block_size, salt)
         return block_keys(tokens, self.block_size, limit=self.capacity_blocks, salt=salt)
 
     def record(self, engine: str, keys: Sequence[int], now: float) -> int:
@@ -185,7 +185,7 @@ class ApproxPrefixSource:
         return self.lookup(tokens, endpoints, salt)
 
     # ---- the request lifecycle: the guess is made of what the sidecar routed ----
-    # A decision's token ids carry the request's salt (source.SaltedTokens), so its guess lands under it.
+    # A decision's token ids carry the request's salt (source.PromptTokens), so its guess lands under it.
     def on_decided(self, decision: Decision) -> None:
         if decision.tokens and decision.endpoint is not None:
             self.routed(decision.tokens, decision.endpoint)

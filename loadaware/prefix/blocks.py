@@ -31,6 +31,8 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
+from loadaware.prefix.source import PromptTokens
+
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default
 ROOT = 0  # the parent of a chain's first block; keeps plain keys int-only tuple hashes (stable across processes)
 
@@ -91,27 +93,16 @@ def block_keys(tokens: Sequence[int], block_size: int = DEFAULT_BLOCK_SIZE, limi
     return keys
 
 
-class LastKeys:
-    """The last prompt's block keys: one decision walks the same token list in more than one index (the
-    KV-events index, the queued-prefix index), and a chain costs ~27 ns a token. Keyed by the token list's
-    identity (held here, so it cannot be freed and its id reused), the block size and the salt."""
-
-    __slots__ = ("_keys", "_salt", "_size", "_tokens")
-
-    def __init__(self) -> None:
-        self._tokens: Sequence[int] | None = None
-        self._size = 0
-        self._salt: str | None = None
-        self._keys: list[int] = []
-
-    def get(self, tokens: Sequence[int], block_size: int = DEFAULT_BLOCK_SIZE, salt: str | None = None) -> list[int]:
-        if tokens is not self._tokens or block_size != self._size or salt != self._salt:
-            self._keys = block_keys(tokens, block_size, salt=salt)
-            self._tokens, self._size, self._salt = tokens, block_size, salt
-        return self._keys
-
-
-LAST_KEYS = LastKeys()  # the event loop's: decisions run there one at a time between awaits
+def chain_keys(tokens: Sequence[int], block_size: int = DEFAULT_BLOCK_SIZE, salt: str | None = None) -> list[int]:
+    """block_keys, computed once per decision: a decision's token list (source.PromptTokens) keeps the chain
+    of each block size and salt it was walked with; any other sequence is walked afresh."""
+    if not isinstance(tokens, PromptTokens):
+        return block_keys(tokens, block_size, salt=salt)
+    memo = (block_size, salt)
+    keys = tokens.chains.get(memo)
+    if keys is None:
+        keys = tokens.chains[memo] = block_keys(tokens, block_size, salt=salt)
+    return keys
 
 
 def walk(holders: dict[int, int], names: dict[int, str], alive: int, keys: Sequence[int],

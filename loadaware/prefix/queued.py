@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 from loadaware.lifecycle import Decision
 from loadaware.policies.base import Candidate
-from loadaware.prefix.blocks import DEFAULT_BLOCK_SIZE, LAST_KEYS, SlotTable, unhold, walk
+from loadaware.prefix.blocks import DEFAULT_BLOCK_SIZE, SlotTable, chain_keys, unhold, walk
 from loadaware.prefix.source import salt_of
 
 STRIDE = 4  # block keys per held key
@@ -201,8 +201,8 @@ class QueuedPrefixes:
 
     def keys(self, tokens: Sequence[int]) -> Sequence[int]:
         """The prompt's sampled chain; the chain is computed once per decision, shared with the KV-events or
-        approximate lookup (blocks.LAST_KEYS)."""
-        return sampled(LAST_KEYS.get(tokens, DEFAULT_BLOCK_SIZE, salt_of(tokens)))
+        approximate lookup (blocks.chain_keys)."""
+        return sampled(chain_keys(tokens, DEFAULT_BLOCK_SIZE, salt_of(tokens)))
 
     def credit(self, candidates: Sequence[Candidate], tokens: Sequence[int], count: bool) -> None:
         """The pipeline's step, before the policy chooses (`count` False: Explain, which changes nothing)."""

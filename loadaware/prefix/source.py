@@ -25,22 +25,26 @@ class PrefixUnavailable(Exception):
         self.reason = reason  # a short metric label, e.g. lmcache_timeout
 
 
-class SaltedTokens(list[int]):
-    """A prompt's token ids together with its request's cache salt: what the engine's prefix cache really
-    keys on. The decision keeps its token ids for the request's whole life (the approximate index re-reads
-    them when the request is routed or served elsewhere), so the salt travels with them."""
+class PromptTokens(list[int]):
+    """A decision's prompt token ids with what travels with them: the request's cache salt (what the engine's
+    prefix cache really keys on besides the tokens) and the block-key chains computed from them, one per
+    block size (blocks.chain_keys: one decision walks the same chain in more than one index, and a chain costs
+    ~27 ns a token). The decision keeps its token ids for the request's whole life (the approximate index
+    re-reads them when the request is routed or served elsewhere), so both live exactly as long as the
+    request does, and no prompt outlives it."""
 
-    __slots__ = ("salt",)
+    __slots__ = ("chains", "salt")
 
-    def __init__(self, tokens: Iterable[int], salt: str) -> None:
+    def __init__(self, tokens: Iterable[int], salt: str | None = None) -> None:
         super().__init__(tokens)
         self.salt = salt
+        self.chains: dict[tuple[int, str | None], list[int]] = {}
 
 
 def salt_of(tokens: Sequence[int], salt: str | None = None) -> str | None:
     """The salt a lookup must honour: the one given, else the one the token list carries. vLLM ignores an
     empty salt (and its API rejects one), so "" means no salt."""
-    if salt is None and isinstance(tokens, SaltedTokens):
+    if salt is None and isinstance(tokens, PromptTokens):
         salt = tokens.salt
     return salt or None
 

@@ -23,7 +23,7 @@ from loadaware.load.order import LoadOrder
 from loadaware.load.signals import SignalTracker
 from loadaware.policies import Candidate, Choice, Policy, RoundRobin, ranked
 from loadaware.prefix.queued import QueuedPrefixes
-from loadaware.prefix.source import PrefixSource, PrefixUnavailable, SaltedTokens
+from loadaware.prefix.source import PrefixSource, PrefixUnavailable, PromptTokens
 from loadaware.prefix.working_set import BLOCK_TOKENS, WorkingSet, fill_candidates, sampled_keys
 from loadaware.routing.pruning import MIN_POOL, PRUNABLE, pruned_candidates, round_robin_candidates
 from loadaware.routing.request import InferenceRequest
@@ -221,10 +221,11 @@ class Decider:
             except Exception as exc:  # noqa: BLE001 - any tokenizer failure degrades, never fails, the request
                 _degraded(reasons, "tokenizer_error", exc)
             stages["tokenize"] = time.perf_counter() - t
-            if tokens and request.cache_salt:
+            if tokens:
                 # The salt keys the engine's prefix cache as much as the tokens do; it travels with them (the
-                # approximate index records the decision's tokens under it).
-                tokens = SaltedTokens(tokens, request.cache_salt)
+                # approximate index records the decision's tokens under it), as do the block-key chains the
+                # decision's lookups compute once and share, for as long as the request lives.
+                tokens = PromptTokens(tokens, request.cache_salt or None)
             if tokens:
                 t = time.perf_counter()
                 matches = await self.prefix_matches(tokens, endpoints, reasons, request.cache_salt)

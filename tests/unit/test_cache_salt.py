@@ -27,7 +27,7 @@ from loadaware.prefix.kvevents.sync import apply_batch
 from loadaware.prefix.lmcache.bridge import InstanceBridge
 from loadaware.prefix.lmcache.client import LMCacheClient
 from loadaware.prefix.lmcache.source import LMCachePrefixSource
-from loadaware.prefix.source import PrefixUnavailable, SaltedTokens, salt_of
+from loadaware.prefix.source import PrefixUnavailable, PromptTokens, salt_of
 from loadaware.routing.pipeline import Decider
 from loadaware.routing.request import InferenceRequest, parse_body
 from loadaware.telemetry.decisions import DecisionMetrics
@@ -55,7 +55,7 @@ def test_cache_salt_is_parsed_from_completions_and_chat_bodies() -> None:
 
 
 def test_salted_tokens_carry_their_salt() -> None:
-    tokens = SaltedTokens([1, 2, 3], SALT_A)
+    tokens = PromptTokens([1, 2, 3], SALT_A)
     assert tokens == [1, 2, 3] and salt_of(tokens) == SALT_A
     assert salt_of(tokens, SALT_B) == SALT_B  # an explicit salt wins
     assert salt_of([1, 2, 3]) is None and salt_of([1, 2, 3], "") is None
@@ -119,7 +119,7 @@ def test_salted_request_is_credited_only_by_blocks_of_its_own_salt(salted_fleet:
     assert salted_fleet.lookup(PROMPT, fleet, SALT_B) == {B: 160}
     assert salted_fleet.lookup(PROMPT, fleet, "tenant-z") == {}
     assert salted_fleet.lookup(PROMPT[:70], fleet, SALT_A) == {A: 64}  # partial tail never matches
-    assert salted_fleet.lookup(SaltedTokens(PROMPT, SALT_B), fleet) == {B: 160}  # salt carried by the tokens
+    assert salted_fleet.lookup(PromptTokens(PROMPT, SALT_B), fleet) == {B: 160}  # salt carried by the tokens
 
 
 def test_unsalted_request_is_never_credited_by_salted_blocks(salted_fleet: KvEventsPrefixSource) -> None:
@@ -179,7 +179,7 @@ async def test_lmcache_gives_salted_requests_no_credit_and_says_so() -> None:
     assert raised.value.reason == "lmcache_salted" and client.calls == 1  # not even asked
     assert metrics.lookups.labels(result="salted")._value.get() == 1
     with pytest.raises(PrefixUnavailable):
-        await source.matches(SaltedTokens(PROMPT * 2, SALT_A), (A, B))
+        await source.matches(PromptTokens(PROMPT * 2, SALT_A), (A, B))
 
 
 async def test_lmcache_only_deployment_counts_the_salted_fallback() -> None:
@@ -200,7 +200,7 @@ async def test_combined_lmcache_declines_salted_and_the_others_answer(salted_fle
     metrics = Metrics("loadaware")
     lm, _ = lmcache_source(metrics)
     approx = ApproxPrefixSource(ApproxIndex(1000, BS, 60), metrics)
-    approx.routed(SaltedTokens(PROMPT, SALT_A), B)  # a guess under SALT_A for B
+    approx.routed(PromptTokens(PROMPT, SALT_A), B)  # a guess under SALT_A for B
     combined = CombinedPrefixSource([Member(lm, lambda eps: set(eps)),
                                      Member(salted_fleet, lambda eps: {A} & set(eps))], approx)
     # unsalted: LMCache credits A (256 > kv-events' nothing for A); B has no guess under no salt

@@ -13,8 +13,8 @@ from loadaware.lifecycle import Decision, RequestLifecycle
 from loadaware.load.signals import SignalTracker
 from loadaware.load.tracker import EngineStats, LoadTracker
 from loadaware.policies import Candidate, make_policy
-from loadaware.prefix.blocks import LAST_KEYS
 from loadaware.prefix.blocks import block_keys as chain
+from loadaware.prefix.blocks import chain_keys
 from loadaware.prefix.queued import (
     STRIDE,
     QueuedIndex,
@@ -23,7 +23,7 @@ from loadaware.prefix.queued import (
     credit,
     sampled,
 )
-from loadaware.prefix.source import SaltedTokens
+from loadaware.prefix.source import PromptTokens
 from loadaware.routing.pipeline import Decider
 from loadaware.routing.request import InferenceRequest
 from tests.unit.test_load_signals import Matches
@@ -129,11 +129,14 @@ def test_the_lifecycle_holds_while_the_chosen_engine_queues_and_releases_at_the_
 
 def test_keys_are_shared_between_the_credit_and_the_hold_and_honour_the_salt() -> None:
     queued = QueuedPrefixes()
-    tokens = SaltedTokens(PROMPT, "t")
-    whole = LAST_KEYS.get(tokens, 16, "t")  # e.g. the KV-events lookup of the same decision
+    tokens = PromptTokens(PROMPT, "t")
+    whole = chain_keys(tokens, 16, "t")  # e.g. the KV-events lookup of the same decision
     queued.keys(tokens)
-    assert LAST_KEYS.get(tokens, 16, "t") is whole  # the chain was not computed again
+    assert chain_keys(tokens, 16, "t") is whole  # the chain was not computed again: it lives on the token list
     assert queued.keys(tokens) == block_keys(PROMPT, salt="t") and len(queued.keys(tokens)) == 5
+    assert chain_keys(tokens, 16, None) is not whole  # another salt, another chain
+    plain = list(PROMPT)  # not a decision's token list: walked afresh each time, remembered nowhere
+    assert chain_keys(plain, 16) == chain_keys(plain, 16) and chain_keys(plain, 16) is not chain_keys(plain, 16)
 
 
 # ---- in the pipeline ----

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from loadaware.prefix.blocks import LAST_KEYS, BlockIndex, block_keys
+from loadaware.prefix.blocks import BlockIndex, block_keys, chain_keys
 from loadaware.prefix.source import salt_of
 
 
@@ -57,7 +57,7 @@ class KvEventsPrefixSource:
         out: dict[str, int] = {}
         if not owner:  # the common case: every endpoint is one part under its own name
             for size, names in sizes.items():
-                out.update(index.match(LAST_KEYS.get(tokens, size, salt), size, names))
+                out.update(index.match(chain_keys(tokens, size, salt), size, names))
             return out
         got: dict[str, int] = {}
         for size, names in sizes.items():
