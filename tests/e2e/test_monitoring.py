@@ -33,6 +33,8 @@ from testkit.prometheus import PrometheusProc, require_prometheus
 from testkit.stack import Stack
 from tests.conftest import wait_until
 
+SCRAPE_S = 1.0  # Prometheus's scrape interval here
+
 pytestmark = pytest.mark.e2e
 
 DASHBOARD = REPO / "k8s" / "monitoring" / "loadaware-dashboard.json"
@@ -113,7 +115,7 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Monitored]:
             {"job": "envoy", "targets": [f"127.0.0.1:{ENVOY_ADMIN_PORT}"], "labels": labels,
              "metrics_path": "/stats/prometheus"},
             {"job": "engines", "targets": ENGINES, "labels": labels}],
-            rule_files=[prom.write_rules(log_dir)])
+            rule_files=[prom.write_rules(log_dir)], interval_s=SCRAPE_S)
         with PrometheusProc(config, log_dir) as prometheus:
             started = time.monotonic()
             drive(stack, endpoints_file)
@@ -122,8 +124,16 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Monitored]:
             # Prometheus has scraped the end of the traffic, and a few more times since (rates need 2 samples).
             wait_until(lambda: _scraped_total(prometheus) >= settled, timeout=20,
                        message="Prometheus to scrape the traffic's last decisions")
-            time.sleep(3)
+            seen_at = _last_scrape(prometheus)
+            wait_until(lambda: _last_scrape(prometheus) >= seen_at + 2 * SCRAPE_S, timeout=20,
+                       message="Prometheus to scrape the sidecar twice more (rates need two samples of the end)")
             yield Monitored(stack, prometheus, traffic_s, endpoints_file)
+
+
+def _last_scrape(prometheus: PrometheusProc) -> float:
+    """When Prometheus last scraped the sidecar (its own clock, in s)."""
+    result = prometheus.query('timestamp(up{job="sidecar"})')
+    return float(result[0]["value"][1]) if result else 0.0
 
 
 def _scraped_total(prometheus: PrometheusProc) -> float:

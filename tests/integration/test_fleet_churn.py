@@ -8,7 +8,6 @@ leaves. Every 250th cycle the loop runs a while so the feeds start for it before
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from loadaware.app import Sidecar
@@ -19,6 +18,7 @@ from loadaware.fleet.models import ServedModels
 from loadaware.load.tracker import EngineStats
 from loadaware.routing.request import InferenceRequest
 from testkit.paths import TINY_TOKENIZER
+from tests.conftest import wait_until_async
 
 BASE = ("127.0.0.2:18100", "127.0.0.3:18100", "127.0.0.4:18100")
 CYCLES = 10_000
@@ -54,6 +54,16 @@ def sizes(app: Sidecar) -> dict[str, int]:
     return {k: len(v) for k, v in out.items()}
 
 
+def settled(app: Sidecar) -> bool:
+    """No feed task of a departed engine still running, and the KV index's sweeper has nothing left to do."""
+    feeds = app.prefixes.kv_feeds
+    assert feeds is not None
+    fleet = set(app.registry.snapshot())
+    departed = [row for row in app.supervisor.state()
+                if str(row["task"]).startswith("kv-events-feed") and str(row["task"]).split()[1] not in fleet]
+    return not departed and not feeds._sweep_wanted.is_set() and not feeds.index._retired
+
+
 async def test_ten_thousand_add_remove_cycles_leave_every_map_and_series_at_baseline() -> None:
     app = Sidecar(from_args(["--endpoints", ",".join(BASE), "--tokenizer", str(TINY_TOKENIZER),
                              "--prefix-source", "kv-events,approx", "--listen", "127.0.0.1:0", "--admin-listen", "off",
@@ -69,9 +79,8 @@ async def test_ten_thousand_add_remove_cycles_leave_every_map_and_series_at_base
         async def cycle(i: int) -> None:
             ep = f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}:8000"
             app.registry.set((*BASE, ep))
-            if i % 250 == 0:
-                await asyncio.sleep(0.05)  # the feeds start for it, the scraper may try it
-                assert ep in feeds.feeds
+            if i % 250 == 0:  # the feeds start for it (the registry's change wakes their manager)
+                await wait_until_async(lambda: ep in feeds.feeds, message=f"a feed for {ep}")
             decision = await app.decider.decide(InferenceRequest("completions", prompt=tokens), f"churn-{i}")
             app.lifecycle.responded(decision, 200, ep)  # served by the newcomer (a retry walked there)
             app.loads.record(ep, EngineStats(1, 2, 0.5, app.loads.clock()))
@@ -94,11 +103,11 @@ async def test_ten_thousand_add_remove_cycles_leave_every_map_and_series_at_base
             app.lifecycle.ended(decision)  # a late end: a no-op for the departed endpoint's count
 
         await cycle(0)  # the first creates the series that are not per endpoint (reasons, resets, ...)
-        await asyncio.sleep(0.2)
+        await wait_until_async(lambda: settled(app), message="the departed feed's task ended and the sweep is done")
         baseline_series, baseline_maps = series(app), sizes(app)
         for i in range(1, CYCLES + 1):
             await cycle(i)
-        await asyncio.sleep(0.2)  # the sweeper and the feeds' tasks finish
+        await wait_until_async(lambda: settled(app), message="every departed feed's task ended and the sweep is done")
         assert series(app) == baseline_series
         maps = sizes(app)
         # The scrape-expiry heap is compacted when it outgrows twice the live stats: bounded, not exact.
