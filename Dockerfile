@@ -2,7 +2,8 @@
 # The loadaware sidecar image: slim, non-root, no compilers at run time.
 #   docker build -t loadaware-sidecar:0.1.0 .
 #   docker run --rm loadaware-sidecar:0.1.0 config      # effective configuration (flags > env > defaults)
-# Configure it with LOADAWARE_* environment variables (see README and k8s/base/deployment.yaml).
+# Configure it with LOADAWARE_* environment variables (docs/configuration.md lists them; k8s/base/deployment.yaml
+# sets them).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # ---- build: a virtual environment with the package and its dependencies ----

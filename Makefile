@@ -131,7 +131,7 @@ results: $(EXPERIMENT_STAMP)
 	$(PY) -m experiment.realtime.crosscheck des --seeds 1-20 --out $(EXPERIMENT_DIR)/des-kvev
 	$(PY) -m experiment.results_doc --des $(EXPERIMENT_DIR)/des --des-kvev $(EXPERIMENT_DIR)/des-kvev \
 		--realtime $(EXPERIMENT_DIR)/realtime-reference --realtime-queueing $(EXPERIMENT_DIR)/realtime-queueing \
-		--notes docs/findings.md --grid $(EXPERIMENT_DIR)/grid --out docs
+		--grid $(EXPERIMENT_DIR)/grid --out docs
 
 # The placement grid (experiment/grid.py): 8 operating points x 20 held-out seeds x ours, the baselines and the
 # peers' published policies in the discrete-event simulator; its table goes into docs/results.md.

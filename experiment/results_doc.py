@@ -448,8 +448,9 @@ def build_doc(args: argparse.Namespace) -> str:
     grid = getattr(args, "grid", None)
     if grid is not None and (grid / "report.md").exists():  # python -m experiment.grid's section, as written
         md += [(grid / "report.md").read_text().rstrip(), ""]
-    if args.notes and args.notes.exists():
-        md += [args.notes.read_text().rstrip(), ""]
+    md += ["## Research notes", "",  # the lab notebook is its own file: linked, never pasted
+           "The hand-written findings, in the order they were made (what was tried, what it showed, what was kept), "
+           "are\nthe lab notebook: [findings.md](findings.md).", ""]
     return "\n".join(md) + "\n"
 
 
@@ -579,7 +580,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--des", type=Path, default=None)
     ap.add_argument("--des-single", type=Path, default=None, help="des_run --credit single (if no --des-kvev)")
     ap.add_argument("--des-kvev", type=Path, default=None, help="experiment.realtime.crosscheck des output")
-    ap.add_argument("--notes", type=Path, default=None, help="hand-written findings appended at the end")
     ap.add_argument("--grid", type=Path, default=None, help="python -m experiment.grid output (report.md)")
     ap.add_argument("--realtime", type=Path, default=None)
     ap.add_argument("--realtime-queueing", type=Path, default=None)

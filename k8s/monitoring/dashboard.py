@@ -3,8 +3,8 @@
     python k8s/monitoring/dashboard.py          # regenerate (`make dashboard`)
     python k8s/monitoring/dashboard.py --check  # exit 1 when the checked-in JSON no longer matches (a test runs this)
 
-Each panel carries, as its description, the question it answers when someone is paged at 3 a.m.; the README
-("Monitoring") repeats them. Variables: the data source, then namespace, pool and endpoint. `namespace` and
+Each panel carries, as its description, the question it answers when someone is paged at 3 a.m.; docs/operations.md
+("The dashboard") repeats them. Variables: the data source, then namespace, pool and endpoint. `namespace` and
 `pool` are target labels the scrape configuration adds (k8s/base/podmonitor.yaml and
 k8s/monitoring/engines-podmonitor.yaml: `pool` from the pods' `loadaware.io/pool` label); `endpoint` is the
 sidecar's own label (an engine's ip:port), which is also the `instance` Prometheus gives the engine's own
