@@ -23,7 +23,7 @@ from testkit import vllm
 from testkit.metrics_text import metric_sum
 from testkit.procs import ProcError
 from testkit.vllm import VllmEngine
-from testkit.vllm_gateway import VllmGateway
+from testkit.vllm_gateway import VllmGateway, patiently
 
 PROMPT_TOKENS_SUM = "vllm:request_prompt_tokens_sum"  # prompt tokens of finished requests (a histogram's sum)
 BUSY_S = 10.0  # a request from elsewhere is ended by its client after this long, then sent again
@@ -38,7 +38,7 @@ WORDS = ("engine cache prefix token model latency load balance router gateway en
 
 
 def counter(engine: VllmEngine, name: str) -> float:
-    return metric_sum(engine.metrics_text(), name)
+    return metric_sum(patiently(engine.metrics_text), name)
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
@@ -56,6 +56,7 @@ class RealVllmStep:
         self.beta = beta
         self.check = check
         self.names = {ep: e.name for ep, e in gateway.engines.items()}
+        self.stage = "starting"  # what the step was doing: named when it fails (a slow machine times out somewhere)
 
     def name(self, endpoint: str | None) -> str:
         return "none" if endpoint is None else self.names.get(endpoint, endpoint)
@@ -64,6 +65,7 @@ class RealVllmStep:
         # Who served it, by vLLM's own counters: the engine whose finished requests' prompt tokens grew by at
         # least this request's. A finished-request count would also move on the busy holder when one of the
         # traffic from elsewhere (short prompts) ends meanwhile.
+        self.stage = what.rstrip(":")
         before = {ep: counter(e, PROMPT_TOKENS_SUM) for ep, e in self.g.engines.items()}
         previous = self.g.last_decision()
         print(f"\n   {what}", flush=True)
@@ -87,6 +89,7 @@ class RealVllmStep:
         if holder is None:
             return "failed"
         engine = self.g.engines[holder]
+        self.stage = f"waiting for {self.name(holder)}'s KV events"
         blocks_before = self.g.blocks(holder)
         wait_for(lambda: self.g.blocks(holder) > blocks_before, 20)
         hits_before = counter(engine, "vllm:prefix_cache_hits_total")
@@ -120,7 +123,8 @@ class RealVllmStep:
         for w in workers:
             w.start()
         try:
-            seen = wait_for(lambda: metric_sum(self.g.sidecar.metrics_text(), "loadaware_engine_running",
+            self.stage = f"waiting for the sidecar's scrape to show {self.name(holder)} busy"
+            seen = wait_for(lambda: metric_sum(patiently(self.g.sidecar.metrics_text), "loadaware_engine_running",
                                                {"endpoint": holder}) >= BUSY_SEEN, 90)
             self.check(seen, f"the sidecar's scrape of vllm:num_requests_running shows {self.name(holder)} busy")
             moved, _ = self.send(body, f"the same prompt while {self.name(holder)} runs {BUSY_REQUESTS} requests from "
@@ -157,11 +161,17 @@ def run_real_vllm_step(log_dir: Path, beta: float, check: Callable[[bool, str], 
             if not all(e.running for e in started):
                 raise ProcError("a vLLM engine did not start; see " + str(log_dir))
             print(f"   engines ready in {time.monotonic() - t0:.0f} s", flush=True)
+        t_step = time.monotonic()
         with VllmGateway(started, model_dir, log_dir / "gateway", policy="auto", beta=beta) as gateway:
             if not wait_for(gateway.connected, 30):
                 check(False, "the sidecar's KV-event feeds connected to both engines")
                 return "failed"
-            return RealVllmStep(gateway, beta, check).run()
+            step = RealVllmStep(gateway, beta, check)
+            try:
+                return step.run()
+            except (ProcError, OSError) as exc:
+                raise ProcError(f"at '{step.stage}' ({time.monotonic() - t_step:.0f} s into the step): "
+                                f"{exc or type(exc).__name__}") from exc
     finally:
         if own:
             for e in started:

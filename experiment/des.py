@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from experiment.peers import PEER_POLICIES
+from experiment.predictive import Predictive
 from experiment.product_router import ProductRouter, TwoArgPolicy
 from experiment.records import EngineSample, RequestRecord, RunRecords
 from experiment.workload import Request, Workload
@@ -55,6 +56,7 @@ from loadaware.lifecycle import Decision
 from loadaware.load.tracker import EngineStats
 from loadaware.policies import POLICY_NAMES, Policy, make_policy
 from loadaware.policies.base import Candidate
+from loadaware.policies.lane import Lane
 from sim.held_blocks import HeldBlocks, private_blocks
 from sim.lmcache_chunks import LMCACHE_CHUNK_SIZE, LMCacheStore, chunk_keys
 from sim.prefix_cache import Block, PrefixCache, block_key, iter_blocks
@@ -85,12 +87,15 @@ SIDECAR_ARMS: tuple[Arm, ...] = (
     Arm("roundrobin", "roundrobin"), Arm("leastload", "leastload"),
 )
 PEER_ARMS: tuple[Arm, ...] = tuple(Arm(name, name, factory=cls) for name, cls in PEER_POLICIES.items())
-ARMS_BY_NAME = {a.name: a for a in SIDECAR_ARMS + PEER_ARMS}
+# Research policies the product no longer offers, kept as arms because docs/findings.md cites their runs.
+RESEARCH_ARMS: tuple[Arm, ...] = (Arm("predictive", "predictive", factory=Predictive),
+                                  Arm("lane", "lane", factory=Lane))
+ARMS_BY_NAME = {a.name: a for a in SIDECAR_ARMS + PEER_ARMS + RESEARCH_ARMS}
 
 
 def arm_by_name(name: str) -> Arm:
     """Every sidecar `--policy` name (default parameters: "loadaware" is beta 1.0), "loadaware-b<beta>" for
-    any beta, and every peer arm of experiment.peers by its name."""
+    any beta, every peer arm of experiment.peers and the research arms by their names."""
     if name in ARMS_BY_NAME:
         return ARMS_BY_NAME[name]
     if name.startswith("loadaware-b"):
@@ -350,7 +355,7 @@ class Simulation:
         """The sidecar's decision (experiment.product_router): its pipeline, policy and lifecycle listeners, on
         the prefix source's answer of this moment."""
         router = self.router
-        if self.policy.uses_prefix and router.approx is None and self.config.tokenizer:
+        if self.policy.needs.prefix and router.approx is None and self.config.tokenizer:
             router.exact.answer = self._matches(s)
         decision = router.decide(self._tokens(s))
         self._decision = decision

@@ -1,6 +1,6 @@
 """The placement grid: our policy against the peers' published policies at eight operating points (DES).
 
-    python -m experiment.grid [--seeds 20] [--jobs 2] [--ours predictive] [--points a,b] [--arms a,b]
+    python -m experiment.grid [--seeds 20] [--jobs 2] [--ours lane-spread] [--points a,b] [--arms a,b]
         [--credit multi|gpu] [--out out/experiment/grid] [--doc docs/results.md]
 
 At every point each arm runs the same seeds' workloads (paired); per point, for TTFT p95, TTFT mean and the
@@ -288,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="seeds first..first+N-1; the report says whether they are held out from the design "
                     "(1-10) and tuning (201-220) seeds")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
-    ap.add_argument("--ours", default="predictive", help="the arm judged against the peers")
+    ap.add_argument("--ours", default="lane-spread", help="the arm judged against the peers")
     ap.add_argument("--points", default="all", help="comma list of point names, or 'all'")
     ap.add_argument("--arms", default="", help="extra arms beyond ours, the peers and the baselines")
     ap.add_argument("--credit", choices=tuple(CREDIT_SEEN), default="multi",

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from loadaware.policies.base import Candidate, Choice, argmax_with_tiebreak, lowest_cost
+from loadaware.policies.base import Candidate, Choice, Needs, argmax_with_tiebreak, lowest_cost
 
 BLOCK_TOKENS = 16  # vLLM's block size in the simulated fleet
 
@@ -44,8 +44,7 @@ def _uncached(c: Candidate, prompt_tokens: int) -> float:
 class LMetric:
     name: str = "lmetric"
     formula: ClassVar[str] = "cost(i) = (prefill_tokens(i) + uncached(i)) x (decode_batch(i) + 1); lowest wins"
-    uses_prefix: bool = True
-    uses_signals: bool = True
+    needs: ClassVar[Needs] = Needs(signals=True)
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:
         if not candidates:
@@ -61,8 +60,7 @@ class DynamoLinear:
     name: str = "dynamo"
     formula: ClassVar[str] = ("cost(i) = prefill_load_scale x max(active_prefill_blocks(i) + incoming_blocks - "
                               "overlap_blocks(i), 0) + active_decode_blocks(i) + incoming_blocks; lowest wins")
-    uses_prefix: bool = True
-    uses_signals: bool = True
+    needs: ClassVar[Needs] = Needs(signals=True)
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:
         if not candidates:
@@ -83,8 +81,7 @@ class LlmdTokenAware:
     name: str = "llmd-token"
     formula: ClassVar[str] = ("keep endpoints with hit >= 0.8 and uncached tokens in flight <= 286,720 (all if "
                               "none); cost(i) = uncached_tokens(i) + prompt x (1 - hit(i)); lowest wins")
-    uses_prefix: bool = True
-    uses_signals: bool = True
+    needs: ClassVar[Needs] = Needs(signals=True)
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:
         if not candidates:
@@ -105,8 +102,7 @@ class LlmdBlend:
     name: str = "llmd-blend"
     formula: ClassVar[str] = ("score(i) = 3 x hit(i) + 2 x (max_q - q(i)) / (max_q - min_q) + 2 x (1 - kv_usage(i)); "
                               "highest wins")
-    uses_prefix: bool = True
-    uses_signals: bool = True
+    needs: ClassVar[Needs] = Needs(signals=True)
     uses_gauges: ClassVar[bool] = True  # reads kv_usage
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:
@@ -131,8 +127,7 @@ class SglangCacheAware:
     name: str = "sglang-cache-aware"
     formula: ClassVar[str] = ("imbalanced (max - min load > 64 and max > 1.5 x min): lowest load; else the longest "
                               "match if its rate > 0.3, else the smallest tree")
-    uses_prefix: bool = True
-    uses_signals: bool = True
+    needs: ClassVar[Needs] = Needs(signals=True)
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice | None:
         if not candidates:

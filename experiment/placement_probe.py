@@ -21,9 +21,9 @@ from pathlib import Path
 from experiment.des import SimRequest, Simulation, _Engine, arm_by_name
 from experiment.grid import POINTS_BY_NAME, GridPoint, prepared
 from experiment.metrics import DEFAULT_SLO_S, seed_metrics
+from experiment.predictive import Predictive
 from experiment.variants import VARIANTS, arm
 from loadaware.policies.base import Candidate
-from loadaware.policies.predictive import Predictive
 
 
 class ProbeSimulation(Simulation):

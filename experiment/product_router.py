@@ -21,7 +21,7 @@ from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import Decision, RequestLifecycle
 from loadaware.load.signals import SignalTracker
 from loadaware.load.tracker import EngineStats, LoadTracker
-from loadaware.policies.base import Candidate, Choice, Policy
+from loadaware.policies.base import Candidate, Choice, Needs, Policy
 from loadaware.prefix.approx import ApproxIndex, ApproxPrefixSource
 from loadaware.prefix.source import PrefixSource
 from loadaware.prefix.wiring import APPROX_TOKEN_BLOCK
@@ -57,8 +57,7 @@ class TwoArgPolicy:
     def __init__(self, policy: Any, before: Callable[[Sequence[Candidate]], None] | None = None) -> None:
         self.inner = policy
         self.name: str = policy.name
-        self.uses_prefix: bool = policy.uses_prefix
-        self.uses_signals: bool = policy.uses_signals
+        self.needs: Needs = policy.needs
         self.formula: str = getattr(policy, "formula", "")
         self._before = before
 

@@ -4,7 +4,7 @@
     python -m experiment.grid --credit gpu --ours lane --arms lane-product,lane-greedy --out out/experiment/g
     python -m experiment.placement_probe seeds --point queueing --arms predictive,predictive-headroom
 
-The `predictive-*` arms are `predictive` (loadaware/policies/predictive.py) with one change. `lane-product` and
+The `predictive-*` arms are `predictive` (experiment/predictive.py) with one change. `lane-product` and
 `lane-greedy` are the sidecar's `lane` policy (loadaware/policies/lane.py) at the engines' known speeds instead
 of learned ones: `lane-product` exactly so, `lane-greedy` without the decode factor (a design bound: the
 sidecar is not told the speeds). `lane-inflight` is `lane` with (load + 1) as its factor; the `lane-demand-*`,
@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING
 
 from experiment.calibration import CALIBRATED
 from experiment.des import Arm, arm_by_name
-from loadaware.policies.base import Candidate, Choice, Policy, lowest_cost, own_uncached
+from experiment.predictive import Predictive
+from loadaware.policies.base import Candidate, Choice, Needs, Policy, lowest_cost, own_uncached
 from loadaware.policies.lane import DECODE_EXPONENT, Lane
 from loadaware.policies.lane_spread import LaneSpread, in_flight_costs
 from loadaware.policies.loadaware import LoadAware
-from loadaware.policies.predictive import Predictive
 from sim.service_model import ServiceModel
 
 if TYPE_CHECKING:
@@ -111,8 +111,7 @@ class LaneTtft:
     must be called once per routed request (the simulator does)."""
 
     def __init__(self, exponent: float, name: str) -> None:
-        self.uses_prefix = True
-        self.uses_signals = True
+        self.needs = Needs(signals=True)
         self.exponent = exponent
         self.name = name
         self.formula = ("cost(i) = (lane wait(i) + own prefill(i) + first-token steps(i)) x (decode(i) + 1)^"

@@ -25,7 +25,7 @@ from loadaware.fleet.addresses import (
     parse_instance_map,
     parse_topic_map,
 )
-from loadaware.policies import POLICY_NAMES
+from loadaware.policies import POLICIES
 from loadaware.policies.auto import AUTO, auto_policy
 from loadaware.prefix.blocks import DEFAULT_MAX_BLOCKS
 
@@ -76,8 +76,8 @@ def parse_non_negative(text: str) -> float:
 
 
 def parse_policy(text: str) -> str:
-    if text != AUTO and text not in POLICY_NAMES:
-        raise ValueError(f"{text!r}: expected {AUTO} or one of {', '.join(POLICY_NAMES)}")
+    if text != AUTO and text not in POLICIES:  # the registry itself: a policy added there is accepted here
+        raise ValueError(f"{text!r}: expected {AUTO} or one of {', '.join(POLICIES)}")
     return text
 
 
@@ -227,8 +227,8 @@ class Settings:
     inference_pool: str = setting("", parse_name,
             "inference-pool discovery: the InferencePool whose pods are the engines (in --k8s-namespace)")
     policy: str = setting(AUTO, parse_policy,
-            "auto | loadaware | kvaware | roundrobin | leastload | predictive | lane | lane-spread (auto: lane-spread "
-            "with --tokenizer, else loadaware; docs/policies.md)", strict=True)
+            "auto | lane-spread | loadaware | kvaware | roundrobin | leastload (auto: lane-spread with --tokenizer, "
+            "else loadaware; docs/policies.md)", strict=True)
     loadaware_beta: float = setting(1.0, parse_beta,
             "exchange rate between prefix benefit and relative load (>= 0)", env='LOADAWARE_BETA')
     lmcache_url: str = setting("", parse_url,

@@ -12,10 +12,10 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import yaml
 
@@ -68,6 +68,24 @@ def envoy_config(base: Path, out: Path, engines: Sequence[str], sidecar_port: in
 SCRAPE_TIMEOUT_MS = 3000
 SCRAPE_STALE_S = 15
 MESSAGE_TIMEOUT_S = 5  # the shipped configs' max_message_timeout
+# While real engines hold both cores of a 2-core machine one read of a sidecar page has taken more than 5 s:
+# a read that times out is made again, within this deadline.
+PAGE_DEADLINE_S = 30.0
+
+T = TypeVar("T")
+
+
+def patiently(read: Callable[[], T], timeout: float = PAGE_DEADLINE_S) -> T:
+    """read(), made again after a time-out or a connection error until `timeout` has passed (then the last
+    error is raised)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return read()
+        except (TimeoutError, OSError):
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _seconds(duration: str) -> float:
@@ -126,10 +144,13 @@ class VllmGateway:
             parsed = {"raw": data[:300].decode(errors="replace")}
         return status, parsed
 
-    def last_decision(self) -> dict[str, Any]:
+    def _newest(self) -> dict[str, Any]:
         items = self.sidecar.debug_json("/debug/decisions?n=1")
         last: dict[str, Any] = items[-1] if items else {}
         return last
+
+    def last_decision(self) -> dict[str, Any]:
+        return patiently(self._newest)
 
     def decision_after(self, previous: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
         """The sidecar's newest decision once it is not `previous` (what last_decision gave before a request);
@@ -139,7 +160,7 @@ class VllmGateway:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                last = self.last_decision()
+                last = self._newest()
             except (TimeoutError, OSError):
                 last = {}
             if last and last.get("at") != previous.get("at"):
@@ -149,7 +170,8 @@ class VllmGateway:
             time.sleep(0.1)
 
     def feeds(self) -> dict[str, Any]:
-        engines: dict[str, Any] = self.sidecar.debug_json("/debug/state")["prefix"]["kv_events"]["engines"]
+        state = patiently(lambda: self.sidecar.debug_json("/debug/state"))
+        engines: dict[str, Any] = state["prefix"]["kv_events"]["engines"]
         return engines
 
     def blocks(self, endpoint: str) -> int:

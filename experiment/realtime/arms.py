@@ -59,7 +59,7 @@ ARMS: tuple[RealArm, ...] = (
     sidecar_loadaware(0.0), sidecar_loadaware(0.5), sidecar_loadaware(1.0), sidecar_loadaware(2.0),
     RealArm("roundrobin", "sidecar", "roundrobin"),
     RealArm("leastload", "sidecar", "leastload"),
-    RealArm("predictive", "sidecar", "predictive"),
+    RealArm("lane-spread", "sidecar", "lane-spread"),  # the default with a tokenizer (auto)
     sidecar_loadaware(0.5, "kv-events"), sidecar_loadaware(1.0, "kv-events"),
     RealArm("kvaware-kvev", "sidecar", "kvaware", prefix_source="kv-events"),
     # Peers with their default thresholds (the comparison is with them as shipped): only --policy cache_aware
@@ -69,9 +69,9 @@ ARMS: tuple[RealArm, ...] = (
 )
 ARMS_BY_NAME = {a.name: a for a in ARMS}
 
-# What `make experiment` runs by default: every arm the issue asks for (kvaware-kvev and predictive are optional
+# What `make experiment` runs by default: every arm the issue asks for (kvaware-kvev and lane-spread are optional
 # context).
-DEFAULT_ARMS = tuple(a.name for a in ARMS if a.name not in ("kvaware-kvev", "predictive"))
+DEFAULT_ARMS = tuple(a.name for a in ARMS if a.name not in ("kvaware-kvev", "lane-spread"))
 # `make experiment-quick`: the arms the targets are judged on, within its 15-minute budget.
 QUICK_ARMS = ("kvaware", "loadaware-b0.5", "loadaware-b0.5-kvev", "roundrobin", "sglang-router", "vllm-router")
 

@@ -130,7 +130,7 @@ def explanation(decision: Decision, policy: Policy, beta: float, kind: str,
             score=score, chosen=c.endpoint == decision.endpoint, routing_state=routing_state(c.endpoint),
             models=models_for(c.endpoint), signals=token_signals(c, observed_ttft(c.endpoint)),
             queued_tokens=int(c.queued_tokens)))
-    if candidates and getattr(policy, "uses_working_set", False):
+    if candidates and policy.needs.working_set:
         out.working_set.CopyFrom(working_set_view(candidates))
     return out
 

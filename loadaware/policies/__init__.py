@@ -1,48 +1,47 @@
-"""Pure scoring functions. The formula lives in loadaware.py."""
+"""The routing policies and their registry: a policy is one module (its formula and parameters on top, its
+Needs declared on its class) and one line in POLICIES. The default, `auto`, picks one of them at start
+(auto.py)."""
 
 from __future__ import annotations
 
-from loadaware.policies.base import Candidate, Choice, Policy, ranked
+from collections.abc import Callable
+
+from loadaware.policies.base import Candidate, Choice, Needs, Policy, ranked
 from loadaware.policies.kvaware import KvAware
-from loadaware.policies.lane import Lane
 from loadaware.policies.lane_spread import LaneSpread
 from loadaware.policies.leastload import LeastLoad
 from loadaware.policies.loadaware import LoadAware
-from loadaware.policies.predictive import Predictive
 from loadaware.policies.roundrobin import RoundRobin
 
-POLICY_NAMES = ("loadaware", "kvaware", "roundrobin", "leastload", "predictive", "lane", "lane-spread")
+# name -> the policy, from loadaware's beta (the one parameter a flag sets; the others ignore it)
+POLICIES: dict[str, Callable[[float], Policy]] = {
+    "lane-spread": lambda beta: LaneSpread(),
+    "loadaware": lambda beta: LoadAware(beta=beta),
+    "kvaware": lambda beta: KvAware(),
+    "roundrobin": lambda beta: RoundRobin(),
+    "leastload": lambda beta: LeastLoad(),
+}
+POLICY_NAMES = tuple(POLICIES)
 
 
 def make_policy(name: str, beta: float = 1.0) -> Policy:
-    if name == "loadaware":
-        return LoadAware(beta=beta)
-    if name == "kvaware":
-        return KvAware()
-    if name == "roundrobin":
-        return RoundRobin()
-    if name == "leastload":
-        return LeastLoad()
-    if name == "predictive":
-        return Predictive()
-    if name == "lane":
-        return Lane()
-    if name == "lane-spread":
-        return LaneSpread()
-    raise ValueError(f"unknown policy {name!r}; expected one of {', '.join(POLICY_NAMES)}")
+    factory = POLICIES.get(name)
+    if factory is None:
+        raise ValueError(f"unknown policy {name!r}; expected one of {', '.join(POLICIES)}")
+    return factory(beta)
 
 
 __all__ = [
+    "POLICIES",
     "POLICY_NAMES",
     "Candidate",
     "Choice",
     "KvAware",
-    "Lane",
     "LaneSpread",
     "LeastLoad",
     "LoadAware",
+    "Needs",
     "Policy",
-    "Predictive",
     "RoundRobin",
     "make_policy",
     "ranked",

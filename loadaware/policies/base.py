@@ -59,12 +59,29 @@ class Choice:
     scores: tuple[float, ...]  # one per candidate, higher is better (for explanations)
 
 
+@dataclass(frozen=True, slots=True)
+class Needs:
+    """What a policy reads beyond each candidate's matched tokens and load, declared once on the policy: the
+    pipeline fills exactly that (each extra costs every decision), and Explain shows it."""
+
+    prefix: bool = True  # the prompt's tokens and prefix matches (False: no tokenization, no lookups)
+    signals: bool = False  # the token signals: prefill clock, decode batch, waiting, KV usage (load/signals.py)
+    working_set: bool = False  # the fleet's cache demand and the prefix's popularity (prefix/working_set.py)
+    queued_prefixes: bool = False  # matches credited from requests queued on an engine (prefix/queued.py)
+    ttft_model: bool = False  # the endpoint's learned TTFT model's prices (policies/ttft_model.py)
+    # An endpoint that holds nothing of the prompt scores by its load alone, ties to the lower load then the
+    # name: a large pool scores only its holders and least-loaded endpoints (routing/pruning.py).
+    prunable: bool = False
+    turns: bool = False  # takes turns over the fleet's lexical order (roundrobin's `turn`)
+
+
 class Policy(Protocol):
     name: str
-    uses_prefix: bool  # False lets the pipeline skip tokenization and lookups entirely
-    # False: the policy reads only each candidate's matched tokens and load, so its candidates carry no token
-    # signals (filling them would cost every decision); Explain shows them anyway.
-    uses_signals: bool
+
+    @property
+    def needs(self) -> Needs:
+        """What the pipeline fills for it (Needs)."""
+        ...
 
     @property
     def formula(self) -> str:

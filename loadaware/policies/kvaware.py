@@ -6,15 +6,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from loadaware.policies.base import Candidate, Choice, argmax_with_tiebreak
+from loadaware.policies.base import Candidate, Choice, Needs, argmax_with_tiebreak
 
 
 @dataclass
 class KvAware:
     name: str = "kvaware"
     formula: ClassVar[str] = "score(i) = matched_tokens(i); when nobody matches, score(i) = -load(i)"
-    uses_prefix: bool = True
-    uses_signals: bool = False
+    needs: ClassVar[Needs] = Needs(prunable=True)
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate],
                mean_load: float | None = None) -> Choice | None:

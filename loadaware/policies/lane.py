@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from loadaware.policies.base import Candidate, Choice, lowest_cost, own_uncached
+from loadaware.policies.base import Candidate, Choice, Needs, lowest_cost, own_uncached
 from loadaware.policies.ttft_model import TtftPrior
 
 DECODE_EXPONENT = 0.75
@@ -53,8 +53,7 @@ class Lane:
         f"(decode(i) + 1)^{DECODE_EXPONENT:g} + per_token(i) x uncached(i) x waiting(i); lane_wait: the "
         "endpoint's prefill clock; base, per_token, per_running: its TTFT model learned from requests decided on "
         "an idle clock; waiting: its scraped admission queue; lowest wins")
-    uses_prefix: bool = True
-    uses_signals: bool = True
+    needs: ClassVar[Needs] = Needs(signals=True)
 
     def own_prefill_s(self, prompt_tokens: int, c: Candidate) -> float:
         """The request's own prefill on c: its uncached tokens at c's learned price."""

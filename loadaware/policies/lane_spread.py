@@ -15,7 +15,7 @@ held prefix was routed lately). While new prompt heads are still arriving, cache
 policy is `lane`: a cold start must not spend the caches on copies before it knows the working set.
 
 matched tokens: the exact sources' match, and on an engine that queues (scraped waiting > 0) at least what the
-requests routed there while it queued hold of the prompt (uses_queued_prefixes, loadaware/prefix/queued.py):
+requests routed there while it queued hold of the prompt (Needs.queued_prefixes, loadaware/prefix/queued.py):
 they are prefilled before this one is scheduled, so a later request for a new or evicted prefix follows the
 first one into the same queue instead of computing the prefix again on another engine.
 
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from loadaware.policies.base import Candidate, Choice, lowest_cost
+from loadaware.policies.base import Candidate, Choice, Needs, lowest_cost
 from loadaware.policies.bounded import MAX_SHARE, bounded_costs
 from loadaware.policies.lane import Lane
 
@@ -54,8 +54,7 @@ class LaneSpread(Lane):
         "lately (prefix_routes); lane's cost otherwise; a queueing endpoint's matched tokens include what the "
         "requests routed there while it queued hold of the prompt; lowest wins among the endpoints that carry "
         f"less than {MAX_SHARE:g} of the pool's load (pools of 3 or more)")
-    uses_working_set: ClassVar[bool] = True
-    uses_queued_prefixes: ClassVar[bool] = True
+    needs: ClassVar[Needs] = Needs(signals=True, working_set=True, queued_prefixes=True)
     max_share: float = MAX_SHARE  # the pile-up guard (loadaware/policies/bounded.py); 1: off
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate], mean_load: float | None = None

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from loadaware.policies.base import Candidate, Choice, argmax_with_tiebreak
+from loadaware.policies.base import Candidate, Choice, Needs, argmax_with_tiebreak
 
 
 def benefit(matched_tokens: int, prompt_tokens: int) -> float:
@@ -47,8 +47,7 @@ class LoadAware:
     name: str = "loadaware"
     formula: ClassVar[str] = ("score(i) = min(1, matched_tokens(i) / prompt_tokens) - beta * relative_load(i); "
                               "relative_load(i) = (load(i) - mean_load) / max(1, mean_load)")
-    uses_prefix: bool = True
-    uses_signals: bool = False
+    needs: ClassVar[Needs] = Needs(prunable=True)
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate],
                mean_load: float | None = None) -> Choice | None:

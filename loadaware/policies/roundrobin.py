@@ -6,15 +6,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from loadaware.policies.base import Candidate, Choice
+from loadaware.policies.base import Candidate, Choice, Needs
 
 
 @dataclass
 class RoundRobin:
     name: str = "roundrobin"
     formula: ClassVar[str] = "next endpoint in lexical order; score 1 for it, 0 for the others"
-    uses_prefix: bool = False
-    uses_signals: bool = False
+    needs: ClassVar[Needs] = Needs(prefix=False, turns=True)
     _next: int = field(default=0, repr=False)
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate],

@@ -14,18 +14,18 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Protocol
+from typing import Protocol, cast
 
 from loadaware.fleet.members import member_set
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import Decision, RequestLifecycle, preview, previewing
 from loadaware.load.order import LoadOrder
 from loadaware.load.signals import SignalTracker
-from loadaware.policies import Candidate, Choice, Policy, RoundRobin, ranked
+from loadaware.policies import Candidate, Choice, Needs, Policy, ranked
 from loadaware.prefix.queued import QueuedPrefixes
 from loadaware.prefix.source import PrefixSource, PrefixUnavailable, PromptTokens
 from loadaware.prefix.working_set import BLOCK_TOKENS, WorkingSet, fill_candidates, sampled_keys
-from loadaware.routing.pruning import MIN_POOL, PRUNABLE, pruned_candidates, round_robin_candidates
+from loadaware.routing.pruning import MIN_POOL, pruned_candidates, round_robin_candidates
 from loadaware.routing.request import InferenceRequest
 from loadaware.telemetry.faults import RateLimitedLog, describe
 
@@ -60,6 +60,12 @@ class PromptEncoder(Protocol):
                           ) -> list[int]: ...
 
 
+class TakesTurns(Protocol):
+    """A policy with Needs.turns: the endpoint whose turn it is, out of n in lexical order (roundrobin)."""
+
+    def turn(self, n: int) -> int: ...
+
+
 class Decider:
     def __init__(self, policy: Policy, registry: EndpointRegistry, loads: Loads, lifecycle: RequestLifecycle,
                  tokenizer: PromptEncoder | None = None, prefix_source: PrefixSource | None = None,
@@ -67,19 +73,18 @@ class Decider:
                  ranking: Ranking | None = None, signals: SignalTracker | None = None,
                  working_set: WorkingSet | None = None) -> None:
         self.policy = policy
+        needs = policy.needs  # what it reads: the pipeline fills exactly that (policies/base.py)
         # The fleet's prefix working set, for a policy that reads it (policies/lane_spread.py): each routed
         # prompt's sampled keys feed it, the engines' scraped KV capacity sizes it (prefix/working_set.py).
-        if working_set is None and getattr(policy, "uses_working_set", False):
+        if working_set is None and needs.working_set:
             working_set = WorkingSet()
         self.working_set = working_set
         # Prompts routed to engines that queue, credited to later requests for the same prefix there
         # (prefix/queued.py), for a policy that reads them; it hears of each request's life to hold and release.
-        self.queued = QueuedPrefixes() if getattr(policy, "uses_queued_prefixes", False) else None
+        self.queued = QueuedPrefixes() if needs.queued_prefixes else None
         if self.queued is not None:
             lifecycle.subscribe(self.queued)
         self._fleet_capacity = getattr(loads, "kv_capacity_tokens", None)
-        # The TTFT model's prices cost a fit to read: only for a policy that reads them (and for Explain).
-        self._reads_ttft_model = bool(getattr(policy, "uses_ttft_model", False))
         self._capacity_seen = 0.0
         self.signals = signals  # per-endpoint token signals (load/signals.py); None: candidates carry none
         self._fresh_stats = getattr(loads, "fresh_stats", None)  # bound once: the candidates are the hot path
@@ -95,6 +100,11 @@ class Decider:
         # The fleet's loads in order (load/tracker.py): a large pool scores only its prefix holders and its few
         # least-loaded endpoints (routing/pruning.py says why the choice is the same). None: score them all.
         self.ranking = ranking
+
+    @property
+    def needs(self) -> Needs:
+        """What the policy reads (policies/base.py): the pipeline fills exactly that."""
+        return self.policy.needs
 
     async def prompt_tokens(self, request: InferenceRequest) -> list[int]:
         """Token ids as the engine will see them; raises on tokenizer failure or timeout."""
@@ -210,7 +220,7 @@ class Decider:
             return self._empty(request_id, subset, 0, stages, started, count, model)
         if request is None or not request.has_prompt:
             reasons.append(request.unscored or "no_prompt" if request is not None else "no_prompt")
-        elif self.policy.uses_prefix:
+        elif self.needs.prefix:
             t = time.perf_counter()
             try:
                 tokens = await self.prompt_tokens(request)
@@ -286,14 +296,14 @@ class Decider:
         """Round robin over a large, whole fleet: the endpoint at the turn's place in the lexical order, and
         the least-loaded others as its fallbacks (routing/pruning.py). None: score the pool as usual."""
         policy = self.policy
-        if (self.ranking is None or not isinstance(policy, RoundRobin) or excluded or len(endpoints) < MIN_POOL
+        if (self.ranking is None or not self.needs.turns or excluded or len(endpoints) < MIN_POOL
                 or endpoints is not self.registry.snapshot()):
             return None
         order = self.ranking.ordered()
         if len(order) != len(endpoints):
             return None
         lexical = self.registry.lexical()
-        pick = lexical[policy.turn(len(lexical))]
+        pick = lexical[cast(TakesTurns, policy).turn(len(lexical))]
         candidates, index, scores = round_robin_candidates(order, pick, 1 + self.fallbacks, self.registry.position)
         return candidates, Choice(index, scores)
 
@@ -301,7 +311,7 @@ class Decider:
                 reasons: list[str]) -> tuple[tuple[Candidate, ...], float | None]:
         """The candidates to score (the pool is `endpoints` less `excluded`) and, when pruned, the pool's mean
         load (None: the candidates are the pool)."""
-        if self.ranking is not None and self.policy.name in PRUNABLE and len(endpoints) >= MIN_POOL:
+        if self.ranking is not None and self.needs.prunable and len(endpoints) >= MIN_POOL:
             order = self.ranking.ordered()
             fleet = self.registry.snapshot()
             if len(order) == len(fleet):  # the order holds exactly the fleet (joined and dropped with it)
@@ -349,7 +359,7 @@ class Decider:
         except Exception as exc:  # noqa: BLE001 - no load signal: the policy sees every engine idle
             _degraded(reasons, "loads_error", exc)
             loads = [0.0] * len(endpoints)
-        if self.signals is not None and (self.policy.uses_signals or previewing()):
+        if self.signals is not None and (self.needs.signals or previewing()):
             # The token signals, for a policy that reads them (never pruned) and for Explain; the seed's
             # policies read only matches and loads, and filling the rest would cost every decision.
             now = self.signals.clock()
@@ -379,7 +389,8 @@ class Decider:
             return Candidate(ep, matched, load, decode_batch=decoding, waiting=waiting, kv_usage=kv)
         m = sig.model
         base = per_token = per_matched = per_running = None
-        if m.observations > 0 and (self._reads_ttft_model or previewing()):
+        # The TTFT model's prices cost a fit to read: only for a policy that reads them (and for Explain).
+        if m.observations > 0 and (self.policy.needs.ttft_model or previewing()):
             base, per_token, per_matched, per_running = m.prices()
         lane_wait, idle_base, idle_per_token, idle_per_running = sig.prefill_clock.view(now)
         # Positional, in Candidate's field order (keywords cost ~0.5 µs per candidate): kv_blocks and

@@ -1,8 +1,9 @@
 """The candidates a decision needs to score, when the fleet is large: the endpoints that hold some of the
 prompt, plus the few least-loaded of the rest (docs/architecture.md, "Fleet size").
 
-Why that is enough, for the policies in PRUNABLE: an endpoint that holds nothing of the prompt scores by its
-load alone (loadaware: -beta * relative_load, kvaware: 0 when anyone matches, else -load; leastload: -load),
+Why that is enough, for the policies that declare Needs.prunable: an endpoint that holds nothing of the prompt
+scores by its load alone (loadaware: -beta * relative_load, kvaware: 0 when anyone matches, else -load; leastload:
+-load),
 and ties among such endpoints break on the lower load, then the lexically smaller name. So among them the
 ranking is (load, endpoint) ascending, and the choice plus its `limit - 1` fallbacks can include at most
 `limit` of them: the first `limit` in that order. Every holder is scored as before; loadaware's mean load is
@@ -18,7 +19,6 @@ from collections.abc import Callable, Collection, Mapping
 from loadaware.load.order import LoadOrder
 from loadaware.policies import Candidate
 
-PRUNABLE = frozenset({"loadaware", "kvaware", "leastload"})
 # Below this many endpoints scoring them all costs less than choosing which to score.
 MIN_POOL = 64
 

@@ -188,16 +188,6 @@ def test_dashboard_json_is_generated_from_its_code() -> None:
     assert result.returncode == 0, result.stderr
 
 
-def test_readme_answers_for_every_panel() -> None:
-    """The README's "what each panel answers at 3 a.m." table lists exactly the dashboard's panels."""
-    readme = (REPO / "README.md").read_text()
-    table = readme[readme.index("What each panel answers at 3 a.m."):readme.index("`make monitor` runs")]
-    listed = {cells[2].strip() for line in table.splitlines() if line.startswith("| ")
-              and len(cells := line.split("|")) > 3} - {"panel", "---"}
-    panels = {p["title"] for p in json.loads(DASHBOARD.read_text())["panels"] if p["type"] != "row"}
-    assert listed == panels
-
-
 def test_every_target_is_up(monitored: Monitored) -> None:
     health = monitored.prometheus.targets_up()
     assert len(health) == 2 + len(ENGINES) and set(health.values()) == {"up"}, health

@@ -291,7 +291,7 @@ async def test_explain_and_list_endpoints_show_the_working_set_and_the_kv_capaci
     assert view.prefix_routes == 2 and view.spreading is False  # 2 routes < 3 candidates
     listed = await servicer.ListEndpoints(pb.ListEndpointsRequest(), None)
     assert {e.last_scrape.kv_capacity_tokens for e in listed.endpoints} == {90_000}
-    plain, _ = build("lane")
+    plain, _ = build("loadaware")
     assert not (await plain.Explain(struct_request({"prompt": lines}), None)).HasField("working_set")
 
 

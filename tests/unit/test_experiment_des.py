@@ -109,8 +109,7 @@ class RecordingPolicy:
         self.policy = policy
         self.loads = loads
         self.name = policy.name
-        self.uses_prefix = policy.uses_prefix
-        self.uses_signals = policy.uses_signals
+        self.needs = policy.needs
         self.seen: list[SeenDecision] = []
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate],

@@ -53,8 +53,10 @@ def test_arm_names_match_the_des_and_flags() -> None:
     assert arm_by_name("roundrobin").credit == ""
     assert arm_by_name("loadaware-b3").name == "loadaware-b3.0"  # any beta, named as the DES names it
     assert arm_by_name("loadaware-b0").name == "loadaware-b0"
-    predictive = arm_by_name("predictive-kvev")  # every sidecar policy by its --policy name
-    assert predictive.sidecar_args()[:2] == ["--policy", "predictive"] and predictive.credit == "gpu"
+    spread = arm_by_name("lane-spread-kvev")  # every sidecar policy by its --policy name
+    assert spread.sidecar_args()[:2] == ["--policy", "lane-spread"] and spread.credit == "gpu"
+    with pytest.raises(ValueError):
+        arm_by_name("predictive")  # a research policy: the sidecar no longer offers it
     with pytest.raises(ValueError):
         arm_by_name("random")
     with pytest.raises(ValueError):

@@ -17,7 +17,7 @@ from bench.extproc_inprocess import buffered_messages, duplex_messages
 from loadaware.app import Sidecar
 from loadaware.extproc.metadata import MAX_REQUEST_ID_CHARS, headers_of, served_endpoint, status_of, subset_hint
 from loadaware.lifecycle import Decision, RequestLifecycle
-from loadaware.policies import Candidate, Choice
+from loadaware.policies import Candidate, Choice, Needs
 from loadaware.routing.request import (
     MAX_BATCH_PROMPTS,
     MAX_MESSAGES,
@@ -132,8 +132,7 @@ class RaisingSource(FixedSource):
 
 class RaisingPolicy:
     name = "broken"
-    uses_prefix = True
-    uses_signals = False
+    needs = Needs()
     formula = "raises"
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate], mean_load: float | None = None

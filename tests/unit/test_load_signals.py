@@ -5,16 +5,19 @@ or the end, moved by a retry, learned TTFT, and the candidates the policy then s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import ClassVar
 
 import pytest
 
+from experiment.predictive import Predictive
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import RequestLifecycle
 from loadaware.load.signals import SignalTracker
 from loadaware.load.tracker import EngineStats, LoadTracker
-from loadaware.policies import Candidate, make_policy
+from loadaware.policies import Candidate, Needs, Policy, make_policy
 from loadaware.policies.kvaware import KvAware
+from loadaware.policies.lane import Lane
 from loadaware.policies.ttft_model import TtftPrior
 from loadaware.routing.pipeline import Decider
 from loadaware.routing.request import InferenceRequest
@@ -41,6 +44,13 @@ class Matches:
         return dict(self.answer)
 
 
+RESEARCH: dict[str, Callable[[], Policy]] = {"lane": Lane, "predictive": Predictive}  # not offered by --policy
+
+
+class SignalledKvAware(KvAware):
+    needs: ClassVar[Needs] = Needs(signals=True, ttft_model=True)
+
+
 def rig(answer: dict[str, int], policy: str = "kvaware") -> tuple[Decider, SignalTracker, RequestLifecycle, Clock,
                                                                    LoadTracker]:
     clock = Clock()
@@ -51,7 +61,8 @@ def rig(answer: dict[str, int], policy: str = "kvaware") -> tuple[Decider, Signa
     lifecycle.subscribe(signals)
     lifecycle.subscribe_progress(signals)
     registry = EndpointRegistry(FLEET)
-    decider = Decider(make_policy(policy), registry, loads, lifecycle, prefix_source=Matches(answer), signals=signals)
+    decider = Decider(RESEARCH[policy]() if policy in RESEARCH else make_policy(policy), registry, loads, lifecycle,
+                      prefix_source=Matches(answer), signals=signals)
     return decider, signals, lifecycle, clock, loads
 
 
@@ -76,9 +87,8 @@ def test_uncached_tokens_are_counted_at_the_decision_and_retired_at_first_chunk_
 
 def test_prefix_held_tokens_are_counted_beside_the_uncached_and_feed_the_ttft_model() -> None:
     decider, signals, lifecycle, clock, _ = rig({FLEET[0]: 600})
-    decider.policy = KvAware(uses_signals=True)  # kvaware's choices, with candidates that show
+    decider.policy = SignalledKvAware()  # kvaware's choices, with candidates that show
     # the signals (kvaware itself reads none), the TTFT model's prices among them as a policy that reads them sees
-    decider._reads_ttft_model = True
     first = asyncio.run(decider.decide(prompt(1000), "r1"))
     second = asyncio.run(decider.decide(prompt(1000), "r2"))
     assert first.endpoint == second.endpoint == FLEET[0]
@@ -127,7 +137,7 @@ def test_the_next_decision_sees_the_signals_and_the_fresh_scrape() -> None:
     first = asyncio.run(decider.decide(prompt(1000), "r1"))
     assert first.endpoint == FLEET[0]
     loads.record(FLEET[1], EngineStats(running=7, waiting=2, kv_usage=0.4, at=clock.t))
-    decider.policy = make_policy("predictive")  # a policy that reads the signals
+    decider.policy = Predictive()  # a policy that reads the signals
     second = asyncio.run(decider.decide(prompt(1000), "r2"))
     by_ep = {c.endpoint: c for c in second.candidates}
     held, other = by_ep[FLEET[0]], by_ep[FLEET[1]]
@@ -368,7 +378,8 @@ def test_a_signalled_candidate_carries_each_model_price_in_its_own_field() -> No
     s.prefill_matched_tokens, s.prefill_tokens, s.uncached_tokens = 7, 11, 13
     unread = decider.signalled(FLEET[0], 300, 2.0)  # lane reads the clock's model, not the TTFT model: unpriced
     assert (unread.ttft_base_s, unread.ttft_per_token_s, unread.ttft_per_running_s) == (None, None, None)
-    decider._reads_ttft_model = True  # as for predictive, the policy that reads it
+    decider.policy = Lane(name="lane-ttft")  # lane's costs, the candidates a reader of the TTFT model gets
+    decider.policy.needs = Needs(signals=True, ttft_model=True)  # type: ignore[misc]  # an instance's own
     c = decider.signalled(FLEET[0], 300, 2.0)
     m = s.model
     assert (c.ttft_base_s, c.ttft_per_token_s, c.ttft_per_matched_token_s, c.ttft_per_running_s) == m.prices()

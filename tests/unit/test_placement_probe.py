@@ -12,6 +12,7 @@ import pytest
 from experiment.des import FleetConfig, Simulation, prepare
 from experiment.grid import POINTS_BY_NAME, run_grid, with_credit
 from experiment.placement_probe import main, probe_costs, probe_seeds
+from experiment.predictive import Predictive
 from experiment.variants import (
     LaneDiscovered,
     LaneGreedy,
@@ -26,7 +27,6 @@ from experiment.variants import (
 from experiment.workload import WorkloadSpec, build
 from loadaware.policies.base import Candidate
 from loadaware.policies.lane import Lane
-from loadaware.policies.predictive import Predictive
 from sim.service_model import ServiceModel
 from tests.unit.test_experiment_grid import TINY
 

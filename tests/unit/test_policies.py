@@ -7,7 +7,9 @@ import itertools
 
 import pytest
 
-from loadaware.policies import Candidate, KvAware, Lane, LeastLoad, LoadAware, Predictive, RoundRobin, make_policy
+from experiment.predictive import Predictive
+from loadaware.policies import Candidate, KvAware, LeastLoad, LoadAware, RoundRobin, make_policy
+from loadaware.policies.lane import Lane
 from loadaware.policies.loadaware import benefit, loadaware_scores, relative_loads
 from loadaware.policies.ttft_model import TtftPrior
 
@@ -138,16 +140,16 @@ def test_make_policy_rejects_unknown() -> None:
     assert make_policy("loadaware", beta=0.5).beta == 0.5  # type: ignore[attr-defined]
 
 
-# ---- predictive (loadaware/policies/predictive.py) ------------------------------------------------------
+# ---- predictive (experiment/predictive.py, a research arm) ------------------------------------------------------
 def test_predictive_keeps_a_hit_when_the_holder_is_not_backed_up() -> None:
-    p = make_policy("predictive")
+    p = Predictive()
     cands = (Candidate("a", 1536, 20.0, decode_batch=20.0), Candidate("b", 0, 18.0, decode_batch=18.0))
     choice = p.choose(1578, cands)
     assert choice is not None and choice.index == 0
 
 
 def test_predictive_moves_off_a_holder_with_a_long_prefill_queue() -> None:
-    p = make_policy("predictive")
+    p = Predictive()
     cands = (Candidate("a", 1536, 20.0, prefill_tokens=20_000, decode_batch=20.0),
              Candidate("b", 0, 18.0, decode_batch=18.0))
     choice = p.choose(1578, cands)
@@ -156,7 +158,7 @@ def test_predictive_moves_off_a_holder_with_a_long_prefill_queue() -> None:
 
 def test_predictive_prices_tokens_at_each_engines_learned_speed() -> None:
     # Same signals, but a learned a four times slower prefill: the same miss costs more there.
-    p = make_policy("predictive")
+    p = Predictive()
     slow = Candidate("a", 0, 5.0, decode_batch=5.0, ttft_base_s=0.05, ttft_per_token_s=1e-3, ttft_per_running_s=0.0025)
     fast = Candidate("b", 0, 5.0, decode_batch=5.0, ttft_base_s=0.05, ttft_per_token_s=2.5e-4,
                      ttft_per_running_s=0.0025)
@@ -169,7 +171,7 @@ def test_predictive_prices_tokens_at_each_engines_learned_speed() -> None:
 def test_predictive_keeps_a_long_prefix_on_a_busy_holder() -> None:
     # A 3,000-token prefix: its holder has a bigger batch and a little queued work, the idle peer would have to
     # prefill it all (~0.75 s at the prior's rate) and stall its own batch meanwhile: the request stays.
-    p = make_policy("predictive")
+    p = Predictive()
     cands = (Candidate("a", 3000, 30.0, prefill_tokens=600, decode_batch=28.0),
              Candidate("b", 0, 8.0, decode_batch=8.0))
     choice = p.choose(3040, cands)
@@ -178,7 +180,7 @@ def test_predictive_keeps_a_long_prefix_on_a_busy_holder() -> None:
 
 def test_predictive_spreads_a_miss_to_the_smaller_batch() -> None:
     # Nobody holds the prompt and no lane is backed up: the batch that one more sequence slows least wins.
-    p = make_policy("predictive")
+    p = Predictive()
     cands = (Candidate("a", 0, 40.0, decode_batch=40.0), Candidate("b", 0, 10.0, decode_batch=10.0))
     choice = p.choose(1578, cands)
     assert choice is not None and choice.index == 1
@@ -187,7 +189,7 @@ def test_predictive_spreads_a_miss_to_the_smaller_batch() -> None:
 def test_predictive_prices_held_tokens_that_must_be_loaded() -> None:
     # Both engines "hold" the prefix, but a learned price says a's held tokens are loaded, not free: the work
     # queued on a (many held prompts waiting for their first token) makes b, with none, the cheaper holder.
-    p = make_policy("predictive")
+    p = Predictive()
     learned = {"ttft_base_s": 0.05, "ttft_per_token_s": 2.5e-4, "ttft_per_running_s": 0.0025}
     loaded = Candidate("a", 1536, 10.0, decode_batch=8.0, prefill_matched_tokens=12_000,
                        ttft_per_matched_token_s=1e-4, **learned)
@@ -216,7 +218,7 @@ def test_predictive_caps_the_learned_held_price() -> None:
 def test_predictive_saturated_fleet_minimises_prefill_work() -> None:
     # Every engine has an admission queue: a miss cannot dodge the slot wait, so the holder keeps the request
     # even with the larger load (outside saturation its load would count).
-    p = make_policy("predictive")
+    p = Predictive()
     holder = Candidate("a", 1536, 120.0, prefill_tokens=400, decode_batch=64.0, waiting=56.0)
     other = Candidate("b", 0, 70.0, prefill_tokens=400, decode_batch=60.0, waiting=6.0)
     choice = p.choose(1578, (holder, other))
@@ -226,12 +228,11 @@ def test_predictive_saturated_fleet_minimises_prefill_work() -> None:
 
 
 def test_predictive_empty_fleet() -> None:
-    assert make_policy("predictive").choose(10, ()) is None
+    assert Predictive().choose(10, ()) is None
 
 
 def test_lane_prices_the_clock_ahead_the_own_prefill_and_the_steps_then_weighs_the_batch() -> None:
     p = Lane()
-    assert isinstance(make_policy("lane"), Lane)
     learned = Candidate("a", 1000, 9.0, decode_batch=8.0, lane_wait_s=0.2, idle_ttft_base_s=0.03,
                         idle_ttft_per_token_s=4e-4, idle_ttft_per_running_s=0.002)
     prior = Candidate("b", 0, 3.0, decode_batch=3.0)  # nothing learned: the prior's prices, an idle clock
@@ -245,7 +246,7 @@ def test_lane_prices_the_clock_ahead_the_own_prefill_and_the_steps_then_weighs_t
 
 
 def test_lane_leaves_a_holder_whose_clock_is_far_behind() -> None:
-    p = make_policy("lane")
+    p = Lane()
     holder = Candidate("a", 1536, 10.0, decode_batch=10.0)
     other = Candidate("b", 0, 10.0, decode_batch=10.0)
     assert chosen(p, 1578, [holder, other]) == "a"  # a hit saves ~0.4 s of prefill
@@ -254,7 +255,7 @@ def test_lane_leaves_a_holder_whose_clock_is_far_behind() -> None:
 
 
 def test_lane_keeps_a_hit_off_a_batch_many_times_larger() -> None:
-    p = make_policy("lane")
+    p = Lane()
     full = Candidate("a", 1536, 60.0, decode_batch=60.0)
     idle = Candidate("b", 0, 2.0, decode_batch=2.0)
     assert chosen(p, 1578, [full, idle]) == "b"  # the greedy choice (the hit) would fill the holder to its cap
@@ -262,7 +263,7 @@ def test_lane_keeps_a_hit_off_a_batch_many_times_larger() -> None:
 
 
 def test_lane_keeps_a_saturated_fleet_s_prefixes_where_they_are_cached() -> None:
-    p = make_policy("lane")
+    p = Lane()
     holder = Candidate("a", 1536, 70.0, decode_batch=64.0, lane_wait_s=0.45)
     other = Candidate("b", 0, 66.0, decode_batch=64.0)
     # With free slots everywhere (no admission queue scraped) the holder's backed-up clock sends the miss away.

@@ -1,5 +1,6 @@
 """Pruned candidates (routing/pruning.py) choose what the full pool chooses: the same choice, the same ranked
-fallbacks and the same scores, for every policy in PRUNABLE; through the decider too, with real counts.
+fallbacks and the same scores, for every policy that declares Needs.prunable; through the decider too, with real
+counts.
 
 Randomized over many seeded cases: fleets of 64-400 endpoints in shuffled order, loads with many ties
 (small integers and halves), holders with matches short of, equal to and beyond the prompt, pools that are
@@ -18,12 +19,14 @@ from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import Decision, RequestLifecycle
 from loadaware.load.order import LoadOrder
 from loadaware.load.tracker import EngineStats, LoadTracker
-from loadaware.policies import Candidate, make_policy, ranked
+from loadaware.policies import POLICIES, Candidate, make_policy, ranked
 from loadaware.routing.pipeline import Decider
-from loadaware.routing.pruning import MIN_POOL, PRUNABLE, pruned_candidates
+from loadaware.routing.pruning import MIN_POOL, pruned_candidates
 from loadaware.routing.request import InferenceRequest
 
 CASES = 400
+
+PRUNABLE = sorted(name for name, make in POLICIES.items() if make(1.0).needs.prunable)
 
 
 def fleet(rng: random.Random, n: int) -> list[str]:
@@ -52,7 +55,7 @@ def full_ranking(policy_name: str, beta: float, pool: Sequence[str], loads: dict
             {c.endpoint: s for c, s in zip(candidates, choice.scores)})
 
 
-@pytest.mark.parametrize("policy_name", sorted(PRUNABLE))
+@pytest.mark.parametrize("policy_name", PRUNABLE)
 def test_pruned_candidates_rank_as_the_full_pool(policy_name: str) -> None:
     rng = random.Random(f"pruning-{policy_name}")
     for case in range(CASES):
@@ -117,7 +120,7 @@ class Fixed:
         return {ep: n for ep, n in self.answer.items() if ep in endpoints}
 
 
-@pytest.mark.parametrize("policy_name", sorted(PRUNABLE | {"roundrobin"}))
+@pytest.mark.parametrize("policy_name", [*PRUNABLE, "roundrobin"])
 def test_the_decider_with_a_load_order_decides_as_without(policy_name: str) -> None:
     """Two deciders on one tracker, registry, health and source, one pruning (ranking=the tracker), one scoring
     every endpoint: every decision ranks the same endpoints, while counts, scrapes (fresh and stale), fleet

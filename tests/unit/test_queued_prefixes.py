@@ -13,6 +13,7 @@ from loadaware.lifecycle import Decision, RequestLifecycle
 from loadaware.load.signals import SignalTracker
 from loadaware.load.tracker import EngineStats, LoadTracker
 from loadaware.policies import Candidate, make_policy
+from loadaware.policies.lane import Lane
 from loadaware.prefix.blocks import block_keys as chain
 from loadaware.prefix.blocks import chain_keys
 from loadaware.prefix.queued import (
@@ -150,7 +151,7 @@ def _decider(loads: LoadTracker) -> Decider:
 def test_the_pipeline_credits_a_queueing_engine_with_what_it_holds_and_explain_changes_nothing() -> None:
     loads = LoadTracker(stale_s=60)
     decider = _decider(loads)
-    assert decider.queued is not None and make_policy("lane").name == "lane"
+    assert decider.queued is not None
     now = time.monotonic()
     loads.record(A, EngineStats(64, 5, None, now))  # A queues, B does not
     loads.record(B, EngineStats(64, 0, None, now))
@@ -188,9 +189,8 @@ def test_a_failing_credit_keeps_the_exact_matches_and_says_so() -> None:
 
 
 def test_policies_without_the_signal_carry_no_index() -> None:
-    for name in ("loadaware", "lane", "kvaware"):
-        assert Decider(make_policy(name), EndpointRegistry((A,)), LoadTracker(stale_s=5),
-                       RequestLifecycle()).queued is None
+    for policy in (make_policy("loadaware"), Lane(), make_policy("kvaware")):
+        assert Decider(policy, EndpointRegistry((A,)), LoadTracker(stale_s=5), RequestLifecycle()).queued is None
 
 
 # ---- in the simulator ----

@@ -194,7 +194,7 @@ def test_the_pipeline_fills_the_candidates_and_counts_only_routed_requests() -> 
     loads = LoadTracker(stale_s=5)
     decider = _decider(loads)
     ws = decider.working_set
-    assert ws is not None and make_policy("lane").name == "lane"
+    assert ws is not None
     tokens = list(range(3 * SPAN))
     request = InferenceRequest("completions", prompt=tokens, model="m")
     first = asyncio.run(decider.decide(request, "r1"))

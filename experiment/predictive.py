@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from loadaware.policies.base import Candidate, Choice, lowest_cost, own_uncached
+from loadaware.policies.base import Candidate, Choice, Needs, lowest_cost, own_uncached
 from loadaware.policies.ttft_model import TtftPrior
 
 
@@ -55,9 +55,7 @@ class Predictive:
         "(prefill_matched(i) + matched(i)); mine(i) = per_token(i) x uncached(i) + per_held(i) x matched(i); "
         "any engine waiting > 0: cost(i) = per_token(i) x (prefill_tokens(i) + uncached(i)) x (decode(i) + 1); "
         "base, per_token, per_held, per_running: i's learned TTFT model; lowest wins")
-    uses_prefix: bool = True
-    uses_signals: bool = True
-    uses_ttft_model: ClassVar[bool] = True  # the only policy that reads the TTFT model's prices
+    needs: ClassVar[Needs] = Needs(signals=True, ttft_model=True)  # the one policy that reads the TTFT model
 
     def costs(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> list[float]:
         if any(c.waiting > 0 for c in candidates):
