@@ -47,6 +47,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from experiment.candidates import ResearchCandidate, widened, with_ttft_models
 from experiment.peers import PEER_POLICIES
 from experiment.predictive import Predictive
 from experiment.product_router import ProductRouter, TwoArgPolicy
@@ -263,9 +264,16 @@ class Simulation:
         # The peers' arms read two signals the sidecar does not track (blocks in flight, blocks ever routed):
         # the simulation fills them on the candidates the sidecar's pipeline built.
         self._peer = arm.name in PEER_POLICIES
-        decides: Policy = TwoArgPolicy(self.policy, self._peer_signals) if self._peer else self.policy
+        # A research arm that prices with the TTFT model over every request: the tracker learns it for this arm
+        # only (the sidecar does not), and the arm's candidates carry its prices (experiment.candidates).
+        reads_ttft = self.reads_ttft = bool(getattr(self.policy, "reads_ttft_model", False))
+        decides: Policy = self.policy
+        if self._peer:
+            decides = TwoArgPolicy(self.policy, self._peer_signals)
+        elif reads_ttft:
+            decides = TwoArgPolicy(self.policy, lambda cs: with_ttft_models(cs, self.router.signals))
         source = "approx" if config.credit == "approx" else "exact" if config.tokenizer else "none"
-        self.router = ProductRouter(decides, self.endpoints, lambda: self.now, source)
+        self.router = ProductRouter(decides, self.endpoints, lambda: self.now, source, ttft_model=reads_ttft)
         self.loads = self.router.loads
         self._decision: Decision | None = None  # the last decision, for _arrive to give its request
         self._heap: list[tuple[float, int, int, object]] = []
@@ -376,13 +384,14 @@ class Simulation:
         # 1.5 text units per token (FleetConfig.tokenizer): an odd token id stands for 2 units, an even one for 1
         return [u for tok in tokens for u in ((2 * tok, 2 * tok + 1) if tok % 2 else (2 * tok,))]
 
-    def _peer_signals(self, candidates: Sequence[Candidate]) -> None:
+    def _peer_signals(self, candidates: Sequence[Candidate]) -> list[ResearchCandidate]:
         """The two signals only the peers' arms read: blocks in flight and blocks ever routed, per engine."""
         bs = self.svc.block_size
+        out = []
         for c in candidates:
             e = self._by_name[c.endpoint]
-            c.kv_blocks = float(len(e.kv_refs))
-            c.routed_tokens = float(len(e.routed) * bs)
+            out.append(widened(c, kv_blocks=float(len(e.kv_refs)), routed_tokens=float(len(e.routed) * bs)))
+        return out
 
     # ---- what only the peers' arms read (the sidecar's own signals follow its lifecycle) -------------------
     def _track_decided(self, e: _Engine, r: _Req, matched: int, t: float) -> None:

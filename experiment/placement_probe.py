@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from experiment.candidates import with_ttft_models
 from experiment.des import SimRequest, Simulation, _Engine, arm_by_name
 from experiment.grid import POINTS_BY_NAME, GridPoint, prepared
 from experiment.metrics import DEFAULT_SLO_S, seed_metrics
@@ -37,7 +38,9 @@ class ProbeSimulation(Simulation):
     def _decide(self, s: SimRequest) -> tuple[_Engine, int]:
         engine, matched = super()._decide(s)
         if self._measuring and self._decision is not None:
-            cands = self._decision.candidates  # what the sidecar's pipeline scored
+            cands: tuple[Candidate, ...] = self._decision.candidates  # what the sidecar's pipeline scored
+            if self.reads_ttft:  # as the arm saw them: with the TTFT model's prices (experiment.candidates)
+                cands = tuple(with_ttft_models(cands, self.router.signals))
             self.decisions.append((self.now, s.prefix, s.n_tokens, cands, engine.index,
                                    [(e.running, len(e.waiting)) for e in self.engines]))
         return engine, matched

@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from experiment.candidates import research
 from loadaware.policies.base import Candidate, Choice, Needs, lowest_cost, own_uncached
 from loadaware.policies.ttft_model import TtftPrior
 
@@ -55,13 +56,14 @@ class Predictive:
         "(prefill_matched(i) + matched(i)); mine(i) = per_token(i) x uncached(i) + per_held(i) x matched(i); "
         "any engine waiting > 0: cost(i) = per_token(i) x (prefill_tokens(i) + uncached(i)) x (decode(i) + 1); "
         "base, per_token, per_held, per_running: i's learned TTFT model; lowest wins")
-    needs: ClassVar[Needs] = Needs(signals=True, ttft_model=True)  # the one policy that reads the TTFT model
+    needs: ClassVar[Needs] = Needs(signals=True)
+    reads_ttft_model: ClassVar[bool] = True  # the simulator widens its candidates (experiment.candidates)
 
     def costs(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> list[float]:
         if any(c.waiting > 0 for c in candidates):
             p = self.prior
             out = []
-            for c in candidates:
+            for c in map(research, candidates):
                 per_token = p.per_token_s if c.ttft_per_token_s is None else c.ttft_per_token_s
                 out.append(per_token * (c.prefill_tokens + own_uncached(prompt_tokens, c)) * (c.decode_batch + 1))
             return out
@@ -70,6 +72,7 @@ class Predictive:
     def terms(self, prompt_tokens: int, c: Candidate) -> tuple[float, float, float]:
         """(own, stall, crowd) of one candidate: the formula while no engine has an admission queue."""
         p = self.prior
+        c = research(c)
         per_token = p.per_token_s if c.ttft_per_token_s is None else c.ttft_per_token_s
         matched = max(0, min(prompt_tokens, c.matched_tokens))
         uncached = prompt_tokens - matched

@@ -51,20 +51,22 @@ class FixedAnswer:
 
 
 class TwoArgPolicy:
-    """A policy whose `choose` takes no pool mean (the peers' arms): the pipeline passes one, unpruned it is None.
-    `before` sees the candidates first (the simulator fills signals only the peers read)."""
+    """A policy whose `choose` takes no pool mean (the peers' and research arms): the pipeline passes one,
+    unpruned it is None. `widen` turns the pipeline's candidates into what the arm reads, in the same order (the
+    simulator adds the signals only the experiment's arms read: experiment.candidates)."""
 
-    def __init__(self, policy: Any, before: Callable[[Sequence[Candidate]], None] | None = None) -> None:
+    def __init__(self, policy: Any, widen: Callable[[Sequence[Candidate]], Sequence[Candidate]] | None = None
+                 ) -> None:
         self.inner = policy
         self.name: str = policy.name
         self.needs: Needs = policy.needs
         self.formula: str = getattr(policy, "formula", "")
-        self._before = before
+        self._widen = widen
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate],
                mean_load: float | None = None) -> Choice | None:
-        if self._before is not None:
-            self._before(candidates)
+        if self._widen is not None:
+            candidates = self._widen(candidates)
         choice: Choice | None = self.inner.choose(prompt_tokens, candidates)
         return choice
 
@@ -84,11 +86,12 @@ class ProductRouter:
     """One sidecar: `source` is "exact" (the simulator sets `exact.answer`), "approx" (the product's own
     approximate index) or "none" (no prefix source: without a tokenizer the exact sources see no tokens)."""
 
-    def __init__(self, policy: Policy, endpoints: Sequence[str], clock: Callable[[], float], source: str) -> None:
+    def __init__(self, policy: Policy, endpoints: Sequence[str], clock: Callable[[], float], source: str,
+                 ttft_model: bool = False) -> None:
         self.lifecycle = RequestLifecycle()
         self.registry = EndpointRegistry(endpoints)
         self.loads = LoadTracker(SCRAPE_STALE_S, clock=clock)
-        self.signals = SignalTracker(clock)
+        self.signals = SignalTracker(clock, ttft_model=ttft_model)  # ttft_model: for a research arm that reads it
         self.exact = FixedAnswer()
         self.approx: ApproxPrefixSource | None = None
         prefix: PrefixSource | None = None

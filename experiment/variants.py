@@ -24,6 +24,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from experiment.calibration import CALIBRATED
+from experiment.candidates import research
 from experiment.des import Arm, arm_by_name
 from experiment.predictive import Predictive
 from loadaware.policies.base import Candidate, Choice, Needs, Policy, lowest_cost, own_uncached
@@ -50,7 +51,7 @@ class PredictiveClampedCrowd(Predictive):
         if any(c.waiting > 0 for c in candidates):
             return out  # the saturated formula has no crowd term
         fixed = []
-        for x, c in zip(out, candidates):
+        for x, c in zip(out, map(research, candidates)):
             learned = prior if c.ttft_per_running_s is None else c.ttft_per_running_s
             clamped = min(max(learned, prior / 2), 2 * prior)
             fixed.append(x + self.crowd * (clamped - learned) * c.load * c.decode_batch)

@@ -84,9 +84,9 @@ def token_signals(c: Candidate, observed_ttft_s: float | None = None) -> pb.Toke
     return msg
 
 
-# The learned TTFT models' prices: Candidate attribute -> TokenSignals field (absent while not learned).
-_LEARNED_TTFT = (("ttft_base_s", "ttft_base_seconds"), ("ttft_per_token_s", "ttft_per_token_seconds"),
-                 ("ttft_per_running_s", "ttft_per_running_seconds"), ("idle_ttft_base_s", "idle_ttft_base_seconds"),
+# The prefill clock's learned TTFT model (what lane-spread prices with): Candidate attribute -> TokenSignals
+# field (absent while not learned).
+_LEARNED_TTFT = (("idle_ttft_base_s", "idle_ttft_base_seconds"),
                  ("idle_ttft_per_token_s", "idle_ttft_per_token_seconds"),
                  ("idle_ttft_per_running_s", "idle_ttft_per_running_seconds"))
 

@@ -4,7 +4,8 @@
     prefill_matched(i) = the matched (prefix-held) prompt tokens of those same requests
     uncached_tokens(i) = uncached prompt tokens of every request in flight on i (until it ends)
     decoding(i)        = own requests on i past their first token (seen or estimated)
-    ttft(i)            = observed time to first response chunk (EWMA), and the endpoint's learned TTFT model
+    ttft(i)            = observed time to first response chunk (EWMA), and (when asked for: `ttft_model`) the
+                         endpoint's learned TTFT model over every request, which no sidecar policy reads
     clock(i)           = the prefill clock (prefill_clock.py): when the prefill work routed to i is done, at
                          the speed i showed on requests decided while its clock was idle
 
@@ -17,7 +18,7 @@ is known, at the end. Once any first chunk has passed, the response path is ther
 
 Cost on the hot path: a decision adds one small record (the request's share) and a clock read; the
 estimate's queue is settled on the next read of the endpoint (`get`) or decision, so a request costs O(1)
-amortized; a first chunk adds one or two rank-one updates of a TTFT model (~2 us each, no solve); later
+amortized; a first chunk adds a rank-one update of the clock's TTFT model when decided idle (~2 us, no solve); later
 response chunks cost nothing here. Counts move with the request when a retry lands on
 another engine (served), and each request is retired exactly once. An endpoint that leaves the fleet is
 forgotten (`drop`).
@@ -63,7 +64,7 @@ class EndpointSignals:
     uncached_tokens: int = 0
     decoding: int = 0
     ttft_s: float | None = None  # EWMA of observed time to first chunk
-    model: TtftModel = field(default_factory=TtftModel)
+    model: TtftModel | None = None  # the TTFT model over every request: only when the tracker is asked for it
     counters: TtftFromCounters = field(default_factory=TtftFromCounters)  # the engine's own TTFT histogram
     prefill_clock: PrefillClock = field(default_factory=PrefillClock)  # in the tracker's time
     # Requests in decision order whose prefill the estimate has not retired yet (BUFFERED mode only; made
@@ -72,8 +73,11 @@ class EndpointSignals:
 
 
 class SignalTracker:
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, ttft_model: bool = False) -> None:
         self.clock = clock
+        # Learn each endpoint's TTFT model over every request (EndpointSignals.model): no sidecar policy reads it
+        # (the research arm `predictive` does, in the simulator), so the response path does not pay for it.
+        self.ttft_model = ttft_model
         self._by_endpoint: dict[str, EndpointSignals] = {}
         self.estimating = True  # until a first response chunk shows the response path is there
 
@@ -165,7 +169,10 @@ class SignalTracker:
         t.estimated = False
         ttft = self.clock() - t.at
         s.ttft_s = ttft if s.ttft_s is None else s.ttft_s + TTFT_EWMA_ALPHA * (ttft - s.ttft_s)
-        s.model.observe(t.ahead, t.load, ttft, t.matched_ahead)
+        if self.ttft_model:
+            if s.model is None:
+                s.model = TtftModel()
+            s.model.observe(t.ahead, t.load, ttft, t.matched_ahead)
         if t.idle:
             s.prefill_clock.learn(t.uncached, t.load, ttft)
 

@@ -23,17 +23,8 @@ class Candidate:
     decode_batch: float = 0.0  # requests in flight here past their first token
     waiting: float = 0.0  # scraped vllm:num_requests_waiting (0 without a fresh scrape)
     kv_usage: float | None = None  # scraped vllm:kv_cache_usage_perc, 0..1
-    kv_blocks: float = 0.0  # distinct KV blocks held by the requests in flight here (router's own count)
-    routed_tokens: float = 0.0  # distinct prompt tokens ever routed here (an approximate radix tree's size)
-    # This endpoint's learned TTFT model (loadaware.policies.ttft_model): ttft ~ base + per_token x
-    # (prefill_tokens + uncached prompt) + per_matched_token x (prefill_matched_tokens + matched) + per_running
-    # x load. None: not learned (the policy uses its prior).
-    ttft_base_s: float | None = None
-    ttft_per_token_s: float | None = None
-    ttft_per_running_s: float | None = None
-    ttft_per_matched_token_s: float | None = None
     # Matched (prefix-held) prompt tokens of the requests counted in prefill_tokens: work too whenever a "held"
-    # token must still be loaded (e.g. from LMCache's CPU store); its price is ttft_per_matched_token_s.
+    # token must still be loaded (e.g. from LMCache's CPU store).
     prefill_matched_tokens: float = 0.0
     # The endpoint's prefill clock (loadaware.load.signals): seconds until the prefill work routed here is done
     # at the endpoint's learned speed; and the TTFT model that speed comes from, fitted only on requests decided
@@ -68,7 +59,6 @@ class Needs:
     signals: bool = False  # the token signals: prefill clock, decode batch, waiting, KV usage (load/signals.py)
     working_set: bool = False  # the fleet's cache demand and the prefix's popularity (prefix/working_set.py)
     queued_prefixes: bool = False  # matches credited from requests queued on an engine (prefix/queued.py)
-    ttft_model: bool = False  # the endpoint's learned TTFT model's prices (policies/ttft_model.py)
     # An endpoint that holds nothing of the prompt scores by its load alone, ties to the lower load then the
     # name: a large pool scores only its holders and least-loaded endpoints (routing/pruning.py).
     prunable: bool = False

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
+from experiment.candidates import ResearchCandidate
 from experiment.des import PEER_ARMS, arm_by_name
 from experiment.peers import DynamoLinear, LlmdBlend, LlmdTokenAware, LMetric, SglangCacheAware
 from loadaware.policies import POLICY_NAMES
-from loadaware.policies.base import Candidate
 
 
-def c(ep: str, matched: int, load: float = 0.0, **kw: float) -> Candidate:
-    return Candidate(ep, matched, load, **kw)
+def c(ep: str, matched: int, load: float = 0.0, **kw: float) -> ResearchCandidate:
+    return ResearchCandidate(ep, matched, load, **kw)  # the peers' own signals: the simulator widens candidates
 
 
 def test_lmetric_multiplies_prefill_work_by_decode_batch() -> None:

@@ -10,10 +10,11 @@ from typing import ClassVar
 
 import pytest
 
+from experiment.candidates import with_ttft_models
 from experiment.predictive import Predictive
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import RequestLifecycle
-from loadaware.load.signals import SignalTracker
+from loadaware.load.signals import EndpointSignals, SignalTracker
 from loadaware.load.tracker import EngineStats, LoadTracker
 from loadaware.policies import Candidate, Needs, Policy, make_policy
 from loadaware.policies.kvaware import KvAware
@@ -48,14 +49,21 @@ RESEARCH: dict[str, Callable[[], Policy]] = {"lane": Lane, "predictive": Predict
 
 
 class SignalledKvAware(KvAware):
-    needs: ClassVar[Needs] = Needs(signals=True, ttft_model=True)
+    needs: ClassVar[Needs] = Needs(signals=True)
 
 
-def rig(answer: dict[str, int], policy: str = "kvaware") -> tuple[Decider, SignalTracker, RequestLifecycle, Clock,
-                                                                   LoadTracker]:
+def observations(s: EndpointSignals) -> int:
+    """How many first chunks the endpoint's TTFT model over every request has learned from."""
+    return s.model.observations if s.model is not None else 0
+
+
+def rig(answer: dict[str, int], policy: str = "kvaware", ttft_model: bool = True
+        ) -> tuple[Decider, SignalTracker, RequestLifecycle, Clock, LoadTracker]:
+    """A decider on a fake clock; its tracker learns the TTFT model over every request unless told not to (the
+    sidecar does not: no product policy reads it; the research arm does, in the simulator)."""
     clock = Clock()
     loads = LoadTracker(stale_s=5, clock=clock)
-    signals = SignalTracker(clock=clock)
+    signals = SignalTracker(clock=clock, ttft_model=ttft_model)
     lifecycle = RequestLifecycle()
     lifecycle.subscribe(loads)
     lifecycle.subscribe(signals)
@@ -80,7 +88,7 @@ def test_uncached_tokens_are_counted_at_the_decision_and_retired_at_first_chunk_
     lifecycle.first_chunk(d)
     lifecycle.first_chunk(d)  # once per request, whatever the response path repeats
     assert (s.prefill_tokens, s.uncached_tokens, s.decoding) == (0, 400, 1)
-    assert s.ttft_s == 0.25 and s.model.observations == 1
+    assert s.ttft_s == 0.25 and observations(s) == 1
     lifecycle.ended(d)
     assert (s.prefill_tokens, s.uncached_tokens, s.decoding) == (0, 0, 0)
 
@@ -96,17 +104,19 @@ def test_prefix_held_tokens_are_counted_beside_the_uncached_and_feed_the_ttft_mo
     assert s is not None and (s.prefill_tokens, s.prefill_matched_tokens) == (800, 1200)
     third = asyncio.run(decider.decide(prompt(1000), "r3"))
     held = {c.endpoint: c for c in third.candidates}[FLEET[0]]
-    assert held.prefill_matched_tokens == 1200 and held.ttft_per_matched_token_s is None  # nothing observed yet
+    assert held.prefill_matched_tokens == 1200
+    assert with_ttft_models([held], signals)[0].ttft_per_matched_token_s is None  # nothing observed yet
     for d in (first, second):
         clock.t += 0.2
         lifecycle.first_chunk(d)
     assert (s.prefill_tokens, s.prefill_matched_tokens) == (400, 600)  # the third is still ahead
-    assert s.model.observations == 2
+    assert observations(s) == 2
     lifecycle.ended(third)
     assert (s.prefill_tokens, s.prefill_matched_tokens) == (0, 0)
     fourth = asyncio.run(decider.decide(prompt(1000), "r4"))
     held = {c.endpoint: c for c in fourth.candidates}[FLEET[0]]
-    assert held.ttft_per_matched_token_s is not None  # learned from the two first chunks
+    # learned from the two first chunks, as the research arm that reads it sees it (experiment.candidates)
+    assert with_ttft_models([held], signals)[0].ttft_per_matched_token_s is not None
 
 
 def test_a_request_that_ends_without_a_first_chunk_retires_its_prefill() -> None:
@@ -142,7 +152,7 @@ def test_the_next_decision_sees_the_signals_and_the_fresh_scrape() -> None:
     by_ep = {c.endpoint: c for c in second.candidates}
     held, other = by_ep[FLEET[0]], by_ep[FLEET[1]]
     assert (held.prefill_tokens, held.uncached_tokens, held.decode_batch) == (400, 400, 0)
-    assert held.kv_usage is None and held.ttft_base_s is None  # no scrape, no first chunk yet
+    assert held.kv_usage is None and held.idle_ttft_base_s is None  # no scrape, no first chunk yet
     assert (other.waiting, other.kv_usage, other.decode_batch) == (2, 0.4, 7)
     signals.drop(FLEET[0])
     assert signals.get(FLEET[0]) is None
@@ -170,7 +180,7 @@ def test_buffered_mode_retires_prefill_one_mean_ttft_after_the_decision() -> Non
     assert s is not None and (s.prefill_tokens, s.uncached_tokens, s.decoding) == (0, 400, 1)
     lifecycle.ended(d)
     assert (s.prefill_tokens, s.uncached_tokens, s.decoding) == (0, 0, 0)
-    assert s.ttft_s is None and s.model.observations == 0  # an estimate teaches the TTFT model nothing
+    assert s.ttft_s is None and observations(s) == 0  # an estimate teaches the TTFT model nothing
 
 
 def test_peek_reads_without_settling_the_estimate() -> None:
@@ -228,7 +238,7 @@ def test_a_first_chunk_stops_the_estimate_and_still_teaches_the_model() -> None:
     assert s is not None and (s.prefill_tokens, s.decoding) == (0, 2)
     lifecycle.first_chunk(early)  # the response path is there after all
     assert not signals.estimating and (s.prefill_tokens, s.decoding) == (0, 2)
-    assert s.model.observations == 1 and s.ttft_s == pytest.approx(0.6)
+    assert observations(s) == 1 and s.ttft_s == pytest.approx(0.6)
     third = asyncio.run(decider.decide(prompt(1000), "r3"))
     clock.t += 5
     assert third.endpoint == FLEET[0] and signals.get(FLEET[0]) is s
@@ -366,29 +376,24 @@ def test_explain_and_metrics_show_the_prefill_clock() -> None:
     assert "loadaware_endpoint_prefill_lane_seconds{" not in metrics.render(dict, ()).decode()
 
 
-def test_a_signalled_candidate_carries_each_model_price_in_its_own_field() -> None:
-    """The candidate is built positionally (keywords cost ~0.5 µs each on the hot path): every TTFT field holds
-    the learned model's own price and every clock field the prefill clock's own value."""
-    decider, signals, _, clock, _ = rig({FLEET[0]: 600}, policy="lane")
+def test_a_signalled_candidate_carries_each_signal_in_its_own_field() -> None:
+    """The candidate is built positionally (pipeline.signalled: keywords cost 1.2 µs a candidate against 0.5):
+    every field holds its own signal, every clock field the prefill clock's own value."""
+    decider, signals, _, clock, loads = rig({FLEET[0]: 600}, policy="lane")
     s = signals._of(FLEET[0])
-    for k in range(12):  # distinct, learned prices on both models
-        s.model.observe(100 + 40 * k, k % 5, 0.02 + 0.0003 * (100 + 40 * k) + 0.004 * (k % 5), 50 * (k % 3))
+    for k in range(12):  # distinct, learned prices
         s.prefill_clock.learn(100 + 30 * k, k % 4, 0.01 + 0.0005 * (100 + 30 * k) + 0.002 * (k % 4))
     s.prefill_clock.book(500, clock.t)
-    s.prefill_matched_tokens, s.prefill_tokens, s.uncached_tokens = 7, 11, 13
-    unread = decider.signalled(FLEET[0], 300, 2.0)  # lane reads the clock's model, not the TTFT model: unpriced
-    assert (unread.ttft_base_s, unread.ttft_per_token_s, unread.ttft_per_running_s) == (None, None, None)
-    decider.policy = Lane(name="lane-ttft")  # lane's costs, the candidates a reader of the TTFT model gets
-    decider.policy.needs = Needs(signals=True, ttft_model=True)  # type: ignore[misc]  # an instance's own
+    s.prefill_matched_tokens, s.prefill_tokens, s.uncached_tokens, s.decoding = 7, 11, 13, 3
+    loads.record(FLEET[0], EngineStats(running=5, waiting=17, kv_usage=0.25, at=clock.t))
     c = decider.signalled(FLEET[0], 300, 2.0)
-    m = s.model
-    assert (c.ttft_base_s, c.ttft_per_token_s, c.ttft_per_matched_token_s, c.ttft_per_running_s) == m.prices()
-    assert (c.ttft_base_s, c.ttft_per_token_s, c.ttft_per_running_s) == (m.base_s, m.per_token_s, m.per_running_s)
     assert (c.lane_wait_s, c.idle_ttft_base_s, c.idle_ttft_per_token_s, c.idle_ttft_per_running_s) == \
         s.prefill_clock.view(clock.t)
     assert c.lane_wait_s > 0 and len({c.idle_ttft_base_s, c.idle_ttft_per_token_s, c.idle_ttft_per_running_s}) == 3
     assert (c.prefill_tokens, c.uncached_tokens, c.prefill_matched_tokens) == (11, 13, 7)
-    assert (c.kv_blocks, c.routed_tokens, c.matched_tokens, c.load) == (0.0, 0.0, 300, 2.0)
+    assert (c.decode_batch, c.waiting, c.kv_usage) == (5, 17, 0.25)  # the scrape's running beats own decoding
+    assert (c.endpoint, c.matched_tokens, c.load) == (FLEET[0], 300, 2.0)
+    assert (c.cache_demand, c.prefix_routes, c.queued_tokens) == (None, 0.0, 0.0)  # filled later, if read
 
 
 def test_a_learned_price_stays_within_a_factor_two_of_the_prior() -> None:
@@ -411,19 +416,15 @@ def test_a_learned_price_stays_within_a_factor_two_of_the_prior() -> None:
     assert per_token is not None and 1.4 * prior.per_token_s < per_token <= 2 * prior.per_token_s  # learned slower
 
 
-@pytest.mark.parametrize(("policy", "priced"), [("predictive", True), ("lane-spread", False), ("loadaware", False)])
-def test_only_the_policy_that_reads_the_ttft_model_pays_for_its_prices(policy: str, priced: bool) -> None:
-    """predictive's candidates carry the learned TTFT model's prices; the other policies' do not (a read costs
-    a fit), whatever the model has learned."""
-    decider, signals, lifecycle, clock, _ = rig({FLEET[0]: 600}, policy=policy)
+def test_the_sidecar_learns_no_ttft_model_no_policy_of_it_reads() -> None:
+    """The TTFT model over every request is the research arm's: a tracker as the sidecar builds it learns only
+    the prefill clock's model, from first chunks of requests decided on an idle clock."""
+    decider, signals, lifecycle, clock, _ = rig({FLEET[0]: 600}, policy="lane-spread", ttft_model=False)
     d = asyncio.run(decider.decide(prompt(1000), "r1"))
     clock.t += 0.2
     lifecycle.first_chunk(d)
     s = signals.get(d.endpoint or "")
-    assert s is not None and s.model.observations == 1
-    again = asyncio.run(decider.decide(prompt(1000), "r2"))
-    c = {c.endpoint: c for c in again.candidates}[d.endpoint or ""]
-    assert (c.ttft_base_s is not None) is priced
-    if priced:
-        assert (c.ttft_base_s, c.ttft_per_token_s, c.ttft_per_matched_token_s, c.ttft_per_running_s) == \
-            s.model.prices()
+    assert s is not None and s.model is None and s.ttft_s == pytest.approx(0.2)
+    assert s.prefill_clock.model is not None and s.prefill_clock.model.observations == 1
+    learning = SignalTracker(ttft_model=True)  # what the simulator builds for the research arm
+    assert learning.ttft_model and not SignalTracker().ttft_model

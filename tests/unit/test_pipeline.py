@@ -169,12 +169,12 @@ async def test_lifecycle_counts_once_moves_with_the_server_and_ends_once() -> No
 
 def test_debug_rendering_shows_the_signals_a_candidate_carried() -> None:
     signalled = Candidate("a", 1536, 3.0, prefill_tokens=42.0, decode_batch=2.0, waiting=1.0, kv_usage=0.5,
-                          ttft_per_token_s=2.5e-4)
+                          idle_ttft_per_token_s=2.5e-4)
     plain = Candidate("b", 0, 1.0)  # a seed policy's candidate: matched tokens and load only
     rendered = Decision("r", "a", "routed", (), 1578, (signalled, plain), (-0.1, -0.4), {}, 0.0).as_dict()
     assert rendered["candidates"] == [
         {"endpoint": "a", "matched_tokens": 1536, "load": 3.0, "prefill_tokens": 42.0, "decode_batch": 2.0,
-         "waiting": 1.0, "kv_usage": 0.5, "ttft_per_token_s": 2.5e-4, "score": -0.1},
+         "waiting": 1.0, "kv_usage": 0.5, "idle_ttft_per_token_s": 2.5e-4, "score": -0.1},
         {"endpoint": "b", "matched_tokens": 0, "load": 1.0, "score": -0.4}]
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from experiment.candidates import ResearchCandidate
 from experiment.des import FleetConfig, Simulation, prepare
 from experiment.grid import POINTS_BY_NAME, run_grid, with_credit
 from experiment.placement_probe import main, probe_costs, probe_seeds
@@ -31,8 +32,8 @@ from sim.service_model import ServiceModel
 from tests.unit.test_experiment_grid import TINY
 
 
-def candidate(rng: random.Random, waiting: float = 0.0) -> Candidate:
-    c = Candidate(f"10.0.0.{rng.randrange(250)}:8000", rng.randrange(0, 2000), float(rng.randrange(0, 60)))
+def candidate(rng: random.Random, waiting: float = 0.0) -> ResearchCandidate:
+    c = ResearchCandidate(f"10.0.0.{rng.randrange(250)}:8000", rng.randrange(0, 2000), float(rng.randrange(0, 60)))
     c.waiting = waiting
     c.prefill_tokens = rng.randrange(0, 20_000)
     c.prefill_matched_tokens = rng.randrange(0, 20_000)

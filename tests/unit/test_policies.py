@@ -7,6 +7,7 @@ import itertools
 
 import pytest
 
+from experiment.candidates import ResearchCandidate
 from experiment.predictive import Predictive
 from loadaware.policies import Candidate, KvAware, LeastLoad, LoadAware, RoundRobin, make_policy
 from loadaware.policies.lane import Lane
@@ -143,15 +144,15 @@ def test_make_policy_rejects_unknown() -> None:
 # ---- predictive (experiment/predictive.py, a research arm) ------------------------------------------------------
 def test_predictive_keeps_a_hit_when_the_holder_is_not_backed_up() -> None:
     p = Predictive()
-    cands = (Candidate("a", 1536, 20.0, decode_batch=20.0), Candidate("b", 0, 18.0, decode_batch=18.0))
+    cands = (ResearchCandidate("a", 1536, 20.0, decode_batch=20.0), ResearchCandidate("b", 0, 18.0, decode_batch=18.0))
     choice = p.choose(1578, cands)
     assert choice is not None and choice.index == 0
 
 
 def test_predictive_moves_off_a_holder_with_a_long_prefill_queue() -> None:
     p = Predictive()
-    cands = (Candidate("a", 1536, 20.0, prefill_tokens=20_000, decode_batch=20.0),
-             Candidate("b", 0, 18.0, decode_batch=18.0))
+    cands = (ResearchCandidate("a", 1536, 20.0, prefill_tokens=20_000, decode_batch=20.0),
+             ResearchCandidate("b", 0, 18.0, decode_batch=18.0))
     choice = p.choose(1578, cands)
     assert choice is not None and choice.index == 1
 
@@ -159,8 +160,9 @@ def test_predictive_moves_off_a_holder_with_a_long_prefill_queue() -> None:
 def test_predictive_prices_tokens_at_each_engines_learned_speed() -> None:
     # Same signals, but a learned a four times slower prefill: the same miss costs more there.
     p = Predictive()
-    slow = Candidate("a", 0, 5.0, decode_batch=5.0, ttft_base_s=0.05, ttft_per_token_s=1e-3, ttft_per_running_s=0.0025)
-    fast = Candidate("b", 0, 5.0, decode_batch=5.0, ttft_base_s=0.05, ttft_per_token_s=2.5e-4,
+    slow = ResearchCandidate("a", 0, 5.0, decode_batch=5.0, ttft_base_s=0.05, ttft_per_token_s=1e-3,
+                             ttft_per_running_s=0.0025)
+    fast = ResearchCandidate("b", 0, 5.0, decode_batch=5.0, ttft_base_s=0.05, ttft_per_token_s=2.5e-4,
                      ttft_per_running_s=0.0025)
     choice = p.choose(1000, (slow, fast))
     assert choice is not None and choice.index == 1
@@ -172,8 +174,8 @@ def test_predictive_keeps_a_long_prefix_on_a_busy_holder() -> None:
     # A 3,000-token prefix: its holder has a bigger batch and a little queued work, the idle peer would have to
     # prefill it all (~0.75 s at the prior's rate) and stall its own batch meanwhile: the request stays.
     p = Predictive()
-    cands = (Candidate("a", 3000, 30.0, prefill_tokens=600, decode_batch=28.0),
-             Candidate("b", 0, 8.0, decode_batch=8.0))
+    cands = (ResearchCandidate("a", 3000, 30.0, prefill_tokens=600, decode_batch=28.0),
+             ResearchCandidate("b", 0, 8.0, decode_batch=8.0))
     choice = p.choose(3040, cands)
     assert choice is not None and choice.index == 0
 
@@ -181,7 +183,7 @@ def test_predictive_keeps_a_long_prefix_on_a_busy_holder() -> None:
 def test_predictive_spreads_a_miss_to_the_smaller_batch() -> None:
     # Nobody holds the prompt and no lane is backed up: the batch that one more sequence slows least wins.
     p = Predictive()
-    cands = (Candidate("a", 0, 40.0, decode_batch=40.0), Candidate("b", 0, 10.0, decode_batch=10.0))
+    cands = (ResearchCandidate("a", 0, 40.0, decode_batch=40.0), ResearchCandidate("b", 0, 10.0, decode_batch=10.0))
     choice = p.choose(1578, cands)
     assert choice is not None and choice.index == 1
 
@@ -191,14 +193,14 @@ def test_predictive_prices_held_tokens_that_must_be_loaded() -> None:
     # queued on a (many held prompts waiting for their first token) makes b, with none, the cheaper holder.
     p = Predictive()
     learned = {"ttft_base_s": 0.05, "ttft_per_token_s": 2.5e-4, "ttft_per_running_s": 0.0025}
-    loaded = Candidate("a", 1536, 10.0, decode_batch=8.0, prefill_matched_tokens=12_000,
+    loaded = ResearchCandidate("a", 1536, 10.0, decode_batch=8.0, prefill_matched_tokens=12_000,
                        ttft_per_matched_token_s=1e-4, **learned)
-    free = Candidate("b", 1536, 10.0, decode_batch=8.0, prefill_matched_tokens=0, ttft_per_matched_token_s=1e-4,
+    free = ResearchCandidate("b", 1536, 10.0, decode_batch=8.0, prefill_matched_tokens=0, ttft_per_matched_token_s=1e-4,
                      **learned)
     choice = p.choose(1578, (loaded, free))
     assert choice is not None and choice.index == 1
     # With held tokens priced at zero the two are the same engine, and the tie-break keeps the first.
-    zero = [Candidate(c.endpoint, c.matched_tokens, c.load, decode_batch=c.decode_batch,
+    zero = [ResearchCandidate(c.endpoint, c.matched_tokens, c.load, decode_batch=c.decode_batch,
                       prefill_matched_tokens=c.prefill_matched_tokens, ttft_per_matched_token_s=0.0, **learned)
             for c in (loaded, free)]
     again = p.choose(1578, zero)
@@ -210,7 +212,7 @@ def test_predictive_caps_the_learned_held_price() -> None:
     # wait correlates with held tokens queued): a learned price ten times a computed token's is cut to h.
     p = Predictive()
     learned = {"ttft_base_s": 0.0, "ttft_per_token_s": 1e-4, "ttft_per_running_s": 0.0}
-    c = Candidate("a", 1000, 0.0, ttft_per_matched_token_s=1e-3, **learned)
+    c = ResearchCandidate("a", 1000, 0.0, ttft_per_matched_token_s=1e-3, **learned)
     (cost,) = p.costs(1000, (c,))
     assert cost == pytest.approx(p.held_cap * 1e-4 * 1000)
 

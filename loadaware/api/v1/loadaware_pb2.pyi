@@ -58,15 +58,12 @@ class WorkingSetView(_message.Message):
     def __init__(self, cache_demand: _Optional[float] = ..., prefix_routes: _Optional[float] = ..., spreading: _Optional[bool] = ...) -> None: ...
 
 class TokenSignals(_message.Message):
-    __slots__ = ("prefill_tokens", "uncached_tokens_in_flight", "decode_batch", "kv_cache_usage", "observed_ttft_seconds", "ttft_base_seconds", "ttft_per_token_seconds", "ttft_per_running_seconds", "prefill_lane_seconds", "idle_ttft_base_seconds", "idle_ttft_per_token_seconds", "idle_ttft_per_running_seconds")
+    __slots__ = ("prefill_tokens", "uncached_tokens_in_flight", "decode_batch", "kv_cache_usage", "observed_ttft_seconds", "prefill_lane_seconds", "idle_ttft_base_seconds", "idle_ttft_per_token_seconds", "idle_ttft_per_running_seconds")
     PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     UNCACHED_TOKENS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     DECODE_BATCH_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
     OBSERVED_TTFT_SECONDS_FIELD_NUMBER: _ClassVar[int]
-    TTFT_BASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
-    TTFT_PER_TOKEN_SECONDS_FIELD_NUMBER: _ClassVar[int]
-    TTFT_PER_RUNNING_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_LANE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     IDLE_TTFT_BASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     IDLE_TTFT_PER_TOKEN_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -76,14 +73,11 @@ class TokenSignals(_message.Message):
     decode_batch: float
     kv_cache_usage: float
     observed_ttft_seconds: float
-    ttft_base_seconds: float
-    ttft_per_token_seconds: float
-    ttft_per_running_seconds: float
     prefill_lane_seconds: float
     idle_ttft_base_seconds: float
     idle_ttft_per_token_seconds: float
     idle_ttft_per_running_seconds: float
-    def __init__(self, prefill_tokens: _Optional[float] = ..., uncached_tokens_in_flight: _Optional[float] = ..., decode_batch: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., observed_ttft_seconds: _Optional[float] = ..., ttft_base_seconds: _Optional[float] = ..., ttft_per_token_seconds: _Optional[float] = ..., ttft_per_running_seconds: _Optional[float] = ..., prefill_lane_seconds: _Optional[float] = ..., idle_ttft_base_seconds: _Optional[float] = ..., idle_ttft_per_token_seconds: _Optional[float] = ..., idle_ttft_per_running_seconds: _Optional[float] = ...) -> None: ...
+    def __init__(self, prefill_tokens: _Optional[float] = ..., uncached_tokens_in_flight: _Optional[float] = ..., decode_batch: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., observed_ttft_seconds: _Optional[float] = ..., prefill_lane_seconds: _Optional[float] = ..., idle_ttft_base_seconds: _Optional[float] = ..., idle_ttft_per_token_seconds: _Optional[float] = ..., idle_ttft_per_running_seconds: _Optional[float] = ...) -> None: ...
 
 class EndpointScore(_message.Message):
     __slots__ = ("endpoint", "lmcache_instance_id", "matched_tokens", "benefit", "inflight", "scraped", "load", "relative_load", "score", "chosen", "models", "routing_state", "signals", "queued_tokens")

@@ -1,0 +1,54 @@
+"""Candidates with the signals only the experiment's arms read: the peers' tree signals (blocks in flight, tokens
+ever routed) and the TTFT model over every request that the research arm `predictive` prices with. The
+sidecar's pipeline builds plain candidates (loadaware.policies.base.Candidate); the simulator widens them for
+an arm that reads more (experiment.des), so the product carries no field that no product policy reads."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+from loadaware.load.signals import SignalTracker
+from loadaware.policies.base import Candidate
+
+_BASE_FIELDS = tuple(f.name for f in fields(Candidate))
+
+
+@dataclass(slots=True)
+class ResearchCandidate(Candidate):
+    kv_blocks: float = 0.0  # distinct KV blocks held by the requests in flight here (router's own count)
+    routed_tokens: float = 0.0  # distinct prompt tokens ever routed here (an approximate radix tree's size)
+    # The endpoint's TTFT model over every request (loadaware.policies.ttft_model): ttft ~ base + per_token x
+    # (prefill_tokens + uncached prompt) + per_matched_token x (prefill_matched_tokens + matched) + per_running
+    # x load. None: not learned (the policy uses its prior).
+    ttft_base_s: float | None = None
+    ttft_per_token_s: float | None = None
+    ttft_per_running_s: float | None = None
+    ttft_per_matched_token_s: float | None = None
+
+
+def widened(c: Candidate, **extra: float | None) -> ResearchCandidate:
+    """`c` with the research signals in `extra` (the others at their defaults)."""
+    values = {name: getattr(c, name) for name in _BASE_FIELDS}
+    return ResearchCandidate(**values, **extra)  # type: ignore[arg-type]
+
+
+def research(c: Candidate) -> ResearchCandidate:
+    """`c` as an arm that reads research signals sees it: itself when widened, else with none of them."""
+    return c if isinstance(c, ResearchCandidate) else widened(c)
+
+
+def with_ttft_models(candidates: Sequence[Candidate], signals: SignalTracker
+                     ) -> list[ResearchCandidate]:
+    """The candidates with each endpoint's TTFT model prices (the tracker must learn them: ttft_model=True)."""
+    out = []
+    for c in candidates:
+        s = signals.get(c.endpoint)
+        m = s.model if s is not None else None
+        if m is None or m.observations == 0:
+            out.append(widened(c))
+            continue
+        base, per_token, per_matched, per_running = m.prices()
+        out.append(widened(c, ttft_base_s=base, ttft_per_token_s=per_token, ttft_per_running_s=per_running,
+                           ttft_per_matched_token_s=per_matched))
+    return out
