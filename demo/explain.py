@@ -68,17 +68,31 @@ def _mark(d: dict[str, Any], c: dict[str, Any]) -> str:
     return "  <= chosen" if c["endpoint"] == d["endpoint"] else ""
 
 
-def why_cost(d: dict[str, Any], name: EngineName) -> str:
-    """A cost policy's decision in one line: the lowest predicted cost, and what the prefix holder would cost."""
-    cands = d["candidates"]
-    prompt = int(d["prompt_tokens"])
+Row = dict[str, Any]
+
+
+def _routed(d: dict[str, Any]) -> tuple[list[Row], int, Row, Row] | str:
+    """(candidates, prompt tokens, the chosen one, the longest match) of a routed decision; else why not."""
     if d["outcome"] != "routed":
         return f"fallback ({', '.join(d['reasons'])}): load term only"
+    cands = d["candidates"]
     chosen = next(c for c in cands if c["endpoint"] == d["endpoint"])
-    best_match = max(cands, key=lambda c: c["matched_tokens"])
+    return cands, int(d["prompt_tokens"]), chosen, max(cands, key=lambda c: c["matched_tokens"])
+
+
+def _all_tie(cands: list[Row]) -> bool:
+    return len({round(float(c["score"]), 9) for c in cands}) == 1
+
+
+def why_cost(d: dict[str, Any], name: EngineName) -> str:
+    """A cost policy's decision in one line: the lowest predicted cost, and what the prefix holder would cost."""
+    parts = _routed(d)
+    if isinstance(parts, str):
+        return parts
+    cands, prompt, chosen, best_match = parts
     cost, _ = cost_of(chosen)
     if best_match["matched_tokens"] == 0:
-        if len({round(float(c["score"]), 9) for c in cands}) == 1:
+        if _all_tie(cands):
             return (f"no engine holds any of the {prompt} tokens and every cost ties at {cost:.3f} s; the tie-break "
                     f"(longer match, lower load, then endpoint) picks {name(chosen['endpoint'])}")
         return f"no prefix anywhere: the lowest predicted cost wins ({name(chosen['endpoint'])}, {cost:.3f} s)"
@@ -98,15 +112,13 @@ def why_cost(d: dict[str, Any], name: EngineName) -> str:
 
 def why(d: dict[str, Any], mean: float, name: EngineName, beta: float) -> str:
     """loadaware's score formula of the decision, worked for the engines that matter."""
-    cands = d["candidates"]
-    prompt = int(d["prompt_tokens"])
-    if d["outcome"] != "routed":
-        return f"fallback ({', '.join(d['reasons'])}): load term only"
-    chosen = next(c for c in cands if c["endpoint"] == d["endpoint"])
-    best_match = max(cands, key=lambda c: c["matched_tokens"])
+    parts = _routed(d)
+    if isinstance(parts, str):
+        return parts
+    cands, prompt, chosen, best_match = parts
     scale = max(1.0, mean)
     if best_match["matched_tokens"] == 0:
-        if len({round(float(c["score"]), 9) for c in cands}) == 1:
+        if _all_tie(cands):
             return (f"no engine holds any of the {prompt} tokens and loads are equal: every score ties at "
                     f"{float(chosen['score']):+.3f}; the tie-break (longer match, lower load, then endpoint) "
                     f"picks {name(chosen['endpoint'])}")

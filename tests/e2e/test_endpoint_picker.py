@@ -689,15 +689,16 @@ def test_a_non_utf8_request_id_is_still_routed_by_the_picker(gateway: EnvoyProc,
 
 
 # ---------------------------------------------------------------------------------------------------------
-# 9. the lane policy learns each engine's speed from the first chunks the picker sees
+# 9. the default policy (lane-spread) learns each engine's speed from the first chunks the picker sees
 # ---------------------------------------------------------------------------------------------------------
 
-def test_the_lane_policy_learns_engine_speeds_from_first_chunks_and_shows_its_clock(log_dir: Path,
-                                                                                     fleet: Fleet) -> None:
-    """`--policy lane` behind the shipped picker config: one request at a time (each decided on an idle
-    clock, no engine queueing), streamed back through the full-duplex path, so every first chunk teaches its
-    engine's clock; the next decisions carry the learned prices and /metrics the clock."""
-    lane = Picker(log_dir, fleet.endpoints, name="sidecar-lane", extra=("--policy", "lane"))
+def test_the_default_policy_learns_engine_speeds_from_first_chunks_and_shows_its_clock(log_dir: Path,
+                                                                                         fleet: Fleet) -> None:
+    """`--policy lane-spread` (what `auto` runs with a tokenizer) behind the shipped picker config: one request
+    at a time (each decided on an idle clock, no engine queueing), streamed back through the full-duplex path,
+    so every first chunk teaches its engine's clock; the next decisions carry the learned prices and /metrics
+    the clock."""
+    lane = Picker(log_dir, fleet.endpoints, name="sidecar-lane", extra=("--policy", "lane-spread"))
     with lane.proc, start_envoy(log_dir, "envoy-lane", lane.port, fleet.endpoints) as envoy:
         served: list[str] = []
         tags = []

@@ -76,8 +76,8 @@ def test_records_are_complete(run: Path) -> None:
 
 def test_picker_gateway_lets_the_sidecar_see_first_tokens(tmp_path: Path) -> None:
     """`--gateway picker`: the sidecar arms go through envoy-inference-pool.yaml (full duplex), so the sidecar
-    sees each response's first chunk: `predictive` learns each engine's TTFT from them (BUFFERED cannot)."""
-    cfg = DriverConfig(point=point_by_name("tiny"), arms=parse_arms("predictive-kvev"), seeds=[1], out=tmp_path,
+    sees each response's first chunk: the default policy learns each engine's TTFT from them (BUFFERED cannot)."""
+    cfg = DriverConfig(point=point_by_name("tiny"), arms=parse_arms("lane-spread-kvev"), seeds=[1], out=tmp_path,
                        gateway="picker")
     (info,) = run_experiment(cfg)
     assert info["metrics"]["errors"] == 0
