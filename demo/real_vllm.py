@@ -61,15 +61,19 @@ class RealVllmStep:
     def name(self, endpoint: str | None) -> str:
         return "none" if endpoint is None else self.names.get(endpoint, endpoint)
 
-    def send(self, body: dict[str, object], what: str) -> tuple[str | None, dict[str, Any]]:
+    def send(self, body: dict[str, object], what: str, answered: Callable[[], None] | None = None
+             ) -> tuple[str | None, dict[str, Any]]:
         # Who served it, by vLLM's own counters: the engine whose finished requests' prompt tokens grew by at
         # least this request's. A finished-request count would also move on the busy holder when one of the
-        # traffic from elsewhere (short prompts) ends meanwhile.
+        # traffic from elsewhere (short prompts) ends meanwhile. `answered` runs as soon as the response is in
+        # (the busy step stops its traffic there: the decision is made, and reading it needs the CPU back).
         self.stage = what.rstrip(":")
         before = {ep: counter(e, PROMPT_TOKENS_SUM) for ep, e in self.g.engines.items()}
         previous = self.g.last_decision()
         print(f"\n   {what}", flush=True)
         status, _ = self.g.post("/v1/completions", body)
+        if answered is not None:
+            answered()
         decision = self.g.decision_after(previous)
         if not self.check(bool(decision), "the sidecar decided it (Envoy did not route around it)"):
             return None, {}
@@ -128,7 +132,7 @@ class RealVllmStep:
                                                {"endpoint": holder}) >= BUSY_SEEN, 90)
             self.check(seen, f"the sidecar's scrape of vllm:num_requests_running shows {self.name(holder)} busy")
             moved, _ = self.send(body, f"the same prompt while {self.name(holder)} runs {BUSY_REQUESTS} requests from "
-                                       "elsewhere:")
+                                       "elsewhere:", answered=stop.set)
             self.check(moved not in (None, holder),
                        f"the busy holder lost the repeat to its idle peer {self.name(moved)}")
         finally:

@@ -67,10 +67,13 @@ def envoy_config(base: Path, out: Path, engines: Sequence[str], sidecar_port: in
 # ejection), and the shipped 1 s ext_proc message budget can lapse, so that Envoy routes around the sidecar.
 SCRAPE_TIMEOUT_MS = 3000
 SCRAPE_STALE_S = 15
-MESSAGE_TIMEOUT_S = 5  # the shipped configs' max_message_timeout
+# The sidecar's answer budget here: while CPU engines decode, a 2-core machine's run queue has held 43 threads.
+# At 5 s (the shipped max_message_timeout) a first-run demo once saw no decision for its busy-holder request,
+# most likely Envoy routing around a starved sidecar (the run's logs were not kept). A test machine's tolerance.
+MESSAGE_TIMEOUT_S = 15
 # While real engines hold both cores of a 2-core machine one read of a sidecar page has taken more than 5 s:
 # a read that times out is made again, within this deadline.
-PAGE_DEADLINE_S = 30.0
+PAGE_DEADLINE_S = 60.0
 
 T = TypeVar("T")
 
@@ -152,7 +155,7 @@ class VllmGateway:
     def last_decision(self) -> dict[str, Any]:
         return patiently(self._newest)
 
-    def decision_after(self, previous: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
+    def decision_after(self, previous: dict[str, Any], timeout: float = PAGE_DEADLINE_S) -> dict[str, Any]:
         """The sidecar's newest decision once it is not `previous` (what last_decision gave before a request);
         {} when none came: Envoy then routed the request without the sidecar (its message budget lapsed).
         A page read that times out while real engines hold both cores is read again until the deadline (sized
