@@ -25,8 +25,7 @@ without a fresh scrape).
   the admission queue is about as long behind a request as ahead of it, so the prefill a miss adds delays about
   waiting(i) later requests by its own length. On an engine with free slots (waiting 0) the term is 0; while
   the fleet is saturated it keeps prefixes where they are cached, which is what a saturated fleet's throughput
-  (and so its queue) depends on: on the grid's overload point (at the power 0.5) it lowered TTFT p95 by ~17%
-  and changed no other point (docs/findings.md).
+  (and so its queue) depends on; what it changed on the placement grid is in docs/findings.md.
 
 No per-workload constant: the exponent is fixed, the speeds are learned per endpoint. How it fares on the
 placement grid (experiment.grid, `--credit gpu`): docs/findings.md.

@@ -19,9 +19,8 @@ requests routed there while it queued hold of the prompt (Needs.queued_prefixes,
 they are prefilled before this one is scheduled, so a later request for a new or evicted prefix follows the
 first one into the same queue instead of computing the prefix again on another engine.
 
-On the placement grid it passes 6 of 8 points on the tuning and the held-out seeds where `lane` passes 5
-(docs/findings.md); no constant is tuned per workload: the thresholds are the fleet's capacity (1) and its
-size.
+How it fares against `lane` and the peers is in docs/findings.md and docs/results.md (figures live there, not
+here); no constant is tuned per workload: the thresholds are the fleet's capacity (1) and its size.
 """
 
 from __future__ import annotations
