@@ -6,6 +6,7 @@ loopback admin port), but no reply, page or metric may say *what* the prompt was
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -29,7 +30,10 @@ def assert_no_prompt(where: str, doc: Any, raw: str, words: Iterable[str], token
     WINDOW consecutive ids of `token_ids` in a list of the document or written out in its text."""
     text = raw.lower()
     for word in words:
-        assert word.lower() not in text, f"{where} shows the prompt ({word!r})"
+        # A word standing alone, not inside a longer number: a prompt's "4471" must not match the digits of a
+        # timestamp or a duration the page shows (1764904471.2, 0.4471 ms).
+        shown = re.search(rf"(?<![0-9.]){re.escape(word.lower())}(?![0-9])", text)
+        assert shown is None, f"{where} shows the prompt ({word!r})"
     windows = {tuple(token_ids[i:i + WINDOW]) for i in range(len(token_ids) - WINDOW + 1)}
     for run in int_runs(doc):
         assert not windows & {tuple(run[i:i + WINDOW]) for i in range(len(run) - WINDOW + 1)}, \
