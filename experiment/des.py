@@ -266,7 +266,7 @@ class Simulation:
         self._peer = arm.name in PEER_POLICIES
         # A research arm that prices with the TTFT model over every request: the tracker learns it for this arm
         # only (the sidecar does not), and the arm's candidates carry its prices (experiment.candidates).
-        reads_ttft = self.reads_ttft = bool(getattr(self.policy, "reads_ttft_model", False))
+        reads_ttft = self.reads_ttft = isinstance(self.policy, Predictive)  # and its variants
         decides: Policy = self.policy
         if self._peer:
             decides = TwoArgPolicy(self.policy, self._peer_signals)

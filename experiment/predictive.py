@@ -56,8 +56,8 @@ class Predictive:
         "(prefill_matched(i) + matched(i)); mine(i) = per_token(i) x uncached(i) + per_held(i) x matched(i); "
         "any engine waiting > 0: cost(i) = per_token(i) x (prefill_tokens(i) + uncached(i)) x (decode(i) + 1); "
         "base, per_token, per_held, per_running: i's learned TTFT model; lowest wins")
+    # and the TTFT model over every request, which the simulator adds to its candidates (experiment.candidates)
     needs: ClassVar[Needs] = Needs(signals=True)
-    reads_ttft_model: ClassVar[bool] = True  # the simulator widens its candidates (experiment.candidates)
 
     def costs(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> list[float]:
         if any(c.waiting > 0 for c in candidates):

@@ -29,26 +29,22 @@ PRICED_OUT = 1e9  # added to the cost of a candidate past the bound: it ranks af
 # fallbacks among the priced-out keep their own order (a finite number: scores are shown as JSON and protobuf)
 
 
+def load_cap(candidates: Sequence[Candidate], share: float = MAX_SHARE) -> int | None:
+    """The most requests an endpoint may carry, this one included (None: the pool is not bounded)."""
+    if len(candidates) < MIN_POOL or share >= 1:
+        return None
+    return math.ceil(share * (sum(x.load for x in candidates) + 1))
+
+
 def within_bound(candidates: Sequence[Candidate], share: float = MAX_SHARE) -> list[bool]:
     """Which candidates may take the request (all of them in a pool of fewer than MIN_POOL, or share >= 1)."""
-    n = len(candidates)
-    if n < MIN_POOL or share >= 1:
-        return [True] * n
-    cap = math.ceil(share * (sum(x.load for x in candidates) + 1))
-    return [x.load + 1 <= cap for x in candidates]
+    cap = load_cap(candidates, share)
+    return [cap is None or x.load + 1 <= cap for x in candidates]
 
 
 def bounded_costs(costs: list[float], candidates: Sequence[Candidate], share: float = MAX_SHARE) -> list[float]:
     """`costs` with the candidates past the bound priced out; unchanged when every one is eligible."""
-    if len(candidates) < MIN_POOL or share >= 1:
+    cap = load_cap(candidates, share)
+    if cap is None or max(x.load for x in candidates) + 1 <= cap:
         return costs
-    total = 0.0
-    top = 0.0
-    for x in candidates:  # one pass, no lists: this runs on every decision
-        total += x.load
-        if x.load > top:
-            top = x.load
-    if top + 1 <= math.ceil(share * (total + 1)):
-        return costs
-    ok = within_bound(candidates, share)
-    return [x if fits else x + PRICED_OUT for x, fits in zip(costs, ok)]
+    return [x if c.load + 1 <= cap else x + PRICED_OUT for x, c in zip(costs, candidates)]

@@ -236,7 +236,6 @@ class Decider:
                 # approximate index records the decision's tokens under it), as do the block-key chains the
                 # decision's lookups compute once and share, for as long as the request lives.
                 tokens = PromptTokens(tokens, request.cache_salt or None)
-            if tokens:
                 t = time.perf_counter()
                 matches = await self.prefix_matches(tokens, endpoints, reasons, request.cache_salt)
                 stages["lookup"] = time.perf_counter() - t

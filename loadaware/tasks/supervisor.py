@@ -68,6 +68,7 @@ class Supervisor:
         self._specs: dict[str, TaskSpec] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._spawned: set[asyncio.Task[None]] = set()
+        self._failing: dict[str, set[str]] = {}  # series -> its tasks past failing_after (the gauge's 1)
 
     def _register(self, spec: TaskSpec) -> None:
         if spec.name in self._specs:
@@ -75,7 +76,7 @@ class Supervisor:
         self._specs[spec.name] = spec
         self._streaks[spec.name] = _Streak()
         self.restarts.labels(spec.label)  # a series from the start: a rate() of nothing is 0, not absent
-        self._refresh_failing(spec.label)
+        self.failing_gauge.labels(spec.label).set(1 if self._failing.get(spec.label) else 0)
 
     def start(self, specs: list[TaskSpec]) -> None:
         for spec in specs:
@@ -96,14 +97,16 @@ class Supervisor:
         spec = self._specs.pop(name, None)
         self._streaks.pop(name, None)
         if spec is not None:
-            self._refresh_failing(spec.label)
+            self._mark_failing(spec, False)
 
-    def _refresh_failing(self, label: str) -> None:
+    def _mark_failing(self, spec: TaskSpec, failing: bool) -> None:
         """The failing gauge of a series: 1 while any of its tasks has failed failing_after times in a row."""
-        limit = self.options.failing_after
-        failing = any(self._specs[name].label == label and streak.failures >= limit
-                      for name, streak in self._streaks.items())
-        self.failing_gauge.labels(label).set(1 if failing else 0)
+        names = self._failing.setdefault(spec.label, set())
+        if failing:
+            names.add(spec.name)
+        else:
+            names.discard(spec.name)
+        self.failing_gauge.labels(spec.label).set(1 if names else 0)
 
     def failing(self) -> dict[str, str]:
         """Required tasks failing past the threshold, with the reason: readiness is NOT_SERVING while any is."""
@@ -152,7 +155,7 @@ class Supervisor:
                 log.error("required background task %s keeps failing: readiness is NOT_SERVING until it recovers",
                           spec.name)
             if streak.failures >= self.options.failing_after:
-                self._refresh_failing(spec.label)
+                self._mark_failing(spec, True)
             await asyncio.sleep(delay)
 
     def _stable(self, name: str) -> None:
@@ -163,4 +166,4 @@ class Supervisor:
                 log.warning("background task %s recovered", name)
             streak.failures = 0
             streak.reason = ""
-            self._refresh_failing(self._specs[name].label)
+            self._mark_failing(self._specs[name], False)
