@@ -26,9 +26,11 @@ from testkit.vllm import VllmEngine
 from testkit.vllm_gateway import VllmGateway, patiently
 
 PROMPT_TOKENS_SUM = "vllm:request_prompt_tokens_sum"  # prompt tokens of finished requests (a histogram's sum)
-BUSY_S = 10.0  # a request from elsewhere is ended by its client after this long, then sent again
+BUSY_S = 8.0  # a request from elsewhere is ended by its client after this long (plus its stagger), then sent again
+BUSY_STAGGER_S = 2.0  # each worker's time-out and length differ, so that their restarts never coincide
 BUSY_PROMPT_TOKENS = 8
 BUSY_MAX_TOKENS = 2000  # within the tiny model's 2,048-token context with the short prompt
+BUSY_ATTEMPTS = 3  # decisions made while the holder's scrape still shows it busy, at most
 # Requests from elsewhere on the holder, and how many of them its scrape must show before the repeat is sent: a
 # decode batch that makes joining it cost the default policy more than prefilling the ~300-word prompt anew.
 BUSY_REQUESTS = 4
@@ -106,40 +108,72 @@ class RealVllmStep:
         self.check(again == holder and matched[holder] > 0 and hits == matched[holder],
                    f"the repeat went to the holder; the sidecar credited {matched[holder]} tokens and vLLM's "
                    f"vllm:prefix_cache_hits_total rose by {hits:g}")
-        # Traffic from elsewhere (another gateway, a batch job) makes the holder busy; the sidecar sees it in
-        # the scraped vllm:num_requests_running, not in its own in-flight counts.
-        stop = threading.Event()
-
-        def busy(seed: int) -> None:
-            # Sent again as soon as one ends, until the decision below is made: on a loaded machine the scrape
-            # that shows them can come late, and a single request could be over by the time the decision is
-            # made (the holder then looks idle). Their prompts are short (BUSY_PROMPT_TOKENS) so that the few
-            # that end during the measured request cannot move the holder's prompt-token count by the measured
-            # prompt's 300 tokens, which is how `send` tells who served. The client's time-out ends the last
-            # one (vLLM aborts a request whose client went away), so the step never waits long.
-            body = {"model": vllm.SERVED_MODEL, "max_tokens": BUSY_MAX_TOKENS, "ignore_eos": True,
-                    "prompt": [random.Random(seed).randrange(3, 2048) for _ in range(BUSY_PROMPT_TOKENS)]}
-            while not stop.is_set():
-                with contextlib.suppress(OSError, ProcError):
-                    engine.post("/v1/completions", body, timeout=BUSY_S)
-
-        workers = [threading.Thread(target=busy, args=(i,), daemon=True) for i in range(BUSY_REQUESTS)]
-        for w in workers:
-            w.start()
-        try:
-            self.stage = f"waiting for the sidecar's scrape to show {self.name(holder)} busy"
-            seen = wait_for(lambda: metric_sum(patiently(self.g.sidecar.metrics_text), "loadaware_engine_running",
-                                               {"endpoint": holder}) >= BUSY_SEEN, 90)
-            self.check(seen, f"the sidecar's scrape of vllm:num_requests_running shows {self.name(holder)} busy")
-            moved, _ = self.send(body, f"the same prompt while {self.name(holder)} runs {BUSY_REQUESTS} requests from "
-                                       "elsewhere:", answered=stop.set)
-            self.check(moved not in (None, holder),
-                       f"the busy holder lost the repeat to its idle peer {self.name(moved)}")
-        finally:
-            stop.set()
-            for w in workers:
-                w.join(BUSY_S + 10)
+        self.move_off_busy_holder(holder, body)
         return "ok"
+
+    def move_off_busy_holder(self, holder: str, body: dict[str, object]) -> None:
+        """Traffic from elsewhere (another gateway, a batch job) makes the holder busy; the sidecar sees it in the
+        scraped vllm:num_requests_running, not in its own in-flight counts, and sends the repeat to the idle peer.
+        A decision whose own record shows the holder idle (the scrape fell between its traffic's requests) says
+        nothing of that, so the repeat is sent again under fresh traffic, up to BUSY_ATTEMPTS times; the check
+        is on the last decision."""
+        moved: str | None = None
+        for attempt in range(1, BUSY_ATTEMPTS + 1):
+            with BusyTraffic(self.g.engines[holder]) as traffic:
+                self.stage = f"waiting for the sidecar's scrape to show {self.name(holder)} busy"
+                seen = wait_for(lambda: metric_sum(patiently(self.g.sidecar.metrics_text),
+                                                   "loadaware_engine_running", {"endpoint": holder}) >= BUSY_SEEN, 90)
+                if not self.check(seen, f"the sidecar's scrape of vllm:num_requests_running shows "
+                                        f"{self.name(holder)} busy"):
+                    return
+                # The traffic stops as soon as the answer is in: the decision is made, and reading it needs the
+                # CPU back.
+                moved, decision = self.send(body, f"the same prompt while {self.name(holder)} runs "
+                                                  f"{BUSY_REQUESTS} requests from elsewhere:", answered=traffic.stop)
+            load = {c["endpoint"]: float(c["load"]) for c in decision.get("candidates", [])}
+            if moved != holder or load.get(holder, 0.0) >= BUSY_SEEN or attempt == BUSY_ATTEMPTS:
+                break
+            print(f"   (that decision's scrape showed {self.name(holder)} idle between its traffic's requests; "
+                  "again)", flush=True)
+        self.check(moved not in (None, holder), f"the busy holder lost the repeat to its idle peer {self.name(moved)}")
+
+
+class BusyTraffic:
+    """BUSY_REQUESTS long requests sent straight to one engine, each sent again as soon as it ends, until stopped.
+
+    On a loaded machine the scrape that shows them can come late, and a single request could be over by the time
+    the decision is made (the holder then looks idle). Each worker's time-out and length differ: started
+    together with equal ones, they all ended and restarted in the same instant, and a fresh-clone CI run scraped
+    the holder idle in that gap and routed the repeat to it. Their prompts are short (BUSY_PROMPT_TOKENS) so that
+    the few that end during the measured request cannot move the holder's prompt-token count by the measured
+    prompt's 300 tokens, which is how `send` tells who served. The client's time-out ends the last one (vLLM
+    aborts a request whose client went away)."""
+
+    def __init__(self, engine: VllmEngine) -> None:
+        self.engine = engine
+        self.stopped = threading.Event()
+        self.workers = [threading.Thread(target=self._send_until_stopped, args=(i,), daemon=True)
+                        for i in range(BUSY_REQUESTS)]
+
+    def _send_until_stopped(self, worker: int) -> None:
+        body = {"model": vllm.SERVED_MODEL, "max_tokens": BUSY_MAX_TOKENS - 100 * worker, "ignore_eos": True,
+                "prompt": [random.Random(worker).randrange(3, 2048) for _ in range(BUSY_PROMPT_TOKENS)]}
+        while not self.stopped.is_set():
+            with contextlib.suppress(OSError, ProcError):
+                self.engine.post("/v1/completions", body, timeout=BUSY_S + BUSY_STAGGER_S * worker)
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def __enter__(self) -> BusyTraffic:
+        for w in self.workers:
+            w.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+        for w in self.workers:
+            w.join(BUSY_S + BUSY_STAGGER_S * BUSY_REQUESTS + 10)
 
 
 def run_real_vllm_step(log_dir: Path, beta: float, check: Callable[[bool, str], bool],
