@@ -29,7 +29,8 @@ class BufferedConversation(Conversation):
         while msg is not grpc.aio.EOF:
             which = msg.WhichOneof("request")
             if which == "request_headers":
-                method, path, request_id = headers_of(msg.request_headers)
+                stream.headers = head = headers_of(msg.request_headers, self.options.session_header)
+                method, path, request_id = head.method, head.path, head.request_id
                 kind = inference_kind(method, path)
                 if kind is None:
                     await write(replies.headers_passthrough)

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from loadaware.extproc.metadata import served_endpoint, status_of
+from loadaware.extproc.metadata import RequestHeaders, served_endpoint, status_of
 from loadaware.extproc.replies import Replies
 from loadaware.lifecycle import Decision, RequestLifecycle
 from loadaware.routing.pipeline import Decider
@@ -39,15 +39,21 @@ class StreamOptions:
     # Full-duplex mode holds the body here; BUFFERED bodies are capped by Envoy, and by this too when the port
     # is reached without Envoy.
     max_body_bytes: int = 8 * 1024 * 1024
+    # The request header that carries a session key (--session-header, lower case; "" = none).
+    session_header: str = ""
+
+
+NO_HEADERS = RequestHeaders()
 
 
 class StreamState:
     """Per-stream state: the request's decision, once made. Shared fleet state lives behind the decider."""
 
-    __slots__ = ("decided", "decision", "response_done")
+    __slots__ = ("decided", "decision", "headers", "response_done")
 
     def __init__(self) -> None:
         self.decision: Decision | None = None
+        self.headers = NO_HEADERS  # the request headers the sidecar reads, once they came
         self.decided = False
         # The response's last part was answered: in full-duplex mode Envoy then often resets the stream
         # instead of closing it, which is the normal end of that request, not an abort.

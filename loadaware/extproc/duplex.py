@@ -51,8 +51,8 @@ class DuplexConversation(Conversation):
                 if chunk.end_of_stream:
                     stream.response_done = True
             elif which == "request_headers":
-                method, path, request_id = headers_of(msg.request_headers)
-                request_id = request_id or new_request_id()
+                stream.headers = head = headers_of(msg.request_headers, self.options.session_header)
+                method, path, request_id = head.method, head.path, head.request_id or new_request_id()
                 subset = subset_hint(msg)
                 kind = inference_kind(method, path)
                 if kind is not None and not msg.request_headers.end_of_stream:

@@ -3,6 +3,7 @@ Picker Protocol's metadata (the proxy's subset hint, the endpoint that served). 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import struct_pb2
@@ -20,6 +21,27 @@ MAX_REQUEST_ID_CHARS = 256  # logged, kept in the recent ring and Explain: an id
 MAX_PATH_CHARS = 2048  # only compared with the two inference paths
 MAX_SUBSET_ENDPOINTS = 16_384  # a subset hint naming more is cut to its first ones
 MAX_ENDPOINT_CHARS = 300  # an ip:port (IPv6 with brackets and a zone included) is far shorter
+MAX_LABEL_CHARS = 128  # an objective's or a fairness id's name, a session key: names, not payloads
+MAX_TRACE_CHARS = 512  # traceparent is 55 characters; tracestate is at most 32 entries (W3C), cut here
+
+# The Gateway API Inference Extension's request headers (the Endpoint Picker Protocol): the request's
+# objective (its priority comes from the InferenceObjective of that name) and its fairness id.
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
+FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+
+
+@dataclass(slots=True)
+class RequestHeaders:
+    """What the sidecar reads of a request's headers, each value bounded and printable where it is logged."""
+
+    method: str = ""
+    path: str = ""
+    request_id: str = ""
+    objective: str = ""
+    fairness_id: str = ""
+    traceparent: str = ""
+    tracestate: str = ""
+    session: str = ""  # the value of the header --session-header names ("" when unset or absent)
 
 
 def _text(h: Any, limit: int) -> str:
@@ -31,25 +53,42 @@ def _text(h: Any, limit: int) -> str:
     return value[:limit]
 
 
-def headers_of(http_headers: Any) -> tuple[str, str, str]:
-    """(:method, :path, x-request-id) from an HttpHeaders message. Any bytes decode; each value is bounded,
-    and a request id with characters unfit for a log line is escaped. (Decoding inline: this runs on every
-    request.)"""
-    method = path = request_id = ""
+def headers_of(http_headers: Any, session_header: str = "") -> RequestHeaders:
+    """The request headers the sidecar reads, from an HttpHeaders message: `:method`, `:path`, x-request-id, the
+    objective and fairness id, W3C trace context and (when `session_header` names one) the session key. Any
+    bytes decode; each value is bounded, and a value with characters unfit for a log line is escaped.
+    (Decoding inline: this runs on every request.)"""
+    out = RequestHeaders()
     for h in http_headers.headers.headers:
         key = h.key
         if key[:1] == ":":
             if key == ":method":
                 raw = h.raw_value
-                method = raw[:16].decode("utf-8", "replace") if raw else h.value[:16]
+                out.method = raw[:16].decode("utf-8", "replace") if raw else h.value[:16]
             elif key == ":path":
                 raw = h.raw_value
-                path = raw[:MAX_PATH_CHARS].decode("utf-8", "replace") if raw else h.value[:MAX_PATH_CHARS]
+                out.path = raw[:MAX_PATH_CHARS].decode("utf-8", "replace") if raw else h.value[:MAX_PATH_CHARS]
         elif key == "x-request-id":
-            request_id = _text(h, MAX_REQUEST_ID_CHARS)
-            if not request_id.isprintable():  # a newline or an escape sequence would forge log lines
-                request_id = request_id.encode("unicode_escape").decode("ascii")[:MAX_REQUEST_ID_CHARS]
-    return method, path, request_id
+            out.request_id = _printable(_text(h, MAX_REQUEST_ID_CHARS), MAX_REQUEST_ID_CHARS)
+        elif key[:10] == "x-gateway-":
+            if key == OBJECTIVE_HEADER:
+                out.objective = _printable(_text(h, MAX_LABEL_CHARS), MAX_LABEL_CHARS)
+            elif key == FAIRNESS_HEADER:
+                out.fairness_id = _printable(_text(h, MAX_LABEL_CHARS), MAX_LABEL_CHARS)
+        elif key == "traceparent":
+            out.traceparent = _text(h, MAX_TRACE_CHARS)
+        elif key == "tracestate":
+            out.tracestate = _text(h, MAX_TRACE_CHARS)
+        if session_header and key == session_header:
+            out.session = _printable(_text(h, MAX_LABEL_CHARS), MAX_LABEL_CHARS)
+    return out
+
+
+def _printable(value: str, limit: int) -> str:
+    """`value`, escaped if it holds characters that would forge a log line (a newline, an escape sequence)."""
+    if value.isprintable():
+        return value
+    return value.encode("unicode_escape").decode("ascii")[:limit]
 
 
 def status_of(http_headers: Any) -> int | None:

@@ -15,7 +15,14 @@ from google.protobuf import struct_pb2
 
 from bench.extproc_inprocess import buffered_messages, duplex_messages
 from loadaware.app import Sidecar
-from loadaware.extproc.metadata import MAX_REQUEST_ID_CHARS, headers_of, served_endpoint, status_of, subset_hint
+from loadaware.extproc.metadata import (
+    MAX_LABEL_CHARS,
+    MAX_REQUEST_ID_CHARS,
+    headers_of,
+    served_endpoint,
+    status_of,
+    subset_hint,
+)
 from loadaware.lifecycle import Decision, RequestLifecycle
 from loadaware.policies import Candidate, Choice, Needs
 from loadaware.routing.request import (
@@ -40,12 +47,24 @@ def headers(*items: tuple[str, bytes]) -> pb.HttpHeaders:
 # ---- headers and metadata ----
 
 def test_any_header_bytes_decode_and_the_request_id_is_bounded() -> None:
-    method, path, request_id = headers_of(headers((":method", b"POST"), (":path", b"/v1/\xffcompletions"),
-                                                  ("x-request-id", b"abc\xffdef"), ("", b"empty key")))
-    assert (method, path, request_id) == ("POST", "/v1/\ufffdcompletions", "abc\ufffddef")
-    assert headers_of(headers(("x-request-id", b"r" * 100_000)))[2] == "r" * MAX_REQUEST_ID_CHARS
-    forged = headers_of(headers(("x-request-id", b"ok\nlevel=ERROR forged\x1b[31m")))[2]
+    head = headers_of(headers((":method", b"POST"), (":path", b"/v1/\xffcompletions"),
+                              ("x-request-id", b"abc\xffdef"), ("", b"empty key")))
+    assert (head.method, head.path, head.request_id) == ("POST", "/v1/\ufffdcompletions", "abc\ufffddef")
+    assert headers_of(headers(("x-request-id", b"r" * 100_000))).request_id == "r" * MAX_REQUEST_ID_CHARS
+    forged = headers_of(headers(("x-request-id", b"ok\nlevel=ERROR forged\x1b[31m"))).request_id
     assert "\n" not in forged and "\x1b" not in forged and forged.startswith("ok\\n")
+
+
+def test_objective_fairness_trace_and_session_headers_are_read_bounded() -> None:
+    head = headers_of(headers(("x-gateway-inference-objective", b"critical"),
+                              ("x-gateway-inference-fairness-id", b"tenant\n" + b"a" * 1000),
+                              ("traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+                              ("x-session", b"s-1")), session_header="x-session")
+    assert head.objective == "critical"
+    assert "\n" not in head.fairness_id and len(head.fairness_id) == MAX_LABEL_CHARS
+    assert head.traceparent == "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    assert head.session == "s-1"
+    assert headers_of(headers(("x-session", b"s-1"))).session == ""  # no session header configured
 
 
 @pytest.mark.parametrize(("raw", "status"), [(b"200", 200), (b"503", 503), (b"\xd9\xa5\xd9\xa0\xd9\xa0", None),
