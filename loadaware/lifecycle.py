@@ -72,6 +72,11 @@ class Decision:
     status: int | None = None  # the response's HTTP status, once its headers came back
     model: str | None = None  # the request body's `model`, when it names one
     policy: str = ""  # the policy that decided (its name; `auto` shows what it resolved to)
+    # Admission (loadaware/admission): the request's objective and fairness id as its headers named them, and
+    # the priority its objective has; its wait in the admission queue is stages["admission"].
+    objective: str = ""
+    fairness_id: str = ""
+    priority: int = 0
     lease: Any = None  # the load module's receipt for this request's in-flight count
     signals: Any = None  # the token-signal tracker's receipt (loadaware.load.signals)
     queued: Any = None  # the queued-prefix index's receipt (loadaware.prefix.queued)
@@ -92,6 +97,8 @@ class Decision:
                             **_signals_shown(c), "score": s} for c, s in zip(self.candidates, self.scores)],
             "stages_ms": {k: round(v * 1e3, 3) for k, v in self.stages.items()},
             "total_ms": round(self.total_s * 1e3, 3), "at": self.at,
+            **({"objective": self.objective, "priority": self.priority} if self.objective else {}),
+            **({"fairness_id": self.fairness_id} if self.fairness_id else {}),
         }
 
 

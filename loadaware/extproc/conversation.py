@@ -150,7 +150,8 @@ class Conversation:
         a stream takes one in-flight count and its end releases it."""
         if stream.decision is not None:
             return stream.decision
-        decision = await self.decider.decide(request, request_id, parse_s=parse_s, subset=subset)
+        decision = await self.decider.decide(request, request_id, parse_s=parse_s, subset=subset,
+                                             session=stream.headers.session)
         stream.decision = decision  # no await between the count and recording it on the stream
         return decision
 

@@ -193,8 +193,10 @@ class Decider:
             return {}
 
     async def decide(self, request: InferenceRequest | None, request_id: str = "", count: bool = True,
-                     parse_s: float | None = None, subset: frozenset[str] | None = None) -> Decision:
-        """`subset`: the proxy's hint; only endpoints in it are candidates (None: the whole fleet). Without
+                     parse_s: float | None = None, subset: frozenset[str] | None = None, session: str = ""
+                     ) -> Decision:
+        """`subset`: the proxy's hint; only endpoints in it are candidates (None: the whole fleet). `session`:
+        the request's session key (--session-header; "" = none). Without
         `count` (Explain) the decision is a preview: nothing hears of it and no helper changes any state.
         Never raises (but for cancellation): what no helper's own guard caught ends in a load-blind decision."""
         try:
