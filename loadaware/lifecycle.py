@@ -72,14 +72,21 @@ class Decision:
     status: int | None = None  # the response's HTTP status, once its headers came back
     model: str | None = None  # the request body's `model`, when it names one
     policy: str = ""  # the policy that decided (its name; `auto` shows what it resolved to)
-    # Admission (loadaware/admission): the request's objective and fairness id as its headers named them, and
-    # the priority its objective has; its wait in the admission queue is stages["admission"].
+    # Admission (loadaware/admission): the request's objective and fairness id as its headers named them, the
+    # priority its objective has, and the seconds it was held before this decision.
     objective: str = ""
     fairness_id: str = ""
     priority: int = 0
+    admission_wait_s: float = 0.0
+    # Session affinity (loadaware/routing/affinity.py): the request's session key (never shown: it may name a
+    # user) and what affinity did: kept (the session's endpoint), moved (it could not take the request), new
+    # (the session had none); "" without a session key or with affinity off.
+    session: str = ""
+    affinity: str = ""
     lease: Any = None  # the load module's receipt for this request's in-flight count
     signals: Any = None  # the token-signal tracker's receipt (loadaware.load.signals)
     queued: Any = None  # the queued-prefix index's receipt (loadaware.prefix.queued)
+    trace: Any = None  # the decision's span while tracing is on (loadaware.telemetry.tracing), else None
     first_chunk: bool = False  # the response path has seen the first response body chunk
     ended: bool = False
 
@@ -99,6 +106,8 @@ class Decision:
             "total_ms": round(self.total_s * 1e3, 3), "at": self.at,
             **({"objective": self.objective, "priority": self.priority} if self.objective else {}),
             **({"fairness_id": self.fairness_id} if self.fairness_id else {}),
+            **({"admission_wait_ms": round(self.admission_wait_s * 1e3, 3)} if self.admission_wait_s else {}),
+            **({"affinity": self.affinity} if self.affinity else {}),
         }
 
 

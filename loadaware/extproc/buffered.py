@@ -2,8 +2,9 @@
 
 headers -> (inference POST) continue, stripped of any client destination header
         -> (anything else)   continue with a mode override that skips the body: pass-through
-body    -> decide, reply with the ranked destination (header and `envoy.lb` metadata), or none: Envoy's
-           fallback picks
+body    -> (with --admission, while the pool is saturated: held, Envoy's message timer extended to cover the
+           hold; or shed with a 429) decide, reply with the ranked destination (header and `envoy.lb`
+           metadata), or none: Envoy's fallback picks
 response headers -> the status and the engine that served (override_host's `selected_host_key`): the
            request's outcome, for failure-aware routing; continue
 then    -> nothing until the stream ends: Envoy keeps it open until the HTTP request finishes.
@@ -51,7 +52,7 @@ class BufferedConversation(Conversation):
                 else:
                     stream.decided = True
                     await write(await self._decide_body(kind, msg.request_body.body,
-                                                        request_id or new_request_id(), stream))
+                                                        request_id or new_request_id(), stream, write))
             elif which == "response_headers":  # envoy.yaml asks for them: the request's outcome
                 self.responded(stream, msg)
                 await write(replies.response_headers_continue)
@@ -63,11 +64,15 @@ class BufferedConversation(Conversation):
                 await write(replies.response_trailers_continue)
             msg = await read()
 
-    async def _decide_body(self, kind: str, body: bytes, request_id: str, stream: StreamState) -> bytes:
+    async def _decide_body(self, kind: str, body: bytes, request_id: str, stream: StreamState, write: Write
+                           ) -> bytes:
         parsed, parse_s = await timed_parse(self, kind, body, request_id)
         if isinstance(parsed, bytes):
             return parsed
-        decision = await self.decide(parsed, request_id, stream, parse_s)
+        verdict = await self.admit(len(body), request_id, stream, write, extend_timeout=True)
+        if isinstance(verdict, bytes):
+            return verdict
+        decision = await self.decide(parsed, request_id, stream, parse_s, verdict=verdict)
         unroutable = self.unroutable_reply(decision, picker=False, model=parsed.model)
         if unroutable is not None:
             return unroutable

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from loadaware.admission.controller import AdmissionController, Verdict
 from loadaware.extproc.metadata import RequestHeaders, served_endpoint, status_of
 from loadaware.extproc.replies import Replies
 from loadaware.lifecycle import Decision, RequestLifecycle
@@ -23,6 +24,11 @@ log = logging.getLogger("loadaware.extproc")
 quiet = RateLimitedLog(log)
 
 MODEL_NAME_SHOWN = 256  # characters of a requested model's name echoed in the 404 (bounds the reply)
+
+# A held request's Envoy message timeout covers its time to live plus this (its decision after the release).
+HOLD_MARGIN_S = 5.0
+# The reason a shed request's 429 names (llm-d's equivalent is x-llm-d-request-dropped-reason).
+DROPPED_REASON_HEADER = "x-loadaware-request-dropped-reason"
 
 # Bodies up to this size are parsed on the event loop (a 1,600-token prompt is ~8 KB and parses in ~20 µs,
 # less than a thread hand-off costs); larger ones in a worker thread.
@@ -66,8 +72,9 @@ class Conversation:
     json_errors = False  # full-duplex (picker) replies carry their JSON body; BUFFERED relies on Envoy's
 
     def __init__(self, decider: Decider, lifecycle: RequestLifecycle, metrics: Metrics, replies: Replies,
-                 options: StreamOptions) -> None:
+                 options: StreamOptions, admission: AdmissionController | None = None) -> None:
         self.decider = decider
+        self.admission = admission  # None: every request is decided at once (--admission off)
         self.lifecycle = lifecycle
         self.metrics = metrics
         self.replies = replies
@@ -145,15 +152,51 @@ class Conversation:
         return self.error(status, reason, message)
 
     async def decide(self, request: InferenceRequest | None, request_id: str, stream: StreamState,
-                     parse_s: float | None = None, subset: frozenset[str] | None = None) -> Decision:
+                     parse_s: float | None = None, subset: frozenset[str] | None = None,
+                     verdict: Verdict | None = None) -> Decision:
         """The stream's decision, made at most once: whatever order or repetition of messages a client sends,
-        a stream takes one in-flight count and its end releases it."""
+        a stream takes one in-flight count and its end releases it. `verdict`: what admission made of it."""
         if stream.decision is not None:
             return stream.decision
-        decision = await self.decider.decide(request, request_id, parse_s=parse_s, subset=subset,
-                                             session=stream.headers.session)
+        try:
+            decision = await self.decider.decide(request, request_id, parse_s=parse_s, subset=subset,
+                                                 session=stream.headers.session)
+        finally:
+            if verdict is not None and self.admission is not None:
+                self.admission.settled(verdict)
         stream.decision = decision  # no await between the count and recording it on the stream
+        head = stream.headers
+        if head.objective or head.fairness_id or verdict is not None:
+            decision.objective, decision.fairness_id = head.objective, head.fairness_id
+            if verdict is not None:
+                decision.priority, decision.admission_wait_s = verdict.priority, verdict.wait_s
         return decision
+
+    async def admit(self, size: int, request_id: str, stream: StreamState, write: Write,
+                    extend_timeout: bool) -> Verdict | bytes | None:
+        """Admission's verdict on a request of `size` body bytes: a Verdict to decide with, the 429 reply for a
+        shed one, or None without admission. `extend_timeout`: before holding, ask Envoy for a message timeout
+        that covers the hold (BUFFERED: its per-message timer runs while the body message waits)."""
+        admission = self.admission
+        if admission is None:
+            return None
+        head = stream.headers
+
+        async def on_hold(seconds: float) -> None:
+            if extend_timeout:
+                await write(Replies.message_timeout(seconds + HOLD_MARGIN_S))
+
+        verdict = await admission.admit(head.objective, head.fairness_id, size, request_id, on_hold)
+        if verdict.admitted:
+            return verdict
+        self.metrics.decided("none", "shed")
+        quiet.log(logging.INFO, verdict.outcome, "request_id=%s shed: %s (priority %d)", request_id,
+                  verdict.outcome, verdict.priority)
+        message = f"the pool is saturated and this request was shed ({verdict.outcome})"
+        extra = (("retry-after", str(verdict.retry_after_s)), (DROPPED_REASON_HEADER, verdict.outcome))
+        if self.json_errors:
+            return Replies.immediate_json(429, message, "rate_limit_exceeded", verdict.outcome, headers=extra)
+        return Replies.immediate_error(429, message, verdict.outcome, headers=extra)
 
 
 async def timed_parse(conversation: Conversation, kind: str, body: bytes,

@@ -104,7 +104,13 @@ class DuplexConversation(Conversation):
         if isinstance(parsed, bytes):
             await write(parsed)
             return False
-        decision = await self.decide(parsed, request_id, stream, parse_s, subset)
+        # Held here while the pool is saturated (--admission): a picker's message timeout is the gateway's
+        # (Istio: 1000 s), so no extension is asked for.
+        verdict = await self.admit(len(body), request_id, stream, write, extend_timeout=False)
+        if isinstance(verdict, bytes):
+            await write(verdict)
+            return False
+        decision = await self.decide(parsed, request_id, stream, parse_s, subset, verdict=verdict)
         reply = self.unroutable_reply(decision, picker=True, model=parsed.model)
         if reply is not None:
             await write(reply)

@@ -15,7 +15,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
-from google.protobuf import struct_pb2
+from google.protobuf import duration_pb2, struct_pb2
 
 Mode = processing_mode_pb2.ProcessingMode
 
@@ -101,25 +101,39 @@ class Replies:
         return [streamed_request_body(p, end_of_stream and i == len(pieces) - 1) for i, p in enumerate(pieces)]
 
     @staticmethod
-    def immediate_json(status: int, message: str, error_type: str, details: str, param: str | None = None) -> bytes:
+    def immediate_json(status: int, message: str, error_type: str, details: str, param: str | None = None,
+                       headers: tuple[tuple[str, str], ...] = ()) -> bytes:
         """A local reply with an OpenAI-style JSON error body, for proxies (gateways) that send the picker's
         reply as it is."""
         body = json.dumps({"error": {"message": message, "type": error_type, "param": param, "code": status}})
         return pb.ProcessingResponse(immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=status),
-            headers=pb.HeaderMutation(set_headers=[base_pb2.HeaderValueOption(
-                header=base_pb2.HeaderValue(key="content-type", raw_value=b"application/json"))]),
+            headers=_reply_headers("application/json", headers),
             body=body.encode(), details=f"loadaware_{details}")).SerializeToString()
 
     @staticmethod
-    def immediate_error(status: int, message: str, details: str) -> bytes:
+    def immediate_error(status: int, message: str, details: str, headers: tuple[tuple[str, str], ...] = ()
+                        ) -> bytes:
         """A local reply. Envoy treats it like its own: the shipped config's local_reply_config wraps the
         plain message into the OpenAI error JSON, so it is sent as text here (JSON would be nested)."""
         return pb.ProcessingResponse(immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=status),
-            headers=pb.HeaderMutation(set_headers=[base_pb2.HeaderValueOption(
-                header=base_pb2.HeaderValue(key="content-type", raw_value=b"text/plain"))]),
+            headers=_reply_headers("text/plain", headers),
             body=message.encode(), details=f"loadaware_{details}")).SerializeToString()
+
+    @staticmethod
+    def message_timeout(seconds: float) -> bytes:
+        """Ask Envoy to restart the current message's timer at `seconds` (honoured up to the filter's
+        max_message_timeout, once per message; past it Envoy ignores the request and the old timer runs)."""
+        whole = int(seconds)
+        return pb.ProcessingResponse(override_message_timeout=duration_pb2.Duration(
+            seconds=whole, nanos=int((seconds - whole) * 1e9))).SerializeToString()
+
+
+def _reply_headers(content_type: str, extra: tuple[tuple[str, str], ...]) -> pb.HeaderMutation:
+    return pb.HeaderMutation(set_headers=[
+        base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=k, raw_value=v.encode()))
+        for k, v in (("content-type", content_type), *extra)])
 
 
 # ---- streamed body mutations, encoded by hand: one per response chunk, so the least work per chunk ----

@@ -19,6 +19,7 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf.message import DecodeError
 
+from loadaware.admission.controller import AdmissionController
 from loadaware.extproc.buffered import BufferedConversation
 from loadaware.extproc.conversation import StreamOptions, StreamState
 from loadaware.extproc.duplex import DuplexConversation
@@ -44,13 +45,14 @@ def is_full_duplex(first: Any) -> bool:
 
 class ExtProcServicer:
     def __init__(self, decider: Decider, lifecycle: RequestLifecycle, metrics: Metrics,
-                 destination_header: str, options: StreamOptions | None = None) -> None:
+                 destination_header: str, options: StreamOptions | None = None,
+                 admission: AdmissionController | None = None) -> None:
         self.lifecycle = lifecycle
         self.metrics = metrics
         replies = Replies(destination_header)
         options = options or StreamOptions()
-        self.buffered = BufferedConversation(decider, lifecycle, metrics, replies, options)
-        self.duplex = DuplexConversation(decider, lifecycle, metrics, replies, options)
+        self.buffered = BufferedConversation(decider, lifecycle, metrics, replies, options, admission)
+        self.duplex = DuplexConversation(decider, lifecycle, metrics, replies, options, admission)
         self.open_streams = 0
         self.modes = {"buffered": 0, "full_duplex": 0}  # streams seen per processing mode
 

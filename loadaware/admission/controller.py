@@ -1,0 +1,263 @@
+"""Admit, hold or shed each request while the pool is saturated (loadaware/admission/saturation.py says when).
+
+    room in the pool and nobody held        -> admitted at once
+    otherwise                               -> held in its band (flow_queue.py), released when room appears:
+                                               each engine scrape, each request's end, and every TICK_S
+    held past its time to live (--admission-ttl-s)
+        sheddable (priority < 0)            -> 429, Retry-After, reason ttl_expired
+        not sheddable                       -> placed anyway (never dropped)
+    the queue is full (--admission-max-held requests or --admission-max-held-bytes)
+        a held sheddable request of a lower priority exists -> that one is evicted (429, reason evicted)
+        else sheddable                      -> 429, reason queue_full
+        else                                -> placed at once
+
+Releases are budgeted: at most the pool's room less the requests released and not yet decided, so one burst of
+room does not release the whole queue onto engines that have room for a few. Retry-After: the requests held at
+or above the priority over the release rate of the last RATE_WINDOW_S seconds, 1 to MAX_RETRY_AFTER_S.
+
+Fail open: if anything here raises, the request is admitted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from loadaware.admission.flow_queue import FlowQueue, Ticket
+from loadaware.admission.objectives import Objectives
+from loadaware.admission.saturation import PoolRoom
+from loadaware.lifecycle import Decision
+from loadaware.telemetry.faults import RateLimitedLog, describe
+
+log = logging.getLogger(__name__)
+faults = RateLimitedLog(log)
+
+TICK_S = 0.05  # while anything is held: room can appear with no event (a scrape going stale, say)
+RATE_WINDOW_S = 10.0
+MAX_RETRY_AFTER_S = 60
+RELEASED, EVICTED = "released", "evicted"
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionSettings:
+    saturation_queue: int = 1
+    max_held: int = 5_000
+    max_held_bytes: int = 256 * 1024 * 1024
+    ttl_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What admission made of a request: admitted (with its wait) or shed (429 with a reason)."""
+
+    admitted: bool
+    priority: int
+    outcome: str  # admitted | released | placed_ttl | placed_full | rejected_queue_full | rejected_ttl | evicted
+    wait_s: float = 0.0
+    retry_after_s: int = 0
+    held: bool = False
+
+
+class AdmissionMetrics(Protocol):
+    """What the controller reports (telemetry/metrics.py implements it)."""
+
+    def admission(self, priority: int, outcome: str, wait_s: float) -> None: ...
+
+    def held(self, bands: dict[int, tuple[int, int]]) -> None: ...
+
+
+class Unreported:
+    def admission(self, priority: int, outcome: str, wait_s: float) -> None:
+        pass
+
+    def held(self, bands: dict[int, tuple[int, int]]) -> None:
+        pass
+
+
+class AdmissionController:
+    def __init__(self, settings: AdmissionSettings, objectives: Objectives, room: PoolRoom,
+                 metrics: AdmissionMetrics | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self.objectives = objectives
+        self.room = room
+        self.metrics: AdmissionMetrics = metrics or Unreported()
+        self.clock = clock
+        self.queue = FlowQueue()
+        self._releasing = 0  # released, not yet decided: their decisions have not taken room yet
+        self._released_at: deque[float] = deque()  # release times within RATE_WINDOW_S (the Retry-After rate)
+        self._pump_scheduled = False
+        self._ticker: asyncio.TimerHandle | None = None
+        self._shown_bands: set[int] = set()
+
+    # ---- the request's side ----
+    async def admit(self, objective: str, fairness_id: str, size: int, request_id: str = "",
+                    on_hold: Callable[[float], Awaitable[None]] | None = None) -> Verdict:
+        """The request's verdict; may wait (held) up to the time to live. `on_hold(seconds)` runs before a
+        request is held (the BUFFERED conversation extends Envoy's message timeout there). Never raises but for
+        cancellation: a failure admits."""
+        priority = 0
+        try:
+            priority = self.objectives.priority(objective)
+            if not self.queue and self.room.has_room():
+                self.metrics.admission(priority, "admitted", 0.0)
+                return Verdict(True, priority, "admitted")
+            return await self._hold(priority, objective, fairness_id, size, request_id, on_hold)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - admission fails open: the request goes on
+            faults.log(logging.WARNING, "admission_error", "admission_error: %s", describe(exc))
+            return Verdict(True, priority, "admitted")
+
+    def settled(self, verdict: Verdict) -> None:
+        """A released request has been decided: its decision now shows in the room it took."""
+        if verdict.outcome == "released" and self._releasing > 0:
+            self._releasing -= 1
+
+    async def _hold(self, priority: int, objective: str, fairness_id: str, size: int, request_id: str,
+                    on_hold: Callable[[float], Awaitable[None]] | None) -> Verdict:
+        s = self.settings
+        sheddable = priority < 0
+        if len(self.queue) >= s.max_held or self.queue.size + size > s.max_held_bytes:
+            victim = self.queue.lowest_sheddable(below=priority)
+            if victim is not None:
+                self._evict(victim)
+            elif sheddable:
+                return self._shed(priority, "rejected_queue_full", 0.0)
+            else:
+                self.metrics.admission(priority, "placed_full", 0.0)
+                return Verdict(True, priority, "placed_full")
+        now = self.clock()
+        loop = asyncio.get_running_loop()
+        ticket = Ticket(priority, fairness_id, size, now, request_id, objective, loop.create_future())
+        if on_hold is not None:
+            await on_hold(s.ttl_s)
+        self.queue.push(ticket)
+        self._show_queue()
+        self._schedule_pump()
+        try:
+            result = await asyncio.wait_for(asyncio.shield(ticket.waiter), s.ttl_s)
+        except TimeoutError:
+            if ticket.waiter.done() and not ticket.waiter.cancelled():  # released in the same instant
+                result = ticket.waiter.result()
+            else:
+                self.queue.discard(ticket)
+                self._show_queue()
+                waited = self.clock() - now
+                if sheddable:
+                    return self._shed(priority, "rejected_ttl", waited)
+                self.metrics.admission(priority, "placed_ttl", waited)
+                return Verdict(True, priority, "placed_ttl", waited, held=True)
+        except BaseException:  # the stream ended while held: it leaves the queue
+            if self.queue.discard(ticket):
+                self._show_queue()
+            elif ticket.waiter.done() and not ticket.waiter.cancelled() and ticket.waiter.result() == RELEASED:
+                self._releasing = max(0, self._releasing - 1)
+            raise
+        waited = self.clock() - now
+        if result == EVICTED:
+            return self._shed(priority, "evicted", waited)
+        self.metrics.admission(priority, "released", waited)
+        return Verdict(True, priority, "released", waited, held=True)
+
+    def _shed(self, priority: int, outcome: str, waited: float) -> Verdict:
+        self.metrics.admission(priority, outcome, waited)
+        return Verdict(False, priority, outcome, waited, self._retry_after(priority))
+
+    def _evict(self, ticket: Ticket) -> None:
+        if self.queue.discard(ticket):
+            ticket.waiter.set_result(EVICTED)
+            self._show_queue()
+
+    def _retry_after(self, priority: int) -> int:
+        now = self.clock()
+        self._forget_releases(now)
+        ahead = sum(n for p, (n, _) in self.queue.bands().items() if p >= priority) + 1
+        rate = len(self._released_at) / RATE_WINDOW_S
+        if rate <= 0:
+            return MAX_RETRY_AFTER_S if ahead > 1 else 1
+        return int(min(MAX_RETRY_AFTER_S, max(1, math.ceil(ahead / rate))))
+
+    def _forget_releases(self, now: float) -> None:
+        released = self._released_at
+        while released and now - released[0] > RATE_WINDOW_S:
+            released.popleft()
+
+    # ---- room appears ----
+    def on_decided(self, decision: Decision) -> None:
+        """(lifecycle listener) A decision takes room through the load tracker's counts, read at the next pump."""
+
+    def on_served(self, decision: Decision, previous: str | None) -> None:
+        """(lifecycle listener) A retry moved the request: the tracker's counts moved with it."""
+
+    def on_ended(self, decision: Decision) -> None:
+        """A request ended (lifecycle listener): its engine may have room."""
+        if self.queue:
+            self._schedule_pump()
+
+    def on_scrape(self, endpoint: str, stats: object) -> None:
+        """An engine's page was scraped (load tracker listener)."""
+        if self.queue:
+            self._schedule_pump()
+
+    def _schedule_pump(self) -> None:
+        if self._pump_scheduled:
+            return
+        self._pump_scheduled = True
+        asyncio.get_running_loop().call_soon(self._pump)
+
+    def _pump(self) -> None:
+        """Release held requests, highest band first, within the pool's room less those released and not yet
+        decided. While anything stays held, again in TICK_S."""
+        self._pump_scheduled = False
+        try:
+            if self.queue:
+                budget = self.room.total() - self._releasing
+                now = self.clock()
+                while budget > 0 and self.queue:
+                    ticket = self.queue.pop()
+                    if ticket is None:
+                        break
+                    if ticket.waiter.done():  # its wait ended in the same instant
+                        continue
+                    ticket.waiter.set_result(RELEASED)
+                    self._releasing += 1
+                    self._released_at.append(now)
+                    budget -= 1
+                self._forget_releases(now)
+                self._show_queue()
+        except Exception as exc:  # noqa: BLE001 - a failed pump: the held requests wait for the next (or their TTL)
+            faults.log(logging.WARNING, "admission_error", "admission_error: %s", describe(exc))
+        finally:
+            if self.queue and self._ticker is None:
+                self._ticker = asyncio.get_running_loop().call_later(TICK_S, self._tick)
+
+    def _tick(self) -> None:
+        self._ticker = None
+        self._pump()
+
+    def _show_queue(self) -> None:
+        bands = self.queue.bands()
+        for gone in self._shown_bands - bands.keys():
+            bands[gone] = (0, 0)
+        self._shown_bands = {p for p, (n, _) in bands.items() if n}
+        self.metrics.held(bands)
+
+    # ---- what /debug shows ----
+    def state(self, limit: int = 100) -> dict[str, object]:
+        now = self.clock()
+        return {
+            "held": len(self.queue), "held_bytes": self.queue.size, "releasing": self._releasing,
+            "bands": {str(p): {"requests": n, "bytes": b} for p, (n, b) in sorted(self.queue.bands().items(),
+                                                                                 reverse=True)},
+            "oldest": [{"request_id": t.request_id, "objective": t.objective, "priority": t.priority,
+                        "fairness_id": t.fairness_id, "bytes": t.size, "waited_s": round(now - t.enqueued_at, 3)}
+                       for t in self.queue.held(limit)],
+            "settings": {"saturation_queue": self.settings.saturation_queue, "max_held": self.settings.max_held,
+                         "max_held_bytes": self.settings.max_held_bytes, "ttl_s": self.settings.ttl_s},
+        }

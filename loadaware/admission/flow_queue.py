@@ -1,0 +1,153 @@
+"""The held requests: one band per priority, highest released first; within a band, round robin across fairness
+ids, first come first served within one id.
+
+Why round robin across ids (llm-d's "round-robin" fairness, one of its plugins): while two tenants are both
+backlogged in a band each gets every other release whatever their arrival rates, so a batch tenant sending ten
+times as much cannot queue in front of another's requests; it needs no weights, no clock and no per-tenant
+history, and no id can starve (an id waits at most one turn per other backlogged id). Within one id the order
+is arrival (FCFS).
+
+Bounded by the controller (requests and bytes); removal of a request that left (its time to live passed, its
+stream ended) is O(1): it is marked and its counts drop at once, and the rotation skips it when reached.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(eq=False, slots=True)
+class Ticket:
+    """One held request."""
+
+    priority: int
+    fairness_id: str
+    size: int  # bytes: what holding it costs (its body)
+    enqueued_at: float
+    request_id: str = ""
+    objective: str = ""
+    waiter: Any = None  # the controller's future for it
+    gone: bool = False  # removed (released, expired, evicted or cancelled)
+
+
+@dataclass(slots=True)
+class Band:
+    """The held requests of one priority: a FIFO per fairness id, the ids in rotation order."""
+
+    flows: OrderedDict[str, deque[Ticket]] = field(default_factory=OrderedDict)
+    count: int = 0
+    size: int = 0
+    stale: int = 0  # removed requests still in a FIFO (skipped when reached; compacted past a bound)
+
+    def compact(self) -> None:
+        """Drop the removed requests from every FIFO (and the ids left with none), so that expiries during a long
+        saturation cannot grow the band past its live requests."""
+        for fairness_id in list(self.flows):
+            live = deque(t for t in self.flows[fairness_id] if not t.gone)
+            if live:
+                self.flows[fairness_id] = live
+            else:
+                del self.flows[fairness_id]
+        self.stale = 0
+
+
+class FlowQueue:
+    def __init__(self) -> None:
+        self._bands: dict[int, Band] = {}
+        self._order: list[int] = []  # priorities with a band, highest first
+        self.count = 0
+        self.size = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def push(self, ticket: Ticket) -> None:
+        band = self._bands.get(ticket.priority)
+        if band is None:
+            band = self._bands[ticket.priority] = Band()
+            self._order = sorted(self._bands, reverse=True)
+        flow = band.flows.get(ticket.fairness_id)
+        if flow is None:
+            flow = band.flows[ticket.fairness_id] = deque()
+        flow.append(ticket)
+        band.count += 1
+        band.size += ticket.size
+        self.count += 1
+        self.size += ticket.size
+
+    def pop(self) -> Ticket | None:
+        """The next request to release: the highest band's next fairness id in rotation, its oldest request."""
+        for priority in self._order:
+            band = self._bands[priority]
+            while band.count > 0:
+                fairness_id, flow = next(iter(band.flows.items()))
+                while flow and flow[0].gone:
+                    flow.popleft()
+                    band.stale -= 1
+                if not flow:
+                    del band.flows[fairness_id]
+                    continue
+                ticket = flow.popleft()
+                if flow:
+                    band.flows.move_to_end(fairness_id)  # its turn is taken: the next id goes first
+                else:
+                    del band.flows[fairness_id]
+                self._removed(ticket, band)
+                return ticket
+        return None
+
+    def discard(self, ticket: Ticket) -> bool:
+        """Take a held request out (its time to live passed, it was evicted or its stream ended). False: it had
+        already left."""
+        if ticket.gone:
+            return False
+        band = self._bands.get(ticket.priority)
+        if band is None:
+            return False
+        self._removed(ticket, band)
+        if ticket.priority in self._bands:
+            band.stale += 1
+            if band.stale > band.count + 64:
+                band.compact()
+        return True
+
+    def lowest_sheddable(self, below: int) -> Ticket | None:
+        """The newest held request of the lowest band that is sheddable (priority < 0) and below `below`: the one
+        to evict for a more important arrival when the queue is full."""
+        for priority in reversed(self._order):
+            if priority >= 0 or priority >= below:
+                return None
+            band = self._bands[priority]
+            for flow in reversed(band.flows.values()):
+                for ticket in reversed(flow):
+                    if not ticket.gone:
+                        return ticket
+        return None
+
+    def bands(self) -> dict[int, tuple[int, int]]:
+        """{priority: (held requests, held bytes)} for every band that holds any."""
+        return {p: (b.count, b.size) for p, b in self._bands.items() if b.count}
+
+    def held(self, limit: int) -> list[Ticket]:
+        """Up to `limit` held requests, highest band first (for /debug)."""
+        out: list[Ticket] = []
+        for priority in self._order:
+            for flow in self._bands[priority].flows.values():
+                for ticket in flow:
+                    if not ticket.gone:
+                        out.append(ticket)
+                        if len(out) >= limit:
+                            return out
+        return out
+
+    def _removed(self, ticket: Ticket, band: Band) -> None:
+        ticket.gone = True
+        band.count -= 1
+        band.size -= ticket.size
+        self.count -= 1
+        self.size -= ticket.size
+        if band.count == 0:  # an empty band goes: priorities are few, but a band's flows must not linger
+            del self._bands[ticket.priority]
+            self._order = sorted(self._bands, reverse=True)

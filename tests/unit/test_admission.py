@@ -1,0 +1,334 @@
+"""Admission under saturation: the held queue's order, the room formula, the controller's verdicts, and the
+ext_proc conversations' replies (held with Envoy's timer extended, 429 with Retry-After and a reason)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from typing import Any
+
+import pytest
+from envoy.config.core.v3 import base_pb2
+
+from bench.extproc_inprocess import buffered_messages, duplex_messages
+from loadaware.admission.controller import AdmissionController, AdmissionSettings
+from loadaware.admission.flow_queue import FlowQueue, Ticket
+from loadaware.admission.objectives import (
+    DEFAULT_PRIORITY,
+    Objectives,
+    ObjectivesError,
+    load_objectives,
+    parse_objectives,
+)
+from loadaware.admission.saturation import PoolRoom, room
+from loadaware.app import Sidecar
+from loadaware.config import from_args
+from loadaware.load.tracker import EngineStats
+from tests.unit.test_extproc_duplex import Recorder
+
+OBJECTIVES = {"critical": 10, "standard": 0, "batch": -1}
+
+
+def ticket(priority: int, tenant: str, n: int = 0, size: int = 10) -> Ticket:
+    return Ticket(priority, tenant, size, float(n), request_id=f"{tenant}-{n}")
+
+
+# ---- the held queue ----
+
+def test_bands_release_highest_priority_first_and_fifo_within_a_tenant() -> None:
+    q = FlowQueue()
+    for t in (ticket(0, "a", 1), ticket(-1, "a", 2), ticket(10, "a", 3), ticket(0, "a", 4)):
+        q.push(t)
+    assert [q.pop().request_id for _ in range(4)] == ["a-3", "a-1", "a-4", "a-2"]  # type: ignore[union-attr]
+    assert q.pop() is None and len(q) == 0 and q.size == 0
+
+
+def test_tenants_take_turns_within_a_band_whatever_their_backlog() -> None:
+    q = FlowQueue()
+    for n in range(20):
+        q.push(ticket(0, "heavy", n))
+    for n in range(2):
+        q.push(ticket(0, "light", 100 + n))
+    order = [q.pop().fairness_id for _ in range(6)]  # type: ignore[union-attr]
+    assert order == ["heavy", "light", "heavy", "light", "heavy", "heavy"]
+
+
+def test_discard_drops_counts_at_once_and_the_rotation_skips_it() -> None:
+    q = FlowQueue()
+    a, b, c = ticket(0, "x", 1, size=5), ticket(0, "x", 2, size=7), ticket(0, "y", 3, size=11)
+    for t in (a, b, c):
+        q.push(t)
+    assert q.discard(a) and not q.discard(a)
+    assert (len(q), q.size, q.bands()) == (2, 18, {0: (2, 18)})
+    assert q.pop() is b and q.pop() is c and q.pop() is None
+    assert q.bands() == {}
+
+
+def test_expiries_during_a_long_saturation_do_not_grow_the_queue() -> None:
+    q = FlowQueue()
+    q.push(ticket(0, "keeper", 0))  # the band never empties
+    for n in range(10_000):
+        t = ticket(0, f"t{n % 7}", n)
+        q.push(t)
+        q.discard(t)
+    band = q._bands[0]
+    assert len(q) == 1 and sum(len(f) for f in band.flows.values()) <= 1 + 64 + 2
+
+
+def test_the_eviction_victim_is_the_newest_of_the_lowest_sheddable_band_below_the_arrival() -> None:
+    q = FlowQueue()
+    old, new, std = ticket(-5, "a", 1), ticket(-5, "a", 2), ticket(0, "a", 3)
+    for t in (old, new, ticket(-1, "a", 4), std):
+        q.push(t)
+    assert q.lowest_sheddable(below=10) is new
+    assert q.lowest_sheddable(below=-5) is None  # nothing lower than the arrival
+    q2 = FlowQueue()
+    q2.push(std)
+    assert q2.lowest_sheddable(below=10) is None  # priority 0 is never shed
+
+
+# ---- objectives ----
+
+def test_objectives_parse_json_and_yaml_and_refuse_bad_priorities(tmp_path: Any) -> None:
+    spec = {name: {"priority": p} for name, p in OBJECTIVES.items()}
+    path = tmp_path / "o.json"
+    path.write_text(json.dumps(spec))
+    assert load_objectives(str(path)) == OBJECTIVES
+    yml = tmp_path / "o.yaml"
+    yml.write_text("critical:\n  priority: 10\nbatch:\n  priority: -1\n")
+    assert load_objectives(str(yml)) == {"critical": 10, "batch": -1}
+    for bad in ([1], {"x": {"priority": "high"}}, {"x": {"priority": True}}, {"": {"priority": 1}},
+                {"x": {"priority": 10**9}}):
+        with pytest.raises(ObjectivesError):
+            parse_objectives(bad)
+    objectives = Objectives(OBJECTIVES)
+    assert objectives.priority("critical") == 10 and objectives.priority("nope") == DEFAULT_PRIORITY
+    assert objectives.priority("") == DEFAULT_PRIORITY
+    objectives.set_cluster({"critical": 5})
+    assert objectives.priority("critical") == 5 and objectives.priority("batch") == -1
+
+
+# ---- room ----
+
+def test_room_counts_own_requests_only_on_an_engine_that_was_queueing() -> None:
+    assert room(None, 5, 2) == math.inf  # no fresh scrape: unknown, fail open
+    assert room(0.0, 50, 2) == 2  # not queueing at the scrape: what was sent since went into free slots
+    assert room(1.0, 0, 2) == 1
+    assert room(1.0, 1, 2) == 0
+    assert room(3.0, -2, 2) == 1  # own requests ended since the scrape
+    assert room(5.0, 0, 2) == 0
+
+
+class Signals:
+    def __init__(self, waiting: dict[str, float | None]) -> None:
+        self.waiting = waiting
+        self.own: dict[str, int] = {}
+
+    def fresh_stats(self, endpoint: str, now: float | None = None) -> EngineStats | None:
+        w = self.waiting.get(endpoint)
+        return None if w is None else EngineStats(running=4, waiting=w, kv_usage=None, at=0.0)
+
+    def snapshot_correction(self, endpoint: str) -> int:
+        return self.own.get(endpoint, 0)
+
+
+def test_the_pool_has_room_while_any_eligible_endpoint_has_some() -> None:
+    signals = Signals({"a": 3.0, "b": 2.0})
+    out: set[str] = set()
+    pool = PoolRoom(signals, lambda: ("a", "b"), lambda: out, bound=2)
+    assert not pool.has_room() and pool.total() == 0 and pool.saturation() == 1.0
+    signals.own["b"] = -1
+    assert pool.has_room() and pool.total() == 1 and pool.saturation() == 0.5
+    out.add("b")  # failing engines are not eligible
+    assert not pool.has_room()
+    signals.waiting["a"] = None
+    assert pool.has_room() and pool.total() == math.inf
+
+
+# ---- the controller ----
+
+class Room:
+    """A pool whose room the test sets."""
+
+    def __init__(self, free: float) -> None:
+        self.free = free
+
+    def has_room(self) -> bool:
+        return self.free > 0
+
+    def total(self) -> float:
+        return self.free
+
+
+def controller(free: float = 0, **settings: Any) -> tuple[AdmissionController, Room]:
+    pool = Room(free)
+    return AdmissionController(AdmissionSettings(**settings), Objectives(OBJECTIVES), pool), pool  # type: ignore[arg-type]
+
+
+async def test_with_room_a_request_is_admitted_at_once() -> None:
+    admission, _ = controller(free=1)
+    verdict = await admission.admit("critical", "t", 100)
+    assert verdict.admitted and verdict.outcome == "admitted" and verdict.priority == 10 and not verdict.held
+
+
+async def room_appears(admission: AdmissionController, pool: Room, n: int) -> None:
+    pool.free = n
+    admission.on_ended(None)  # type: ignore[arg-type]
+    await asyncio.sleep(0.005)  # the pump, then the released waiters' wake-ups
+
+
+async def test_held_requests_are_released_by_priority_within_the_room_that_appears() -> None:
+    admission, pool = controller()
+    holds: list[float] = []
+
+    async def on_hold(seconds: float) -> None:
+        holds.append(seconds)
+
+    tasks = {name: asyncio.create_task(admission.admit(name, "t", 10, name, on_hold))
+             for name in ("batch", "standard", "critical")}
+    await asyncio.sleep(0.01)
+    assert len(admission.queue) == 3 and holds == [30.0] * 3
+    await room_appears(admission, pool, 1)
+    assert tasks["critical"].done() and not tasks["standard"].done()
+    verdict = tasks["critical"].result()
+    assert verdict.admitted and verdict.outcome == "released" and verdict.held and verdict.wait_s > 0
+    # released, not yet decided: the same room does not release another
+    await room_appears(admission, pool, 1)
+    assert not tasks["standard"].done()
+    admission.settled(verdict)
+    await room_appears(admission, pool, 2)
+    assert tasks["standard"].result().outcome == "released" and tasks["batch"].result().outcome == "released"
+    assert len(admission.queue) == 0
+
+
+async def test_two_backlogged_tenants_share_releases_evenly_at_ten_to_one() -> None:
+    admission, pool = controller()
+    tasks = [asyncio.create_task(admission.admit("standard", "heavy" if n % 11 else "light", 1, str(n)))
+             for n in range(110)]
+    await asyncio.sleep(0.01)
+    released: list[str] = []
+    for _ in range(20):
+        await room_appears(admission, pool, 1)
+        pool.free = 0
+        for n, task in enumerate(tasks):
+            if task.done() and str(n) not in released:
+                released.append(str(n))
+                admission.settled(task.result())
+    tenants = ["light" if int(n) % 11 == 0 else "heavy" for n in released]
+    assert len(tenants) == 20 and tenants.count("light") == 10  # one turn each while both are backlogged
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert len(admission.queue) == 0  # a stream that ended while held leaves the queue
+
+
+async def test_past_its_time_to_live_a_sheddable_request_gets_429_and_another_is_placed() -> None:
+    admission, _ = controller(ttl_s=0.05)
+    shed, placed = await asyncio.gather(admission.admit("batch", "t", 1), admission.admit("standard", "t", 1))
+    assert not shed.admitted and shed.outcome == "rejected_ttl" and shed.retry_after_s >= 1
+    assert placed.admitted and placed.outcome == "placed_ttl" and placed.wait_s >= 0.05
+    assert len(admission.queue) == 0
+
+
+async def test_a_full_queue_evicts_a_lower_sheddable_request_or_sheds_or_places() -> None:
+    admission, _ = controller(max_held=2, ttl_s=5)
+    held = [asyncio.create_task(admission.admit("batch", "t", 1)) for _ in range(2)]
+    await asyncio.sleep(0.01)
+    critical = asyncio.create_task(admission.admit("critical", "t", 1))
+    await asyncio.sleep(0.01)
+    evicted = [t.result() for t in held if t.done()]
+    assert [v.outcome for v in evicted] == ["evicted"] and not evicted[0].admitted
+    assert (await admission.admit("batch", "t", 1)).outcome == "rejected_queue_full"
+    # a standard arrival evicts the batch request left; it is held in its place
+    standard = asyncio.create_task(admission.admit("standard", "t", 1))
+    await asyncio.sleep(0.01)
+    assert all(t.done() for t in held) and [t.result().outcome for t in held] == ["evicted", "evicted"]
+    assert not standard.done() and admission.queue.bands() == {10: (1, 1), 0: (1, 1)}
+    # full of requests that are not sheddable: a third is placed at once
+    assert (await admission.admit("standard", "t", 1)).outcome == "placed_full"
+    for t in (standard, critical):
+        t.cancel()
+    await asyncio.gather(standard, critical, return_exceptions=True)
+    assert len(admission.queue) == 0
+
+
+async def test_bytes_bound_the_queue_like_requests() -> None:
+    admission, _ = controller(max_held_bytes=100, ttl_s=5)
+    first = asyncio.create_task(admission.admit("standard", "t", 80))
+    await asyncio.sleep(0.01)
+    placed = await admission.admit("standard", "t", 30)  # would pass the bytes bound, nothing to evict
+    assert placed.admitted and placed.outcome == "placed_full"
+    assert (await admission.admit("batch", "t", 30)).outcome == "rejected_queue_full"
+    first.cancel()
+    await asyncio.gather(first, return_exceptions=True)
+
+
+async def test_admission_fails_open_when_the_pool_cannot_say() -> None:
+    class Broken:
+        def has_room(self) -> bool:
+            raise RuntimeError("boom")
+
+    admission = AdmissionController(AdmissionSettings(), Objectives(), Broken())  # type: ignore[arg-type]
+    verdict = await admission.admit("", "", 1)
+    assert verdict.admitted and verdict.outcome == "admitted"
+
+
+# ---- through the ext_proc conversations ----
+
+def saturated_app(*flags: str) -> Sidecar:
+    app = Sidecar(from_args(["--endpoints", "127.0.0.2:8000,127.0.0.3:8000", "--metrics-listen", "off",
+                             "--policy", "leastload", "--admission", "on", "--admission-ttl-s", "0.2", *flags],
+                            environ={}))
+    for ep in app.registry.snapshot():
+        app.loads.record(ep, EngineStats(running=8, waiting=4, kv_usage=0.9, at=app.loads.clock()))
+    return app
+
+
+def with_objective(messages: list[Any], objective: str) -> list[Any]:
+    messages[0].request_headers.headers.headers.append(
+        base_pb2.HeaderValue(key="x-gateway-inference-objective", raw_value=objective.encode()))
+    return messages
+
+
+def body() -> bytes:
+    return json.dumps({"model": "m", "prompt": "hello", "max_tokens": 4}).encode()
+
+
+@pytest.mark.parametrize("mode", ["buffered", "duplex"])
+async def test_a_shed_request_gets_429_with_retry_after_and_a_reason(mode: str, tmp_path: Any) -> None:
+    path = tmp_path / "objectives.json"
+    path.write_text(json.dumps({n: {"priority": p} for n, p in OBJECTIVES.items()}))
+    app = saturated_app("--objectives", str(path))
+    messages = buffered_messages(body()) if mode == "buffered" else duplex_messages(body())
+    feed = Recorder(with_objective(messages, "batch"))
+    await app.extproc.process(None, feed)
+    kinds = [r.WhichOneof("response") for r in feed.sent]
+    if mode == "buffered":  # Envoy's timer is extended before the hold: TTL + 5 s
+        assert kinds[:2] == ["request_headers", None]
+        assert feed.sent[1].override_message_timeout.ToTimedelta().total_seconds() == pytest.approx(5.2)
+    immediate = feed.sent[-1].immediate_response
+    assert kinds[-1] == "immediate_response" and immediate.status.code == 429
+    headers = {h.header.key: h.header.raw_value.decode() for h in immediate.headers.set_headers}
+    assert int(headers["retry-after"]) >= 1
+    assert headers["x-loadaware-request-dropped-reason"] == "rejected_ttl"
+    assert app.decider.lifecycle is app.lifecycle and app.admission is not None and len(app.admission.queue) == 0
+
+
+@pytest.mark.parametrize("mode", ["buffered", "duplex"])
+async def test_a_held_request_is_routed_once_room_appears(mode: str) -> None:
+    app = saturated_app("--admission-ttl-s", "5")
+    messages = buffered_messages(body()) if mode == "buffered" else duplex_messages(body())
+    feed = Recorder(with_objective(messages, "standard"))
+    task = asyncio.create_task(app.extproc.process(None, feed))
+    await asyncio.sleep(0.1)
+    assert not task.done() and app.admission is not None and len(app.admission.queue) == 1
+    ep = app.registry.snapshot()[0]
+    app.loads.record(ep, EngineStats(running=8, waiting=0, kv_usage=0.5, at=app.loads.clock()))  # a scrape: room
+    await asyncio.wait_for(task, 2)
+    routed = [r for r in feed.sent if r.WhichOneof("response") in ("request_headers", "request_body")
+              and (r.request_headers.response.header_mutation.set_headers
+                   or r.request_body.response.header_mutation.set_headers)]
+    assert routed, [r.WhichOneof("response") for r in feed.sent]
+    decision = app.recent.last(1)[0].as_dict()
+    assert decision["endpoint"] == ep and decision["admission_wait_ms"] > 50
