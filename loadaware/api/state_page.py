@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, Protocol
 
+from loadaware.admission.controller import AdmissionController
 from loadaware.api.offloop import off_loop
 from loadaware.fleet.health import EndpointHealth
 from loadaware.fleet.models import EndpointModels
@@ -37,8 +38,9 @@ class StatePage:
                  models: EndpointModels | None, bridge: InstanceBridge, prefixes: PrefixWiring,
                  readiness: ReadinessView, tasks: Callable[[], list[dict[str, Any]]], streams: StreamCounts,
                  config: Callable[[], list[dict[str, Any]]], working_set: WorkingSet | None = None,
-                 queued: QueuedPrefixes | None = None) -> None:
+                 queued: QueuedPrefixes | None = None, admission: AdmissionController | None = None) -> None:
         self.registry = registry
+        self.admission = admission
         self.working_set = working_set
         self.queued = queued
         self.loads = loads
@@ -74,4 +76,15 @@ class StatePage:
                 "instance_map": self.bridge.mapping(), "config": self.config(),
                 "prefix": self.prefixes.state(), "fleet_kv_capacity_tokens": self.loads.kv_capacity_tokens(),
                 "working_set": None if self.working_set is None else self.working_set.state(),
-                "queued_prefixes": None if self.queued is None else self.queued.state()}
+                "queued_prefixes": None if self.queued is None else self.queued.state(),
+                "admission": self._admission()}
+
+    def _admission(self) -> dict[str, Any] | None:
+        """The held requests (--admission), oldest first within each band, highest band first. Read from this
+        thread while the loop may change the queue: a read that races a change says so instead of failing."""
+        if self.admission is None:
+            return None
+        try:
+            return self.admission.state()
+        except RuntimeError:  # the queue changed while it was walked
+            return {"held": len(self.admission.queue), "note": "the queue changed while read; ask again"}
