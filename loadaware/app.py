@@ -44,6 +44,7 @@ from loadaware.prefix.lmcache.client import LMCacheClient
 from loadaware.prefix.lmcache.resolver import InstanceResolver
 from loadaware.prefix.lmcache.source import LMCachePrefixSource
 from loadaware.prefix.wiring import PrefixOptions, PrefixWiring
+from loadaware.routing.affinity import SessionAffinity
 from loadaware.routing.pipeline import Decider, PromptEncoder
 from loadaware.runtime.listeners import add_listener, bind
 from loadaware.runtime.readiness import Readiness, is_required
@@ -110,7 +111,8 @@ class Sidecar:
         self.decider = Decider(make_policy(s.effective_policy, s.loadaware_beta), self.registry, self.loads,
                                self.lifecycle, encoder, self.prefixes.source, fallbacks=s.fallback_endpoints,
                                health=self.endpoint_health, models=self.models, ranking=self.loads,
-                               signals=self.signals)
+                               signals=self.signals, affinity=SessionAffinity(s.session_max_entries, s.session_ttl_s)
+                               if s.session_header else None)
         # Who hears about each request: counts first (a later listener failing must not leak one).
         self.recent = RecentDecisions()
         self.lifecycle.subscribe(self.loads)
@@ -148,7 +150,8 @@ class Sidecar:
                                   self.loads, self.bridge, self.catalog, self.readiness.ready,
                                   health=self.endpoint_health, models=self.models, signals=self.signals)
         self.extproc = ExtProcServicer(self.decider, self.lifecycle, self.metrics, s.destination_header,
-                                       StreamOptions(s.no_endpoint_reply, s.max_request_body_bytes))
+                                       StreamOptions(s.no_endpoint_reply, s.max_request_body_bytes,
+                                                     session_header=s.session_header))
         self.health = HealthReporter(self.readiness.ready, self.readiness.reason)
         self.metrics.open_streams.set_function(lambda: self.extproc.open_streams)  # read at each scrape
         # The ext_proc port serves ext_proc and health only; the debug API and /debug are on the admin

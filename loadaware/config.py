@@ -95,6 +95,18 @@ def parse_header_name(text: str) -> str:
     return name
 
 
+# RFC 9110's token characters: what a header field name may hold (no pseudo-header, no space, no colon).
+_TCHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz")
+
+
+def parse_session_header(text: str) -> str:
+    """A header field name, lower-cased as Envoy hands names over; empty: session affinity off."""
+    name = text.strip().lower()
+    if name and not set(name) <= _TCHARS:
+        raise ValueError(f"{text!r} is not a valid HTTP header name (letters, digits, !#$%&'*+-.^_`|~)")
+    return name
+
+
 def parse_log_level(text: str) -> str:
     level = text.strip().upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -256,6 +268,15 @@ class Settings:
             "HTTP address of /debug/decisions and /debug/state; loopback ('off' to disable)", strict=True)
     destination_header: str = setting("x-gateway-destination-endpoint", parse_header_name,
             "header Envoy's override_host reads")
+    # Session affinity (routing/affinity.py): off unless a header is named.
+    session_header: str = setting("", parse_session_header,
+            "request header whose value is a session key: a session's requests go to the endpoint that served it "
+            "while it is a candidate and not saturated, else they move and the session follows ('' = off)",
+            strict=True)
+    session_max_entries: int = setting(100_000, parse_positive_int,
+            "session affinity: most sessions remembered (the least recently used is forgotten first)")
+    session_ttl_s: float = setting(600.0, parse_positive,
+            "session affinity: a session idle this long is forgotten")
     fallback_endpoints: int = setting(2, parse_count,
             "next-best endpoints named after the choice, for the proxy's retries to walk (0 = the choice only)")
     no_endpoint_reply: str = setting("auto", parse_no_endpoint_reply,
@@ -438,6 +459,8 @@ def _check_combination(settings: Settings) -> None:
         raise ConfigError("--kv-events-bind: the engines' KV events feed --prefix-source kv-events; add it")
     if not settings.listen:
         raise ConfigError("--listen: the gRPC server needs an address")
+    if settings.session_header and settings.session_header == settings.destination_header:
+        raise ConfigError("--session-header: the destination header is the sidecar's own answer, not a session key")
     _check_addresses(settings)
     if settings.endpoints and settings.endpoints_file:
         raise ConfigError("--endpoints-file: give either --endpoints or --endpoints-file, not both")

@@ -31,9 +31,14 @@ PRICED_OUT = 1e9  # added to the cost of a candidate past the bound: it ranks af
 
 def load_cap(candidates: Sequence[Candidate], share: float = MAX_SHARE) -> int | None:
     """The most requests an endpoint may carry, this one included (None: the pool is not bounded)."""
-    if len(candidates) < MIN_POOL or share >= 1:
+    return pool_cap(sum(x.load for x in candidates), len(candidates), share)
+
+
+def pool_cap(total_load: float, pool_size: int, share: float = MAX_SHARE) -> int | None:
+    """`load_cap` of a pool known by its total load and size (a pruned decision scores only part of its pool)."""
+    if pool_size < MIN_POOL or share >= 1:
         return None
-    return math.ceil(share * (sum(x.load for x in candidates) + 1))
+    return math.ceil(share * (total_load + 1))
 
 
 def within_bound(candidates: Sequence[Candidate], share: float = MAX_SHARE) -> list[bool]:

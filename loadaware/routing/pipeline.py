@@ -22,9 +22,11 @@ from loadaware.lifecycle import Decision, RequestLifecycle, preview, previewing
 from loadaware.load.order import LoadOrder
 from loadaware.load.signals import SignalTracker
 from loadaware.policies import Candidate, Choice, Needs, Policy, ranked
+from loadaware.policies.bounded import pool_cap
 from loadaware.prefix.queued import QueuedPrefixes
 from loadaware.prefix.source import PrefixSource, PrefixUnavailable, PromptTokens
 from loadaware.prefix.working_set import BLOCK_TOKENS, WorkingSet, fill_candidates, sampled_keys
+from loadaware.routing.affinity import SessionAffinity, saturated
 from loadaware.routing.pruning import MIN_POOL, pruned_candidates, round_robin_candidates
 from loadaware.routing.request import InferenceRequest
 from loadaware.telemetry.faults import RateLimitedLog, describe
@@ -71,7 +73,7 @@ class Decider:
                  tokenizer: PromptEncoder | None = None, prefix_source: PrefixSource | None = None,
                  fallbacks: int = 0, health: Eligibility | None = None, models: ModelPools | None = None,
                  ranking: Ranking | None = None, signals: SignalTracker | None = None,
-                 working_set: WorkingSet | None = None) -> None:
+                 working_set: WorkingSet | None = None, affinity: SessionAffinity | None = None) -> None:
         self.policy = policy
         needs = policy.needs  # what it reads: the pipeline fills exactly that (policies/base.py)
         # The fleet's prefix working set, for a policy that reads it (policies/lane_spread.py): each routed
@@ -100,6 +102,11 @@ class Decider:
         # The fleet's loads in order (load/tracker.py): a large pool scores only its prefix holders and its few
         # least-loaded endpoints (routing/pruning.py says why the choice is the same). None: score them all.
         self.ranking = ranking
+        # Session affinity (--session-header; None: off): a session's requests stick to its endpoint while it
+        # can take them (routing/affinity.py). It hears who served, so a session follows the proxy's retries.
+        self.affinity = affinity
+        if affinity is not None:
+            lifecycle.subscribe(affinity)
 
     @property
     def needs(self) -> Needs:
@@ -196,21 +203,22 @@ class Decider:
                      parse_s: float | None = None, subset: frozenset[str] | None = None, session: str = ""
                      ) -> Decision:
         """`subset`: the proxy's hint; only endpoints in it are candidates (None: the whole fleet). `session`:
-        the request's session key (--session-header; "" = none). Without
+        the request's session key (--session-header; "" = none): with affinity on, the session's endpoint is
+        preferred while it can take the request (routing/affinity.py). Without
         `count` (Explain) the decision is a preview: nothing hears of it and no helper changes any state.
         Never raises (but for cancellation): what no helper's own guard caught ends in a load-blind decision."""
         try:
             if count:
-                return await self._decide(request, request_id, True, parse_s, subset)
+                return await self._decide(request, request_id, True, parse_s, subset, session)
             with preview():
-                return await self._decide(request, request_id, False, parse_s, subset)
+                return await self._decide(request, request_id, False, parse_s, subset, session)
         except Exception as exc:  # noqa: BLE001 - a decision for every request, whatever failed
             reasons = ["decide_error"]
             _degraded(reasons, "decide_error", exc)
             return self._last_resort(request_id, reasons, count)
 
     async def _decide(self, request: InferenceRequest | None, request_id: str, count: bool,
-                      parse_s: float | None, subset: frozenset[str] | None) -> Decision:
+                      parse_s: float | None, subset: frozenset[str] | None, session: str = "") -> Decision:
         started = time.perf_counter()
         stages: dict[str, float] = {} if parse_s is None else {"parse": parse_s}
         reasons: list[str] = []
@@ -250,12 +258,16 @@ class Decider:
         mean: float | None = None
         ws = self.working_set
         sampled = sampled_keys(tokens, request.cache_salt) if ws is not None and tokens and request else None
+        # The session's endpoint, if it has one (affinity off: no session key, one falsy check).
+        sticky = self._sticky(session, reasons) if session else None
+        pool_size = len(endpoints) - len(excluded)
         try:
-            turn = self._round_robin_turn(endpoints, excluded)
+            # Round robin's shortcut scores only the turn and the least loaded: a sticky endpoint needs the pool.
+            turn = self._round_robin_turn(endpoints, excluded) if sticky is None else None
             if turn is not None:
                 candidates, choice = turn
             else:
-                candidates, mean = self._scored(endpoints, excluded, matches, n_tokens, reasons)
+                candidates, mean = self._scored(endpoints, excluded, matches, n_tokens, reasons, sticky)
                 if self.queued is not None and tokens:
                     self._credit_queued(candidates, tokens, count, reasons)
                 if sampled is not None:
@@ -264,12 +276,17 @@ class Decider:
                 if picked is None:
                     raise ValueError("the policy chose nobody among candidates")
                 choice = picked
+            if sticky is not None:
+                choice = self._stick(choice, candidates, sticky, mean, pool_size, reasons)
             order = tuple(candidates[i].endpoint for i in ranked(choice, candidates, 1 + self.fallbacks))
         except Exception as exc:  # noqa: BLE001 - a failing policy: the least-loaded candidate instead
             _degraded(reasons, "policy_error", exc)
             candidates, mean = self._plain(endpoints, excluded, matches, n_tokens, reasons), None
             choice = least_loaded(candidates)
+            if sticky is not None:
+                choice = self._stick(choice, candidates, sticky, None, len(candidates), reasons)
             order = tuple(candidates[i].endpoint for i in ranked(choice, candidates, 1 + self.fallbacks))
+        affinity = self._bind(session, sticky, order[0], count, reasons) if session else ""
         if sampled and count and ws is not None:
             try:
                 ws.observe(sampled, n_tokens // BLOCK_TOKENS)
@@ -279,7 +296,7 @@ class Decider:
         # Failing engines left out is news, not a lost helper: the decision still used every signal.
         outcome = "fallback_load_only" if reasons and reasons != [ALL_FAILING] else "routed"
         return self._finish(request_id, order, outcome, reasons, n_tokens, candidates, choice.scores, stages,
-                            started, count, tokens, model, len(endpoints) - len(excluded), mean)
+                            started, count, tokens, model, pool_size, mean, session, affinity)
 
     def _last_resort(self, request_id: str, reasons: list[str], count: bool) -> Decision:
         """The first endpoint of the fleet, named when something unforeseen failed mid-decision."""
@@ -309,9 +326,10 @@ class Decider:
         return candidates, Choice(index, scores)
 
     def _scored(self, endpoints: tuple[str, ...], excluded: frozenset[str], matches: dict[str, int], n_tokens: int,
-                reasons: list[str]) -> tuple[tuple[Candidate, ...], float | None]:
+                reasons: list[str], keep: str | None = None) -> tuple[tuple[Candidate, ...], float | None]:
         """The candidates to score (the pool is `endpoints` less `excluded`) and, when pruned, the pool's mean
-        load (None: the candidates are the pool)."""
+        load (None: the candidates are the pool). `keep`: an endpoint of the pool that must be among them even
+        when pruned (a session's sticky endpoint)."""
         if self.ranking is not None and self.needs.prunable and len(endpoints) >= MIN_POOL:
             order = self.ranking.ordered()
             fleet = self.registry.snapshot()
@@ -319,8 +337,57 @@ class Decider:
                 whole = endpoints is fleet
                 members = self.registry.members() if whole else frozenset(endpoints)
                 return pruned_candidates(order, endpoints, members, whole, matches, n_tokens, 1 + self.fallbacks,
-                                         self.registry.position, excluded)
+                                         self.registry.position, excluded, keep)
         return self._plain(endpoints, excluded, matches, n_tokens, reasons), None
+
+    def _sticky(self, session: str, reasons: list[str]) -> str | None:
+        """The endpoint the session is bound to (None: affinity off, no binding, or the store failed)."""
+        affinity = self.affinity
+        if affinity is None:
+            return None
+        try:
+            return affinity.sticky(session, affinity.clock())
+        except Exception as exc:  # noqa: BLE001 - affinity is advice: the normal decision instead
+            _degraded(reasons, "affinity_error", exc)
+            return None
+
+    def _stick(self, choice: Choice, candidates: tuple[Candidate, ...], sticky: str, mean: float | None,
+               pool_size: int, reasons: list[str]) -> Choice:
+        """The sticky endpoint as the choice when it is a candidate and not saturated (routing/affinity.py);
+        the policy's scores stay, so its ranking supplies the fallbacks. Else the policy's choice."""
+        try:
+            index = next((i for i, c in enumerate(candidates) if c.endpoint == sticky), None)
+            if index is None or index == choice.index:
+                return choice
+            # A pruned decision scores part of its pool: the guard's cap is the pool's, from its mean load.
+            total = sum(c.load for c in candidates) if mean is None else mean * pool_size
+            if saturated(candidates[index], candidates, pool_cap(total, pool_size), self._waiting):
+                return choice
+            return Choice(index, choice.scores)
+        except Exception as exc:  # noqa: BLE001 - affinity is advice: the policy's choice stands
+            _degraded(reasons, "affinity_error", exc)
+            return choice
+
+    def _waiting(self, c: Candidate) -> float:
+        """The candidate's scraped waiting queue: carried by candidates of a policy with signals, else read from
+        the load tracker's fresh stats (0 without a fresh scrape)."""
+        if c.waiting > 0 or self._fresh_stats is None:
+            return c.waiting
+        stats = self._fresh_stats(c.endpoint)
+        return stats.waiting if stats is not None else 0.0
+
+    def _bind(self, session: str, sticky: str | None, chosen: str, count: bool, reasons: list[str]) -> str:
+        """What affinity did (kept, moved, new; "" when off); a counted decision binds the session to its
+        choice. A preview reads, never binds."""
+        affinity = self.affinity
+        if affinity is None:
+            return ""
+        try:
+            if count:
+                affinity.remember(session, chosen, affinity.clock())
+        except Exception as exc:  # noqa: BLE001 - the next request of the session decides afresh
+            _degraded(reasons, "affinity_error", exc)
+        return "new" if sticky is None else "kept" if chosen == sticky else "moved"
 
     def _credit_queued(self, candidates: tuple[Candidate, ...], tokens: list[int], count: bool,
                        reasons: list[str]) -> None:
@@ -409,11 +476,12 @@ class Decider:
     def _finish(self, request_id: str, order: tuple[str, ...], outcome: str, reasons: list[str], n_tokens: int,
                 candidates: tuple[Candidate, ...], scores: tuple[float, ...], stages: dict[str, float],
                 started: float, count: bool, tokens: list[int] | None = None, model: str | None = None,
-                pool_size: int = 0, mean_load: float | None = None) -> Decision:
+                pool_size: int = 0, mean_load: float | None = None, session: str = "", affinity: str = ""
+                ) -> Decision:
         decision = Decision(request_id, order[0] if order else None, outcome, tuple(reasons), n_tokens, candidates,
                             scores, stages, time.perf_counter() - started, tokens=tokens or None, ranked=order,
                             model=model, pool_size=pool_size or len(candidates), mean_load=mean_load,
-                            policy=self.policy.name)
+                            policy=self.policy.name, session=session, affinity=affinity)
         if count:  # Explain decides without counting: nothing hears about it
             self.lifecycle.decided(decision)
         return decision

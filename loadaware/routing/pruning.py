@@ -25,13 +25,18 @@ MIN_POOL = 64
 
 def pruned_candidates(order: LoadOrder, pool: tuple[str, ...], members: Collection[str], whole_fleet: bool,
                       matches: Mapping[str, int], prompt_tokens: int, limit: int,
-                      position: Callable[[str], int], excluded: Collection[str] = frozenset()
-                      ) -> tuple[tuple[Candidate, ...], float]:
+                      position: Callable[[str], int], excluded: Collection[str] = frozenset(),
+                      keep: str | None = None) -> tuple[tuple[Candidate, ...], float]:
     """(candidates in pool order, the pool's mean load). The pool is `pool` less `excluded` (engines failing
     their requests, a few); `members`: `pool` as a set; `whole_fleet`: `pool` is every endpoint of the load
-    order (the common case: its running sum, less the excluded, is the pool's)."""
+    order (the common case: its running sum, less the excluded, is the pool's). `keep`: an endpoint scored
+    whatever its load when it is in the pool (a session's sticky endpoint, routing/affinity.py)."""
     held = {ep: min(n, prompt_tokens) for ep, n in matches.items()
             if n > 0 and ep in members and ep not in excluded}
+    if keep is not None and keep not in held and keep in members and keep not in excluded:
+        # Scored like a holder of nothing, on top of the `limit` least loaded: it ranks after all of them, so
+        # the policy's choice and fallbacks are unchanged, and the decider can still prefer it.
+        held[keep] = 0
     load_of = order.load
     size = len(pool) - len(excluded)
     if whole_fleet:
