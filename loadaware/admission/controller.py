@@ -42,6 +42,7 @@ TICK_S = 0.05  # while anything is held: room can appear with no event (a scrape
 RATE_WINDOW_S = 10.0
 MAX_RETRY_AFTER_S = 60
 RELEASED, EVICTED = "released", "evicted"
+MAX_FAIRNESS_IDS = 1_000  # per band, in the fairness record; more ids are counted together as "other"
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +95,9 @@ class AdmissionController:
         self._pump_scheduled = False
         self._ticker: asyncio.TimerHandle | None = None
         self._shown_bands: set[int] = set()
+        # Releases made while another fairness id of the band was held too, per band and id: the service each
+        # tenant got while tenants competed (their Jain index is what fairness achieved).
+        self.contended: dict[int, dict[str, int]] = {}
 
     # ---- the request's side ----
     async def admit(self, objective: str, fairness_id: str, size: int, request_id: str = "",
@@ -226,6 +230,8 @@ class AdmissionController:
                     if ticket.waiter.done():  # its wait ended in the same instant
                         continue
                     ticket.waiter.set_result(RELEASED)
+                    if ticket.contended:
+                        self._count_contended(ticket)
                     self._releasing += 1
                     self._released_at.append(now)
                     budget -= 1
@@ -236,6 +242,11 @@ class AdmissionController:
         finally:
             if self.queue and self._ticker is None:
                 self._ticker = asyncio.get_running_loop().call_later(TICK_S, self._tick)
+
+    def _count_contended(self, ticket: Ticket) -> None:
+        ids = self.contended.setdefault(ticket.priority, {})
+        key = ticket.fairness_id if ticket.fairness_id in ids or len(ids) < MAX_FAIRNESS_IDS else "other"
+        ids[key] = ids.get(key, 0) + 1
 
     def _tick(self) -> None:
         self._ticker = None
@@ -258,6 +269,15 @@ class AdmissionController:
             "oldest": [{"request_id": t.request_id, "objective": t.objective, "priority": t.priority,
                         "fairness_id": t.fairness_id, "bytes": t.size, "waited_s": round(now - t.enqueued_at, 3)}
                        for t in self.queue.held(limit)],
+            "contended_releases": {str(p): dict(ids) for p, ids in self.contended.items()},
+            "jain_index": {str(p): jain_index(list(ids.values())) for p, ids in self.contended.items()},
             "settings": {"saturation_queue": self.settings.saturation_queue, "max_held": self.settings.max_held,
                          "max_held_bytes": self.settings.max_held_bytes, "ttl_s": self.settings.ttl_s},
         }
+
+
+def jain_index(shares: list[int]) -> float | None:
+    """Jain's fairness index of the shares: (sum x)^2 / (n sum x^2), 1 when equal, 1/n when one takes all."""
+    if not shares or not any(shares):
+        return None
+    return sum(shares) ** 2 / (len(shares) * sum(x * x for x in shares))

@@ -30,6 +30,7 @@ class Ticket:
     objective: str = ""
     waiter: Any = None  # the controller's future for it
     gone: bool = False  # removed (released, expired, evicted or cancelled)
+    contended: bool = False  # when released: another fairness id of its band was held too (fairness applied)
 
 
 @dataclass(slots=True)
@@ -40,6 +41,7 @@ class Band:
     count: int = 0
     size: int = 0
     stale: int = 0  # removed requests still in a FIFO (skipped when reached; compacted past a bound)
+    live: dict[str, int] = field(default_factory=dict)  # fairness id -> its held requests
 
     def compact(self) -> None:
         """Drop the removed requests from every FIFO (and the ids left with none), so that expiries during a long
@@ -72,6 +74,7 @@ class FlowQueue:
         if flow is None:
             flow = band.flows[ticket.fairness_id] = deque()
         flow.append(ticket)
+        band.live[ticket.fairness_id] = band.live.get(ticket.fairness_id, 0) + 1
         band.count += 1
         band.size += ticket.size
         self.count += 1
@@ -90,6 +93,7 @@ class FlowQueue:
                     del band.flows[fairness_id]
                     continue
                 ticket = flow.popleft()
+                ticket.contended = band.count > band.live.get(fairness_id, 0)
                 if flow:
                     band.flows.move_to_end(fairness_id)  # its turn is taken: the next id goes first
                 else:
@@ -144,6 +148,11 @@ class FlowQueue:
 
     def _removed(self, ticket: Ticket, band: Band) -> None:
         ticket.gone = True
+        left = band.live.get(ticket.fairness_id, 0) - 1
+        if left > 0:
+            band.live[ticket.fairness_id] = left
+        else:
+            band.live.pop(ticket.fairness_id, None)
         band.count -= 1
         band.size -= ticket.size
         self.count -= 1

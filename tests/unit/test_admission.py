@@ -12,7 +12,7 @@ import pytest
 from envoy.config.core.v3 import base_pb2
 
 from bench.extproc_inprocess import buffered_messages, duplex_messages
-from loadaware.admission.controller import AdmissionController, AdmissionSettings
+from loadaware.admission.controller import AdmissionController, AdmissionSettings, jain_index
 from loadaware.admission.flow_queue import FlowQueue, Ticket
 from loadaware.admission.objectives import (
     DEFAULT_PRIORITY,
@@ -86,6 +86,11 @@ def test_the_eviction_victim_is_the_newest_of_the_lowest_sheddable_band_below_th
     q2 = FlowQueue()
     q2.push(std)
     assert q2.lowest_sheddable(below=10) is None  # priority 0 is never shed
+
+
+def test_jain_index() -> None:
+    assert jain_index([10, 10]) == 1.0 and jain_index([10, 0]) == 0.5 and jain_index([]) is None
+    assert jain_index([10, 1]) == pytest.approx(121 / 202)
 
 
 # ---- objectives ----
@@ -217,6 +222,9 @@ async def test_two_backlogged_tenants_share_releases_evenly_at_ten_to_one() -> N
                 admission.settled(task.result())
     tenants = ["light" if int(n) % 11 == 0 else "heavy" for n in released]
     assert len(tenants) == 20 and tenants.count("light") == 10  # one turn each while both are backlogged
+    # the last heavy release came after the light tenant's last one: no longer contended
+    assert admission.contended == {0: {"heavy": 9, "light": 10}}
+    assert admission.state()["jain_index"] == {"0": pytest.approx(19 ** 2 / (2 * (81 + 100)))}
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
