@@ -15,6 +15,9 @@ from typing import Any
 
 import grpc
 
+from loadaware.admission.controller import AdmissionController, AdmissionSettings
+from loadaware.admission.objectives import Objectives, ObjectivesError, load_objectives
+from loadaware.admission.saturation import PoolRoom
 from loadaware.api.admin import admin_server, is_loopback
 from loadaware.api.debug_http import DebugHttp, MetricsHttp
 from loadaware.api.metrics_page import MetricsPage, pool_loads
@@ -132,6 +135,7 @@ class Sidecar:
                                             lambda: pool_loads(self.registry, self.loads, self.catalog),
                                             self.metrics.decision_seconds, time.time))
         self.lifecycle.subscribe(self.recent)
+        self.admission = self._admission(s)
         self.scraper = MetricsScraper(self.registry, self.loads, self.metrics, s.scrape_interval_s,
                                       s.scrape_timeout_ms / 1e3, health=self.endpoint_health)
         self.file_watcher = EndpointsFileWatcher(s.endpoints_file, self.registry) if s.endpoints_file else None
@@ -151,7 +155,8 @@ class Sidecar:
                                   health=self.endpoint_health, models=self.models, signals=self.signals)
         self.extproc = ExtProcServicer(self.decider, self.lifecycle, self.metrics, s.destination_header,
                                        StreamOptions(s.no_endpoint_reply, s.max_request_body_bytes,
-                                                     session_header=s.session_header))
+                                                     session_header=s.session_header),
+                                       admission=self.admission)
         self.health = HealthReporter(self.readiness.ready, self.readiness.reason)
         self.metrics.open_streams.set_function(lambda: self.extproc.open_streams)  # read at each scrape
         # The ext_proc port serves ext_proc and health only; the debug API and /debug are on the admin
@@ -160,7 +165,7 @@ class Sidecar:
                                         self.prefixes, self.tokenizer, self.decider.working_set, self.decider.queued)
         self.state_page = StatePage(self.registry, self.loads, self.endpoint_health, self.models, self.bridge,
                                     self.prefixes, self.readiness, self.supervisor.state, self.extproc, s.describe,
-                                    self.decider.working_set, self.decider.queued)
+                                    self.decider.working_set, self.decider.queued, self.admission)
         self.metrics_http = MetricsHttp(self.metrics_page.render)
         self.debug_http = DebugHttp(self.recent.last, self.state_page.render)
         self.server: grpc.aio.Server | None = None
@@ -170,6 +175,25 @@ class Sidecar:
         self.admin_port: int | None = None
 
     # ---- wiring helpers ----
+    def _admission(self, s: Settings) -> AdmissionController | None:
+        """--admission: the controller that holds requests while every eligible engine is saturated, hearing of
+        each request's end and each engine's scrape (room appears then)."""
+        if not s.admission:
+            return None
+        try:
+            objectives = Objectives(load_objectives(s.objectives) if s.objectives else None)
+        except (OSError, ObjectivesError) as exc:
+            raise ValueError(f"--objectives: {exc}") from None
+        health = self.endpoint_health
+        room = PoolRoom(self.loads, self.registry.snapshot, health.not_admitted, s.saturation_queue)
+        controller = AdmissionController(AdmissionSettings(s.saturation_queue, s.admission_max_held,
+                                                           s.admission_max_held_bytes, s.admission_ttl_s),
+                                         objectives, room, self.metrics)
+        self.lifecycle.subscribe(controller)
+        self.loads.subscribe_scrapes(controller.on_scrape)
+        self.metrics.flow_saturation.set_function(room.saturation)
+        return controller
+
     @staticmethod
     def _prefix_options(s: Settings) -> PrefixOptions:
         return PrefixOptions(

@@ -172,6 +172,15 @@ def parse_percent(text: str) -> float:
     return value
 
 
+def parse_on_off(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("on", "true", "1", "yes"):
+        return True
+    if value in ("off", "false", "0", "no"):
+        return False
+    raise ValueError(f"{text!r}: expected on or off")
+
+
 def parse_positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -285,6 +294,25 @@ class Settings:
     max_request_body_bytes: int = setting(8 * 1024 * 1024, parse_positive_int,
             "largest request body (413 beyond): held in full-duplex mode; in BUFFERED mode Envoy's own limit "
             "comes first")
+    # Admission under saturation (loadaware/admission): hold, release by priority and fairness id, shed with 429.
+    admission: bool = setting(False, parse_on_off,
+            "on: while every eligible engine is saturated (--saturation-queue), hold requests on their stream and "
+            "release them highest priority first, round robin across x-gateway-inference-fairness-id; shed "
+            "sheddable ones (priority < 0) with 429 past the bounds below")
+    objectives: str = setting("", parse_path,
+            "JSON or YAML file of objectives and their priorities: {\"<objective>\": {\"priority\": <int>}}; a "
+            "request names its objective in x-gateway-inference-objective (none or unknown: priority 0)")
+    saturation_queue: int = setting(1, parse_positive_int,
+            "an engine is saturated while its queue (scraped vllm:num_requests_waiting plus the requests this "
+            "sidecar sent it since that scrape, if it was queueing) is at least this")
+    admission_max_held: int = setting(5_000, parse_positive_int,
+            "most requests held at once (past it: a lower-priority sheddable one is evicted, a sheddable arrival "
+            "gets 429, any other is placed at once)")
+    admission_max_held_bytes: int = setting(256 * 1024 * 1024, parse_positive_int,
+            "most body bytes held at once (as --admission-max-held)")
+    admission_ttl_s: float = setting(30.0, parse_positive,
+            "longest a request is held: then a sheddable one gets 429, any other is placed anyway; Envoy's "
+            "max_message_timeout (BUFFERED) must be at least this plus 5 s")
     scrape_interval_s: float = setting(1.0, parse_positive,
             "period of the engines' /metrics scrape")
     scrape_timeout_ms: float = setting(500.0, parse_positive,
