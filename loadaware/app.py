@@ -11,7 +11,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable, Coroutine, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -59,6 +59,9 @@ from loadaware.telemetry.memory_snapshots import MemorySnapshots
 from loadaware.telemetry.metrics import Metrics
 from loadaware.tokenize.text_units import TextUnits
 from loadaware.tokenize.tokenizer import AsyncTokenizer, PromptTokenizer
+
+if TYPE_CHECKING:
+    from loadaware.telemetry.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +162,13 @@ class Sidecar:
                                        admission=self.admission)
         self.health = HealthReporter(self.readiness.ready, self.readiness.reason)
         self.metrics.open_streams.set_function(lambda: self.extproc.open_streams)  # read at each scrape
+        # --otlp-endpoint: a span per decision (telemetry/tracing.py); without it, not even the SDK is imported.
+        self.tracing: Tracing | None = None
+        if s.otlp_endpoint:
+            from loadaware.telemetry.tracing import Tracing
+            self.tracing = Tracing(s.otlp_endpoint, s.trace_sample_ratio, self.metrics.registry)
+            self.lifecycle.subscribe(self.tracing)
+            self.extproc.tracer = self.tracing
         # The ext_proc port serves ext_proc and health only; the debug API and /debug are on the admin
         # listeners (loopback by default), /metrics alone on the metrics port (api/admin.py says why).
         self.metrics_page = MetricsPage(self.metrics, self.registry, self.loads, self.endpoint_health, self.signals,
@@ -289,6 +299,8 @@ class Sidecar:
             tasks.append(("lmcache-instances", self.resolver.run))
         tasks += self.prefixes.tasks()
         tasks += [("readiness", self.health.run)]
+        if self.tracing is not None:
+            tasks.append(("traces", self.tracing.run))
         if self.memory_snapshots is not None:
             tasks.append(("memory-snapshots", self.memory_snapshots.run))
         if self.full_collections is not None:
@@ -329,6 +341,8 @@ class Sidecar:
         if self.admin_server is not None:
             await self.admin_server.stop(0)
         await self.supervisor.stop()
+        if self.tracing is not None:
+            await self.tracing.close()  # the spans of the streams just drained
         await self.metrics_http.stop()
         await self.debug_http.stop()
         if self.lmcache is not None:

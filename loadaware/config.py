@@ -127,6 +127,20 @@ def parse_optional_hostport(text: str) -> str:
     return format_hostport(host, port)
 
 
+def parse_otlp_endpoint(text: str) -> str:
+    """An OTLP/HTTP collector's address (its base, or its /v1/traces URL); '', off or none: tracing off."""
+    if text.strip().lower() in ("", "off", "none"):
+        return ""
+    return parse_url(text)
+
+
+def parse_ratio(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or not 0 <= value <= 1:
+        raise ValueError(f"{text!r} must be a number from 0 to 1")
+    return value
+
+
 PREFIX_SOURCES = ("lmcache", "kv-events", "approx")
 
 
@@ -383,6 +397,14 @@ class Settings:
             "approximate source: memory bound over all engines, in blocks (~190 B each; docs/memory.md)")
     log_level: str = setting("INFO", parse_log_level,
             "debug logs every decision")
+    # Traces (telemetry/tracing.py): off unless a collector is named.
+    otlp_endpoint: str = setting("", parse_otlp_endpoint,
+            "OTLP/HTTP collector, e.g. http://127.0.0.1:4318: export a span per routing decision there (OTLP JSON, "
+            "POST <endpoint>/v1/traces) and send each routed request upstream with a traceparent naming it ('' = "
+            "off)", strict=True)
+    trace_sample_ratio: float = setting(1.0, parse_ratio,
+            "share of new traces sampled (0 to 1); a request whose traceparent says sampled is always traced, one "
+            "that says not sampled never is")
     # Memory under steady load (collector.py): grpc.aio's per-RPC cycles reach the old generation; free them.
     gc_full_interval_s: float = setting(30.0, parse_non_negative,
             "period of a full garbage collection on the event loop (~13 ms of CPU measured) and a malloc-heap trim in "

@@ -6,7 +6,8 @@ handler, which unwinds the generation and frees its running slot (vLLM aborts su
 
 Test hooks: header `x-sim-fail: <status>` answers that status with an OpenAI-style error; header
 `x-sim-abort-after: N` drops the connection after N streamed events; every completion's response carries
-`x-sim-body-sha256`, the SHA-256 (hex) of the request body exactly as the engine received it; POST
+`x-sim-body-sha256`, the SHA-256 (hex) of the request body exactly as the engine received it, and
+`x-sim-traceparent`, the request's `traceparent` when it had one; POST
 /sim/phantom_load adds phantom running / waiting counts to the gauges; GET /sim/state; POST /sim/reset_cache;
 POST /sim/fault {"mode": "error" | "hang" | "none", "status": 500} breaks (and heals) the whole engine;
 POST /sim/kv_drop {"batches": n} loses the next n KV-event batches on the wire (a gap; with --kv-events).
@@ -197,6 +198,8 @@ class Engine:
             return self._json(error_body(status, f"injected failure {status} by {self.name}"), status)
         # Test hook: what arrived, byte for byte (aiohttp keeps the read body, so _body reads the same bytes).
         received = {"x-sim-body-sha256": hashlib.sha256(await request.read()).hexdigest()}
+        if "traceparent" in request.headers:
+            received["x-sim-traceparent"] = request.headers["traceparent"]
         body = await self._body(request)
         model = body.get("model")
         if model is not None and model not in self._servable:  # any served name or loaded adapter, as vLLM

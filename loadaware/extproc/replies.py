@@ -164,3 +164,24 @@ def streamed_request_body(body: bytes, end_of_stream: bool) -> bytes:
 
 def streamed_response_body(body: bytes, end_of_stream: bool) -> bytes:
     return _streamed(b"\x22", body, end_of_stream)
+
+
+# ---- one header more on the upstream request, added to a reply that is already bytes ----
+
+_REQUEST_HEADERS_TAG, _REQUEST_BODY_TAG = b"\x0a", b"\x1a"  # ProcessingResponse fields 1 and 3, length-delimited
+
+
+def with_request_header(reply: bytes, key: str, value: str) -> bytes:
+    """`reply` (a request headers or request body reply) setting one header more on the request Envoy sends
+    upstream; any other reply (a local reply, ...) unchanged. The same field is appended again carrying only
+    the header: a parser merges a message field that occurs twice (protobuf's encoding rules), so the cached
+    reply's bytes are reused as they are and its header list gains one entry."""
+    tag = reply[:1]
+    if tag not in (_REQUEST_HEADERS_TAG, _REQUEST_BODY_TAG):
+        return reply
+    common = pb.CommonResponse(header_mutation=pb.HeaderMutation(set_headers=[base_pb2.HeaderValueOption(
+        header=base_pb2.HeaderValue(key=key, raw_value=value.encode()),
+        append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD)]))
+    extra = pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=common)) \
+        if tag == _REQUEST_HEADERS_TAG else pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
+    return reply + extra.SerializeToString()

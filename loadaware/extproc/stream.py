@@ -26,6 +26,7 @@ from loadaware.extproc.duplex import DuplexConversation
 from loadaware.extproc.replies import Replies
 from loadaware.extproc.shielded import shielded
 from loadaware.extproc.stream_end import end_at_eof, reset_by_client
+from loadaware.extproc.traced import Tracer, trace_unreplied, traced_writes
 from loadaware.lifecycle import RequestLifecycle
 from loadaware.routing.pipeline import Decider
 from loadaware.telemetry.faults import RateLimitedLog, describe
@@ -55,6 +56,7 @@ class ExtProcServicer:
         self.duplex = DuplexConversation(decider, lifecycle, metrics, replies, options, admission)
         self.open_streams = 0
         self.modes = {"buffered": 0, "full_duplex": 0}  # streams seen per processing mode
+        self.tracer: Tracer | None = None  # --otlp-endpoint: a span per decision (extproc/traced.py)
 
     def handler(self) -> grpc.GenericRpcHandler:
         method = grpc.stream_stream_rpc_method_handler(
@@ -84,6 +86,8 @@ class ExtProcServicer:
                 quiet.log(logging.ERROR, type(exc).__name__, "ext_proc stream failed: %s", describe(exc),
                           exc_info=exc)
         finally:
+            if self.tracer is not None:
+                trace_unreplied(stream, self.tracer)
             # The decision lives on the stream, not in a local of _converse: a cancellation landing in any
             # await after the decision (a write, the wait for the end) must still end the request.
             self.lifecycle.ended(stream.decision)
@@ -94,6 +98,8 @@ class ExtProcServicer:
         # Shielded: a read or write that the stream's cancellation interrupted would leak its gRPC batch
         # (shielded.py).
         read, write = shielded(context.read), shielded(context.write)
+        if self.tracer is not None:
+            write = traced_writes(write, stream, self.tracer)
         first = await read()
         if first is grpc.aio.EOF:
             return
