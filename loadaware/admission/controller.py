@@ -1,8 +1,10 @@
 """Admit, hold or shed each request while the pool is saturated (loadaware/admission/saturation.py says when).
 
-    room in the pool and nobody held        -> admitted at once
+    room, and nobody held at its priority or above -> admitted at once
     otherwise                               -> held in its band (flow_queue.py), released when room appears:
                                                each engine scrape, each request's end, and every TICK_S
+    (room for a band below the highest priority the objectives define: the free slots beyond --reserved-slots
+    per engine and beyond the highest band's requests in flight)
     held past its time to live (--admission-ttl-s)
         sheddable (priority < 0)            -> 429, Retry-After, reason ttl_expired
         not sheddable                       -> placed anyway (never dropped)
@@ -31,7 +33,7 @@ from typing import Protocol
 
 from loadaware.admission.flow_queue import FlowQueue, Ticket
 from loadaware.admission.objectives import Objectives
-from loadaware.admission.saturation import PoolRoom
+from loadaware.admission.saturation import PoolRoom, Scraped
 from loadaware.lifecycle import Decision
 from loadaware.telemetry.faults import RateLimitedLog, describe
 
@@ -47,7 +49,8 @@ MAX_FAIRNESS_IDS = 1_000  # per band, in the fairness record; more ids are count
 
 @dataclass(frozen=True, slots=True)
 class AdmissionSettings:
-    saturation_queue: int = 1
+    saturation_queue: int = 0
+    reserved_slots: int = 1
     max_held: int = 5_000
     max_held_bytes: int = 256 * 1024 * 1024
     ttl_s: float = 30.0
@@ -95,6 +98,7 @@ class AdmissionController:
         self._pump_scheduled = False
         self._ticker: asyncio.TimerHandle | None = None
         self._shown_bands: set[int] = set()
+        self._top_inflight: set[int] = set()  # the highest band's decisions in flight (ids, until they end)
         # Releases made while another fairness id of the band was held too, per band and id: the service each
         # tenant got while tenants competed (their Jain index is what fairness achieved).
         self.contended: dict[int, dict[str, int]] = {}
@@ -108,7 +112,8 @@ class AdmissionController:
         priority = 0
         try:
             priority = self.objectives.priority(objective)
-            if not self.queue and self.room.has_room():
+            ahead = self.queue.next_priority()  # held requests this one would have to pass
+            if (ahead is None or ahead < priority) and self._has_room(priority):
                 self.metrics.admission(priority, "admitted", 0.0)
                 return Verdict(True, priority, "admitted")
             return await self._hold(priority, objective, fairness_id, size, request_id, on_hold)
@@ -118,10 +123,25 @@ class AdmissionController:
             faults.log(logging.WARNING, "admission_error", "admission_error: %s", describe(exc))
             return Verdict(True, priority, "admitted")
 
-    def settled(self, verdict: Verdict) -> None:
-        """A released request has been decided: its decision now shows in the room it took."""
+    def _has_room(self, priority: int) -> bool:
+        if priority >= self.objectives.top():
+            return self.room.has_room()
+        return self._lower_room() > 0
+
+    def _lower_room(self) -> float:
+        """The free slots a band below the highest may take: beyond --reserved-slots per engine and beyond as
+        many more as the highest band has in flight (by Little's law about as many of its requests as arrive
+        in one service time), so that the free slots kept for it grow with its demand."""
+        return self.room.total(self.settings.reserved_slots) - len(self._top_inflight)
+
+    def settled(self, verdict: Verdict, decision: Decision | None = None) -> None:
+        """A request with this verdict has been decided: a released one's decision now shows in the room it
+        took; one of the highest band is counted in flight until it ends."""
         if verdict.outcome == "released" and self._releasing > 0:
             self._releasing -= 1
+        if (decision is not None and decision.endpoint is not None and self.settings.reserved_slots
+                and verdict.priority >= self.objectives.top()):
+            self._top_inflight.add(id(decision))
 
     async def _hold(self, priority: int, objective: str, fairness_id: str, size: int, request_id: str,
                     on_hold: Callable[[float], Awaitable[None]] | None) -> Verdict:
@@ -201,11 +221,15 @@ class AdmissionController:
 
     def on_ended(self, decision: Decision) -> None:
         """A request ended (lifecycle listener): its engine may have room."""
+        if decision is not None:
+            self._top_inflight.discard(id(decision))
         if self.queue:
             self._schedule_pump()
 
-    def on_scrape(self, endpoint: str, stats: object) -> None:
-        """An engine's page was scraped (load tracker listener)."""
+    def on_scrape(self, endpoint: str, stats: Scraped) -> None:
+        """An engine's page was scraped (load tracker listener): its batch capacity may be learned, and room
+        may have appeared."""
+        self.room.scraped(endpoint, stats.running, stats.waiting)
         if self.queue:
             self._schedule_pump()
 
@@ -221,9 +245,18 @@ class AdmissionController:
         self._pump_scheduled = False
         try:
             if self.queue:
-                budget = self.room.total() - self._releasing
+                # Each band's budget: the room beyond what it may not take, less the released not yet decided.
+                top = self.objectives.top()
+                budgets = {True: self.room.total() - self._releasing}
+                budgets[False] = self._lower_room() - self._releasing if self.settings.reserved_slots \
+                    else budgets[True]
                 now = self.clock()
-                while budget > 0 and self.queue:
+                while self.queue:
+                    priority = self.queue.next_priority()
+                    if priority is None:
+                        break
+                    if budgets[priority >= top] <= 0:
+                        break
                     ticket = self.queue.pop()
                     if ticket is None:
                         break
@@ -234,7 +267,8 @@ class AdmissionController:
                         self._count_contended(ticket)
                     self._releasing += 1
                     self._released_at.append(now)
-                    budget -= 1
+                    for key in budgets:
+                        budgets[key] -= 1
                 self._forget_releases(now)
                 self._show_queue()
         except Exception as exc:  # noqa: BLE001 - a failed pump: the held requests wait for the next (or their TTL)
@@ -271,7 +305,10 @@ class AdmissionController:
                        for t in self.queue.held(limit)],
             "contended_releases": {str(p): dict(ids) for p, ids in self.contended.items()},
             "jain_index": {str(p): jain_index(list(ids.values())) for p, ids in self.contended.items()},
-            "settings": {"saturation_queue": self.settings.saturation_queue, "max_held": self.settings.max_held,
+            "slots": dict(self.room.slots), "top_inflight": len(self._top_inflight),
+            "settings": {"saturation_queue": self.settings.saturation_queue,
+                         "reserved_slots": self.settings.reserved_slots, "top_priority": self.objectives.top(),
+                         "max_held": self.settings.max_held,
                          "max_held_bytes": self.settings.max_held_bytes, "ttl_s": self.settings.ttl_s},
         }
 

@@ -102,6 +102,13 @@ class FlowQueue:
                 return ticket
         return None
 
+    def next_priority(self) -> int | None:
+        """The band the next `pop` releases from (None: nothing held)."""
+        for priority in self._order:
+            if self._bands[priority].count > 0:
+                return priority
+        return None
+
     def discard(self, ticket: Ticket) -> bool:
         """Take a held request out (its time to live passed, it was evicted or its stream ended). False: it had
         already left."""

@@ -75,5 +75,9 @@ class Objectives:
         self._cluster = dict(priorities)
         self._merged = {**self._file, **self._cluster}
 
+    def top(self) -> int:
+        """The highest priority in force (the default's when none is higher): the band slots are reserved for."""
+        return max(DEFAULT_PRIORITY, *self._merged.values()) if self._merged else DEFAULT_PRIORITY
+
     def known(self) -> dict[str, int]:
         return dict(self._merged)

@@ -1,18 +1,20 @@
 """When an engine has no room, from the signals the sidecar has (pure but for the reads it is given).
 
-    queue(i) = waiting(i) + own_since(i)    if the last fresh scrape of i showed waiting(i) > 0
-    room(i)  = max(0, bound - queue(i))     if it showed waiting(i) = 0: room(i) = bound
-    room(i)  = unbounded                     without a fresh scrape (unknown: fail open)
-    saturated(i) = room(i) = 0;  the pool is saturated when every eligible endpoint is
+    holds(i) = running(i) + waiting(i) + own_since(i)        the requests engine i has, as far as the sidecar knows
+    slots(i) = running(i) at its last scrape that showed a queue (waiting > 0), raised by any scrape that shows
+               more running without one                  its batch capacity, learned: vLLM's max_num_seqs, or
+                                                         fewer when its KV cache is the limit
+    room(i)  = max(0, slots(i) + queue - holds(i))           once slots(i) is known
+    room(i)  = unbounded while i has not queued yet (waiting 0), or has no fresh scrape (fail open)
+    room(i)  = max(0, queue - waiting(i) - own_since(i))      queueing, before its slots are known
+    saturated(i) = room(i) <= reserve;   the pool is saturated when every eligible endpoint is
 
-waiting(i): the engine's admission queue as last scraped (vllm:num_requests_waiting). own_since(i): this
-sidecar's requests sent to i since that scrape less those that ended since (the load tracker's correction):
-when the engine was queueing at the scrape, every request sent since joined its queue. When it was not, the
-requests sent since went into free batch slots (how many the engine has is not on its page), so its room
-stays `bound` until a scrape shows a queue. bound: --saturation-queue.
-
-So the sidecar holds a request only when every engine already queues at least `bound` requests of its own: an
-engine queue is where a request waits without a priority, a fairness turn or a later, better placement.
+running, waiting: vllm:num_requests_running / _waiting as last scraped. own_since(i): this sidecar's requests
+sent to i since that scrape less those that ended since (the load tracker's correction). queue:
+--saturation-queue, the requests an engine may queue beyond its batch (0: none; a request waits where it can
+still be released by priority and placed later). reserve: the slots kept per engine for the highest priority
+the objectives define (--reserved-slots; 0 for that priority itself), so that its requests find a free slot
+while lower ones are held.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from typing import Protocol
 
 class Scraped(Protocol):
     @property
+    def running(self) -> float: ...
+
+    @property
     def waiting(self) -> float: ...
 
 
@@ -33,45 +38,64 @@ class LoadSignals(Protocol):
     def snapshot_correction(self, endpoint: str) -> int: ...
 
 
-def room(waiting: float | None, own_since: int, bound: int) -> float:
-    """An engine's room (see the module's formula); waiting None: no fresh scrape."""
-    if waiting is None:
-        return math.inf
-    if waiting <= 0:
-        return float(bound)
-    return float(max(0.0, bound - (waiting + own_since)))
+def room(running: float, waiting: float, own_since: int, slots: float | None, queue: int) -> float:
+    """An engine's room (see the module's formula)."""
+    if slots is None:
+        if waiting <= 0:
+            return math.inf
+        return float(max(0.0, queue - waiting - own_since))
+    return float(max(0.0, slots + queue - (running + waiting + own_since)))
+
+
+def learn_slots(known: float | None, running: float, waiting: float) -> float | None:
+    """An engine's batch capacity after a scrape: what ran while some waited, or more if more ran since."""
+    if waiting > 0 and running > 0:
+        return running
+    if known is not None and running > known:
+        return running
+    return known
 
 
 class PoolRoom:
     """The eligible endpoints' room, read from the load tracker's scrapes and own counts."""
 
     def __init__(self, signals: LoadSignals, endpoints: Callable[[], Iterable[str]],
-                 excluded: Callable[[], Collection[str]], bound: int) -> None:
+                 excluded: Callable[[], Collection[str]], queue: int) -> None:
         self.signals = signals
         self.endpoints = endpoints  # the fleet
         self.excluded = excluded  # engines failing their requests (few): not eligible
-        self.bound = bound
+        self.queue = queue
+        self.slots: dict[str, float] = {}  # endpoint -> its learned batch capacity (bounded by the fleet)
+
+    def scraped(self, endpoint: str, running: float, waiting: float) -> None:
+        """A scrape of `endpoint` (the load tracker's listener): its batch capacity may be learned."""
+        slots = learn_slots(self.slots.get(endpoint), running, waiting)
+        if slots is not None:
+            self.slots[endpoint] = slots
+            if len(self.slots) > 64 and len(self.slots) > 2 * len(members := set(self.endpoints())):
+                self.slots = {ep: n for ep, n in self.slots.items() if ep in members}  # departed engines go
 
     def of(self, endpoint: str) -> float:
         stats = self.signals.fresh_stats(endpoint)
         if stats is None:
             return math.inf
-        return room(stats.waiting, self.signals.snapshot_correction(endpoint), self.bound)
+        return room(stats.running, stats.waiting, self.signals.snapshot_correction(endpoint),
+                    self.slots.get(endpoint), self.queue)
 
-    def has_room(self) -> bool:
-        """Is any eligible endpoint not saturated? Stops at the first that is not (the common case is cheap)."""
+    def has_room(self, reserve: int = 0) -> bool:
+        """Is any eligible endpoint's room above `reserve`? Stops at the first (the common case is cheap)."""
         out = self.excluded()
         seen = False
         for endpoint in self.endpoints():
             if endpoint in out:
                 continue
             seen = True
-            if self.of(endpoint) > 0:
+            if self.of(endpoint) > reserve:
                 return True
         return not seen  # no eligible endpoint: nothing to wait for (the decision answers that)
 
-    def total(self) -> float:
-        """The room of every eligible endpoint together (unbounded if any has no fresh scrape)."""
+    def total(self, reserve: int = 0) -> float:
+        """The eligible endpoints' room beyond `reserve` each, together (unbounded if any has no bound)."""
         out = self.excluded()
         total = 0.0
         seen = False
@@ -79,13 +103,13 @@ class PoolRoom:
             if endpoint in out:
                 continue
             seen = True
-            total += self.of(endpoint)
+            total += max(0.0, self.of(endpoint) - reserve)
             if total == math.inf:
                 return total
         return total if seen else math.inf
 
     def saturation(self) -> float:
-        """The share of eligible endpoints that are saturated (0..1; the pool is saturated at 1)."""
+        """The share of eligible endpoints with no room (0..1; at 1 every request is held)."""
         out = self.excluded()
         n = full = 0
         for endpoint in self.endpoints():

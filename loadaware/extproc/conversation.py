@@ -158,12 +158,13 @@ class Conversation:
         a stream takes one in-flight count and its end releases it. `verdict`: what admission made of it."""
         if stream.decision is not None:
             return stream.decision
+        decision: Decision | None = None
         try:
             decision = await self.decider.decide(request, request_id, parse_s=parse_s, subset=subset,
                                                  session=stream.headers.session)
         finally:
             if verdict is not None and self.admission is not None:
-                self.admission.settled(verdict)
+                self.admission.settled(verdict, decision)
         stream.decision = decision  # no await between the count and recording it on the stream
         head = stream.headers
         if head.objective or head.fairness_id or verdict is not None:

@@ -110,7 +110,8 @@ async def post(http: aiohttp.ClientSession, url: str, objective: str) -> tuple[i
                          headers={"x-gateway-inference-objective": objective,
                                   "x-gateway-inference-fairness-id": "tenant-a"}) as resp:
         await resp.read()
-        return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.headers.get("x-served-by", ""), time.monotonic() - started
+        headers = {k.lower(): v for k, v in resp.headers.items()}
+        return resp.status, headers, resp.headers.get("x-served-by", ""), time.monotonic() - started
 
 
 @pytest.mark.parametrize("mode", ["buffered", "picker"])

@@ -21,7 +21,7 @@ from loadaware.admission.objectives import (
     load_objectives,
     parse_objectives,
 )
-from loadaware.admission.saturation import PoolRoom, room
+from loadaware.admission.saturation import PoolRoom, learn_slots, room
 from loadaware.app import Sidecar
 from loadaware.config import from_args
 from loadaware.load.tracker import EngineStats
@@ -116,38 +116,49 @@ def test_objectives_parse_json_and_yaml_and_refuse_bad_priorities(tmp_path: Any)
 
 # ---- room ----
 
-def test_room_counts_own_requests_only_on_an_engine_that_was_queueing() -> None:
-    assert room(None, 5, 2) == math.inf  # no fresh scrape: unknown, fail open
-    assert room(0.0, 50, 2) == 2  # not queueing at the scrape: what was sent since went into free slots
-    assert room(1.0, 0, 2) == 1
-    assert room(1.0, 1, 2) == 0
-    assert room(3.0, -2, 2) == 1  # own requests ended since the scrape
-    assert room(5.0, 0, 2) == 0
+def test_room_is_free_batch_slots_once_an_engine_has_shown_its_batch() -> None:
+    assert room(4, 0, 5, None, 0) == math.inf  # never queued: its batch size is unknown, fail open
+    assert room(8, 2, 0, None, 0) == 0 and room(8, 2, -3, None, 0) == 1  # queueing, own requests ended since
+    assert room(8, 2, 0, None, 3) == 1  # may queue 3
+    assert room(6, 0, 0, 8, 0) == 2 and room(6, 0, 1, 8, 0) == 1 and room(8, 1, 0, 8, 0) == 0
+    assert room(8, 1, 0, 8, 2) == 1  # may queue 2 beyond its batch
+
+
+def test_an_engines_batch_is_learned_from_a_scrape_that_shows_a_queue() -> None:
+    assert learn_slots(None, 5, 0) is None  # no queue: the batch may be larger
+    assert learn_slots(None, 8, 3) == 8
+    assert learn_slots(8, 6, 2) == 6  # its KV cache limits it now
+    assert learn_slots(6, 9, 0) == 9  # ran more without a queue: larger than thought
+    assert learn_slots(8, 4, 0) == 8
 
 
 class Signals:
-    def __init__(self, waiting: dict[str, float | None]) -> None:
-        self.waiting = waiting
+    def __init__(self, scraped: dict[str, tuple[float, float] | None]) -> None:
+        self.scraped = scraped
         self.own: dict[str, int] = {}
 
     def fresh_stats(self, endpoint: str, now: float | None = None) -> EngineStats | None:
-        w = self.waiting.get(endpoint)
-        return None if w is None else EngineStats(running=4, waiting=w, kv_usage=None, at=0.0)
+        st = self.scraped.get(endpoint)
+        return None if st is None else EngineStats(running=st[0], waiting=st[1], kv_usage=None, at=0.0)
 
     def snapshot_correction(self, endpoint: str) -> int:
         return self.own.get(endpoint, 0)
 
 
-def test_the_pool_has_room_while_any_eligible_endpoint_has_some() -> None:
-    signals = Signals({"a": 3.0, "b": 2.0})
+def test_the_pool_has_room_while_any_eligible_endpoint_has_a_free_slot_beyond_the_reserve() -> None:
+    signals = Signals({"a": (8, 3), "b": (8, 2)})
     out: set[str] = set()
-    pool = PoolRoom(signals, lambda: ("a", "b"), lambda: out, bound=2)
+    pool = PoolRoom(signals, lambda: ("a", "b"), lambda: out, queue=0)
+    for ep, (running, waiting) in signals.scraped.items():  # type: ignore[misc]
+        pool.scraped(ep, running, waiting)
+    assert pool.slots == {"a": 8, "b": 8}
     assert not pool.has_room() and pool.total() == 0 and pool.saturation() == 1.0
-    signals.own["b"] = -1
-    assert pool.has_room() and pool.total() == 1 and pool.saturation() == 0.5
+    signals.scraped["b"] = (6, 0)
+    assert pool.has_room() and pool.total() == 2 and pool.saturation() == 0.5
+    assert pool.has_room(reserve=1) and pool.total(reserve=1) == 1 and not pool.has_room(reserve=2)
     out.add("b")  # failing engines are not eligible
     assert not pool.has_room()
-    signals.waiting["a"] = None
+    signals.scraped["a"] = None
     assert pool.has_room() and pool.total() == math.inf
 
 
@@ -158,15 +169,20 @@ class Room:
 
     def __init__(self, free: float) -> None:
         self.free = free
+        self.slots: dict[str, float] = {}
 
-    def has_room(self) -> bool:
-        return self.free > 0
+    def has_room(self, reserve: int = 0) -> bool:
+        return self.free > reserve
 
-    def total(self) -> float:
-        return self.free
+    def total(self, reserve: int = 0) -> float:
+        return max(0.0, self.free - reserve)
+
+    def scraped(self, endpoint: str, running: float, waiting: float) -> None:
+        pass
 
 
 def controller(free: float = 0, **settings: Any) -> tuple[AdmissionController, Room]:
+    settings.setdefault("reserved_slots", 0)
     pool = Room(free)
     return AdmissionController(AdmissionSettings(**settings), Objectives(OBJECTIVES), pool), pool  # type: ignore[arg-type]
 
@@ -205,6 +221,18 @@ async def test_held_requests_are_released_by_priority_within_the_room_that_appea
     await room_appears(admission, pool, 2)
     assert tasks["standard"].result().outcome == "released" and tasks["batch"].result().outcome == "released"
     assert len(admission.queue) == 0
+
+
+async def test_the_reserved_slots_go_to_the_highest_priority_only() -> None:
+    admission, pool = controller(free=1, reserved_slots=1)
+    standard = asyncio.create_task(admission.admit("standard", "t", 1))
+    await asyncio.sleep(0.01)
+    assert not standard.done()  # one free slot, and it is kept for critical
+    critical = await asyncio.wait_for(admission.admit("critical", "t", 1), 1)
+    assert critical.outcome == "admitted"
+    admission.settled(critical)
+    await room_appears(admission, pool, 2)
+    assert standard.done() and standard.result().outcome == "released"
 
 
 async def test_two_backlogged_tenants_share_releases_evenly_at_ten_to_one() -> None:
@@ -332,7 +360,7 @@ async def test_a_held_request_is_routed_once_room_appears(mode: str) -> None:
     await asyncio.sleep(0.1)
     assert not task.done() and app.admission is not None and len(app.admission.queue) == 1
     ep = app.registry.snapshot()[0]
-    app.loads.record(ep, EngineStats(running=8, waiting=0, kv_usage=0.5, at=app.loads.clock()))  # a scrape: room
+    app.loads.record(ep, EngineStats(running=6, waiting=0, kv_usage=0.5, at=app.loads.clock()))  # a scrape: room
     await asyncio.wait_for(task, 2)
     routed = [r for r in feed.sent if r.WhichOneof("response") in ("request_headers", "request_body")
               and (r.request_headers.response.header_mutation.set_headers

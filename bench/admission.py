@@ -1,0 +1,279 @@
+"""Case `admission`: a shared fleet past its capacity, through the real Envoy (BUFFERED, envoy/envoy.yaml) and the
+sidecar with --admission on, over simulated engines.
+
+Three objectives (critical 10, standard 0, batch -1) and, in the standard band, two tenants offering 10:1. The
+same traffic (mix, tenants, seed) at 0.7x and at 1.5x the fleet's measured capacity, open loop (Poisson), each
+request streamed so its first token is timed. Printed per run: requests answered by status and lost (no answer
+within the client's time-out), TTFT p50/p95 per objective, and the sidecar's own record (admission outcomes,
+the Jain index of the standard band's releases while its tenants competed, the most requests and bytes held).
+
+    python -m bench.admission [--quick] [--out DIR]
+
+Targets (issue 33): critical TTFT p95 at 1.5x within 1.2x of 0.7x; every request answered (served, 429 or
+503); standard band Jain index >= 0.95; held requests and bytes within their configured bounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import random
+import sys
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from testkit.metrics_text import metric_sum
+from testkit.stack import Stack
+
+from .schedule import arrival_offsets
+from .stats import percentile
+
+log = logging.getLogger("bench.admission")
+
+# Engines slow enough that the fleet saturates at a rate the loopback carries easily: a request holds a batch
+# slot for MAX_TOKENS decode steps of DECODE_MS.
+ENGINES = 2
+MAX_NUM_SEQS = 8
+DECODE_MS = 10.0
+MAX_TOKENS = 30
+FLEET_ARGS = ["--max-num-seqs", str(MAX_NUM_SEQS), "--decode-base-ms", str(DECODE_MS), "--decode-per-seq-ms", "0",
+              "--prefill-tokens-per-s", "200000", "--prefill-overhead-ms", "2"]
+OBJECTIVES = {"critical": {"priority": 10}, "standard": {"priority": 0}, "batch": {"priority": -1}}
+# The offered mix: critical and standard together fit in the capacity at 1.5x (60% of 1.5x = 0.9x); batch, the
+# sheddable rest, is what admission sheds. The standard band's two tenants offer 10:1.
+MIX = (("critical", "tenant-a", 0.10), ("standard", "tenant-heavy", 0.50 * 10 / 11),
+       ("standard", "tenant-light", 0.50 / 11), ("batch", "tenant-a", 0.40))
+TTL_S = 5.0
+MAX_HELD = 400
+MAX_HELD_BYTES = 4 * 1024 * 1024
+CLIENT_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Sent:
+    objective: str
+    tenant: str
+    status: int = 0  # 0: no answer (lost or hung)
+    ttft_s: float | None = None
+    total_s: float | None = None
+    reason: str = ""
+
+
+@dataclass
+class RunResult:
+    load: float  # x capacity
+    rate: float
+    sent: list[Sent] = field(default_factory=list)
+    sidecar: dict[str, Any] = field(default_factory=dict)
+    held_max: int = 0
+    held_bytes_max: int = 0
+
+    def figures(self) -> dict[str, Any]:
+        statuses = Counter(s.status for s in self.sent)
+        by_objective: dict[str, dict[str, Any]] = {}
+        for objective in OBJECTIVES:
+            served = [s.ttft_s for s in self.sent if s.objective == objective and s.status == 200
+                      and s.ttft_s is not None]
+            shed = sum(1 for s in self.sent if s.objective == objective and s.status == 429)
+            by_objective[objective] = {
+                "sent": sum(1 for s in self.sent if s.objective == objective), "served": len(served), "shed": shed,
+                "ttft_p50_s": percentile(served, 50) if served else None,
+                "ttft_p95_s": percentile(served, 95) if served else None}
+        tenants = Counter(s.tenant for s in self.sent if s.objective == "standard" and s.status == 200)
+        return {"load": self.load, "rate": self.rate, "requests": len(self.sent),
+                "status": {str(k): v for k, v in sorted(statuses.items())}, "lost": statuses.get(0, 0),
+                "objectives": by_objective, "standard_served_by_tenant": dict(tenants),
+                "held_max": self.held_max, "held_bytes_max": self.held_bytes_max, "sidecar": self.sidecar}
+
+
+def body(n: int, objective: str) -> bytes:
+    return json.dumps({"model": "tiny-model", "prompt": f"request {n} for {objective}: say something",
+                       "max_tokens": MAX_TOKENS, "ignore_eos": True, "stream": True}).encode()
+
+
+async def one(http: aiohttp.ClientSession, url: str, n: int, record: Sent) -> None:
+    started = time.monotonic()
+    headers = {"content-type": "application/json", "x-gateway-inference-objective": record.objective,
+               "x-gateway-inference-fairness-id": record.tenant}
+    try:
+        async with http.post(url + "/v1/completions", data=body(n, record.objective), headers=headers) as resp:
+            if resp.status == 200:
+                async for _chunk in resp.content.iter_any():
+                    if record.ttft_s is None:
+                        record.ttft_s = time.monotonic() - started
+            else:
+                await resp.read()
+                record.reason = resp.headers.get("x-loadaware-request-dropped-reason", "")
+            record.status = resp.status
+            record.total_s = time.monotonic() - started
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        record.reason = type(exc).__name__
+
+
+async def open_loop(url: str, rate: float, duration: float, seed: int, sample: Any) -> list[Sent]:
+    rng = random.Random(seed)
+    weights = [w for _, _, w in MIX]
+    offsets = arrival_offsets(rate, duration, arrivals="poisson", seed=seed)
+    records = [Sent(*rng.choices(MIX, weights)[0][:2]) for _ in offsets]
+    connector = aiohttp.TCPConnector(limit=2048)
+    async with aiohttp.ClientSession(connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)) as http:
+        start = time.monotonic()
+        tasks = []
+        sampler = asyncio.create_task(sample())
+        for n, (offset, record) in enumerate(zip(offsets, records)):
+            delay = start + offset - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(http, url, n, record)))
+        await asyncio.gather(*tasks)
+        sampler.cancel()
+        await asyncio.gather(sampler, return_exceptions=True)
+    return records
+
+
+async def capacity(url: str, seconds: float) -> float:
+    """Completions per second with every engine's batch full (closed loop, 2x the fleet's batch slots)."""
+    done = 0
+    stop = time.monotonic() + seconds
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)) as http:
+        async def worker(w: int) -> None:
+            nonlocal done
+            n = 0
+            while time.monotonic() < stop:
+                record = Sent("critical", "calibration")
+                await one(http, url, w * 100_000 + n, record)
+                n += 1
+                if record.status == 200 and time.monotonic() < stop:
+                    done += 1
+        started = time.monotonic()
+        await asyncio.gather(*(worker(w) for w in range(2 * ENGINES * MAX_NUM_SEQS)))
+    return done / (time.monotonic() - started)
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+async def run_at(stack: Stack, load: float, cap: float, duration: float, seed: int) -> RunResult:
+    assert stack.sidecar is not None
+    debug = stack.sidecar.debug_url
+    result = RunResult(load, load * cap)
+
+    async def sample() -> None:
+        while True:
+            state = await asyncio.to_thread(get_json, f"{debug}/debug/state")
+            admission = state.get("admission") or {}
+            result.held_max = max(result.held_max, int(admission.get("held", 0)))
+            result.held_bytes_max = max(result.held_bytes_max, int(admission.get("held_bytes", 0)))
+            await asyncio.sleep(0.1)
+
+    before = metrics_of(stack)
+    result.sent = await open_loop(stack.url, result.rate, duration, seed, sample)
+    after = metrics_of(stack)
+    state = get_json(f"{debug}/debug/state").get("admission") or {}
+    result.sidecar = {"outcomes": {k: after.get(k, 0) - before.get(k, 0) for k in after if after[k] != before.get(k)},
+                      "jain_index": state.get("jain_index"), "contended_releases": state.get("contended_releases")}
+    return result
+
+
+def metrics_of(stack: Stack) -> dict[str, float]:
+    assert stack.sidecar is not None
+    with urllib.request.urlopen(f"http://{stack.sidecar.metrics_listen}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    out = {}
+    for priority in ("10", "0", "-1"):
+        for outcome in ("admitted", "released", "placed_ttl", "placed_full", "rejected_queue_full", "rejected_ttl",
+                        "evicted"):
+            value = metric_sum(text, "loadaware_flow_control_requests_total",
+                               {"priority": priority, "outcome": outcome})
+            if value:
+                out[f"{priority}/{outcome}"] = value
+    return out
+
+
+def run(out_dir: Path, quick: bool = False, seed: int = 11) -> dict[str, Any]:
+    duration = 8.0 if quick else 40.0
+    out_dir.mkdir(parents=True, exist_ok=True)
+    objectives = out_dir / "objectives.json"
+    objectives.write_text(json.dumps(OBJECTIVES))
+    sidecar_args = ["--admission", "on", "--objectives", str(objectives), "--admission-ttl-s", str(TTL_S),
+                    "--admission-max-held", str(MAX_HELD), "--admission-max-held-bytes", str(MAX_HELD_BYTES),
+                    "--scrape-interval-s", "0.1", "--log-level", "warning"]
+    results: dict[str, Any] = {"config": {
+        "engines": ENGINES, "max_num_seqs": MAX_NUM_SEQS, "decode_ms": DECODE_MS, "max_tokens": MAX_TOKENS,
+        "mix": [list(m) for m in MIX], "objectives": OBJECTIVES, "ttl_s": TTL_S, "max_held": MAX_HELD,
+        "max_held_bytes": MAX_HELD_BYTES, "duration_s": duration, "seed": seed}}
+    with Stack(out_dir / "logs", engines=ENGINES, lmcache=False, sidecar_args=sidecar_args,
+               fleet_args=FLEET_ARGS) as stack:
+        cap = asyncio.run(capacity(stack.url, 4.0 if quick else 10.0))
+        results["capacity_rps"] = cap
+        log.info("capacity %.1f req/s", cap)
+        runs = []
+        for load in (0.7, 1.5):
+            time.sleep(TTL_S)  # the previous run's held and queued requests are gone
+            r = asyncio.run(run_at(stack, load, cap, duration, seed))
+            runs.append(r.figures())
+            log.info("%.1fx: %s", load, json.dumps(runs[-1]["status"]))
+        results["runs"] = runs
+    low, high = results["runs"]
+    p95 = (low["objectives"]["critical"]["ttft_p95_s"], high["objectives"]["critical"]["ttft_p95_s"])
+    jain = (high["sidecar"].get("jain_index") or {}).get("0")
+    results["figures"] = {
+        "critical_ttft_p95_ratio": p95[1] / p95[0] if p95[0] and p95[1] else None,
+        "lost": low["lost"] + high["lost"], "standard_jain_index": jain,
+        "held_max": high["held_max"], "held_bytes_max": high["held_bytes_max"]}
+    (out_dir / "admission.json").write_text(json.dumps(results, indent=2))
+    return results
+
+
+def table(results: dict[str, Any]) -> str:
+    f = results["figures"]
+    lines = [f"### Admission under saturation (2 engines, capacity {results['capacity_rps']:.1f} req/s measured; "
+             f"critical 10%, standard 50% (two tenants 10:1), batch 40%)", "",
+             "| load | requests | statuses | lost | critical TTFT p50 / p95 | standard p95 | batch served / shed |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results["runs"]:
+        o = r["objectives"]
+        lines.append(f"| {r['load']:.1f}x ({r['rate']:.0f}/s) | {r['requests']} | {r['status']} | {r['lost']} | "
+                     f"{_s(o['critical']['ttft_p50_s'])} / {_s(o['critical']['ttft_p95_s'])} | "
+                     f"{_s(o['standard']['ttft_p95_s'])} | {o['batch']['served']} / {o['batch']['shed']} |")
+    ratio = f["critical_ttft_p95_ratio"]
+    lines += ["", f"- critical TTFT p95, 1.5x over 0.7x: **{ratio:.2f}x** (target <= 1.2x)" if ratio else
+              "- critical TTFT p95 ratio: not measured",
+              f"- lost (no answer within {CLIENT_TIMEOUT_S:.0f} s): **{f['lost']}** (target 0)",
+              f"- standard band, Jain index of releases while its tenants competed: **{f['standard_jain_index']}** "
+              "(target >= 0.95)",
+              f"- most held: {f['held_max']} requests, {f['held_bytes_max']:,} bytes (bounds {MAX_HELD}, "
+              f"{MAX_HELD_BYTES:,})", ""]
+    return "\n".join(lines)
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:.0f} ms"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.admission", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="8-second runs (a smoke test)")
+    p.add_argument("--out", default="out/bench-admission")
+    p.add_argument("--seed", type=int, default=11)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+    results = run(Path(args.out), args.quick, args.seed)
+    print(table(results))
+    print(json.dumps(results["figures"], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
