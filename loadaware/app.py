@@ -196,7 +196,7 @@ class Sidecar:
             raise ValueError(f"--objectives: {exc}") from None
         health = self.endpoint_health
         room = PoolRoom(self.loads, self.registry.snapshot, health.not_admitted, s.saturation_queue)
-        controller = AdmissionController(AdmissionSettings(s.saturation_queue, s.admission_max_held,
+        controller = AdmissionController(AdmissionSettings(s.saturation_queue, s.reserved_slots, s.admission_max_held,
                                                            s.admission_max_held_bytes, s.admission_ttl_s),
                                          objectives, room, self.metrics)
         self.lifecycle.subscribe(controller)

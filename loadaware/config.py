@@ -316,9 +316,12 @@ class Settings:
     objectives: str = setting("", parse_path,
             "JSON or YAML file of objectives and their priorities: {\"<objective>\": {\"priority\": <int>}}; a "
             "request names its objective in x-gateway-inference-objective (none or unknown: priority 0)")
-    saturation_queue: int = setting(1, parse_positive_int,
-            "an engine is saturated while its queue (scraped vllm:num_requests_waiting plus the requests this "
-            "sidecar sent it since that scrape, if it was queueing) is at least this")
+    saturation_queue: int = setting(0, parse_count,
+            "requests an engine may queue beyond its batch before it counts as saturated (its batch: the "
+            "vllm:num_requests_running its scrape showed while some waited); 0: saturated once its batch is full")
+    reserved_slots: int = setting(1, parse_count,
+            "batch slots per engine that only the highest priority the objectives define may take: its requests "
+            "find a free slot while lower ones are held (0 = none)")
     admission_max_held: int = setting(5_000, parse_positive_int,
             "most requests held at once (past it: a lower-priority sheddable one is evicted, a sheddable arrival "
             "gets 429, any other is placed at once)")
