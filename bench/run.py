@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from . import admission as admission_bench
 from . import extproc_fuzz as fuzz_bench
 from . import extproc_inprocess as extproc_bench
 from . import fleet_size as fleet_size_bench
@@ -36,7 +37,7 @@ from .transport_floor import floor_table, run_floor
 
 REPO = Path(__file__).resolve().parents[1]
 CASES = ("transport", "decision", "steps", "kv_events", "scrape_parse", "extproc_inprocess", "picker", "table",
-         "floor", "fuzz", "fleet_size")
+         "floor", "fuzz", "fleet_size", "admission")
 # Asked for by name only (`--cases soak`): the soak runs for half an hour by default.
 EXTRA_CASES = ("soak",)
 
@@ -151,6 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     table_rows: list[dict[str, Any]] | None = None
     floor_rows: list[dict[str, Any]] | None = None
     fleet_result: dict[str, Any] | None = None
+    admission_result: dict[str, Any] | None = None
     soak_cfg = soak_config(args, cfg) if "soak" in cfg.cases else None
     soak_result = None
     try:
@@ -174,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             fuzz_result = fuzz_bench.run(args.quick, args.fuzz_cases)
         if "fleet_size" in cfg.cases:  # in-process: 100 / 1,000 / 10,000 static endpoints, the event loop's lag
             fleet_result = fleet_size_bench.run(args.quick)
+        if "admission" in cfg.cases:  # a shared fleet past its capacity: priorities, fairness, 429s
+            admission_result = admission_bench.run(cfg.out_dir / "admission", args.quick)
         if soak_cfg is not None:  # steady load for a long time: the sidecar's RSS curve
             soak_result = run_soak(soak_cfg)
     except Exception as exc:  # still print and save what was measured
@@ -187,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
            "picker": {case: picker_figures(results, case) for case, _, _ in PICKER_PROMPTS.values()},
            "table": None if table_rows is None else {
                "config": table_config(cfg, arms_by_name(cfg.table_arms)), "rows": table_rows},
-           "floor": floor_rows, "fuzz": fuzz_result, "fleet_size": fleet_result,
+           "floor": floor_rows, "fuzz": fuzz_result, "fleet_size": fleet_result, "admission": admission_result,
            "soak": None if soak_result is None else soak_result.to_dict()}
     out_json = cfg.out_dir / "results.json"
     out_json.write_text(json.dumps(doc, indent=2, default=str))
@@ -221,6 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parts.append(fuzz_bench.table(fuzz_result))
     if fleet_result is not None:
         parts.append(fleet_size_bench.table(fleet_result))
+    if admission_result is not None:
+        parts.append(admission_bench.table(admission_result))
     if soak_cfg is not None and soak_result is not None:
         parts.append(soak_table(soak_cfg, soak_result))
     parts.append(summary_table(summ, cfg.rate))

@@ -109,6 +109,22 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                q(f"max by (name) (inference_pool_average_running_requests{{{SIDECAR}}})", "{{name}} running"),
                q(f"max by (name) (inference_pool_average_kv_cache_utilization{{{SIDECAR}}})", "{{name}} KV usage"))),
     )),
+    ("Admission", (
+        Panel("Requests held in admission by priority", "Is the pool saturated, and whose requests wait in the "
+              "sidecar (with --admission on)? Held requests are released highest priority first as engines free "
+              "batch slots.", "short",
+              (q(f"sum by (priority) (loadaware_flow_control_queue_size{{{SIDECAR}}})", "priority {{priority}}"),
+               q(f"max(loadaware_flow_control_pool_saturation{{{SIDECAR}}})", "saturated share of engines"))),
+        Panel("Admission outcomes per second", "Is work being shed? rejected_* and evicted answered 429; "
+              "placed_* went to a saturated engine anyway (not sheddable).", "reqps",
+              (q(f"sum by (outcome, priority) (rate(loadaware_flow_control_requests_total{{{SIDECAR}}}[{RATE}]))",
+                 "{{outcome}} p{{priority}}"),)),
+        Panel("Time held (p95) by priority", "How long do the released requests of each priority wait before "
+              "an engine has room?", "s",
+              (q(f"histogram_quantile(0.95, sum by (le, priority) (rate("
+                 f'loadaware_flow_control_request_queue_duration_seconds_bucket{{{SIDECAR}, outcome="released"}}'
+                 f"[{RATE}])))", "p{{priority}}"),)),
+    )),
     ("Endpoint health", (
         Panel("Routing state per endpoint", "Which engines are out of rotation (ejected) or on probation "
               "(probing) after failing requests or unreachable scrapes?", "short",

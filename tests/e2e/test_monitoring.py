@@ -16,7 +16,10 @@ import json
 import re
 import shutil
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,6 +68,37 @@ def complete(stack: Stack, body: dict[str, Any]) -> int:
     return status
 
 
+def complete_as(stack: Stack, objective: str) -> int:
+    """A completion naming an objective (admission reads its priority)."""
+    req = urllib.request.Request(stack.url + "/v1/completions", method="POST", headers={
+        "Content-Type": "application/json", "x-gateway-inference-objective": objective},
+        data=json.dumps({"model": "tiny-model", "prompt": prompt(9, 0), "max_tokens": 4}).encode())
+    try:
+        with urllib.request.urlopen(req, timeout=20) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def admission_traffic(stack: Stack) -> None:
+    """Every engine queueing: a sheddable request is held past its time to live (429), a standard one too (placed
+    anyway), another is held until an engine's queue empties (released)."""
+    assert stack.fleet is not None
+    engines = stack.fleet.engines
+    for engine in engines:
+        http.post_json(f"{engine['url']}/sim/phantom_load", {"running": 2, "waiting": 3})
+    wait_until(lambda: sidecar_metric(stack, "loadaware_engine_waiting") == 3 * len(engines),
+               message="the sidecar to scrape every engine queueing")
+    assert complete_as(stack, "batch") == 429
+    assert complete_as(stack, "standard") == 200
+    with ThreadPoolExecutor(1) as pool:
+        standard = pool.submit(complete_as, stack, "standard")
+        wait_until(lambda: sidecar_metric(stack, "loadaware_flow_control_queue_size", priority="0") == 1,
+                   message="the standard request to be held")
+        http.post_json(f"{engines[-1]['url']}/sim/phantom_load", {"running": 0, "waiting": 0})
+        assert standard.result(timeout=20) == 200
+
+
 def sidecar_metric(stack: Stack, name: str, **labels: str) -> float:
     assert stack.sidecar is not None
     return metric_sum(stack.sidecar.metrics_text(), name, labels)
@@ -73,6 +107,7 @@ def sidecar_metric(stack: Stack, name: str, **labels: str) -> float:
 def drive(stack: Stack, endpoints_file: Path) -> None:
     """Bounded loopback traffic (~60 requests, one at a time) that gives every panel something to show."""
     assert stack.fleet is not None
+    admission_traffic(stack)  # leaves the first two engines queueing, the last one not
     for engine in stack.fleet.engines[:2]:  # queued work the engines report (and the EPP gauges average)
         http.post_json(f"{engine['url']}/sim/phantom_load", {"running": 2, "waiting": 3})
     for i in range(40):
@@ -104,8 +139,11 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Monitored]:
     log_dir = tmp_path_factory.mktemp("monitoring")
     endpoints_file = log_dir / "endpoints.txt"
     endpoints_file.write_text("\n".join(ENGINES) + "\n")
+    objectives = log_dir / "objectives.json"
+    objectives.write_text(json.dumps({"standard": {"priority": 0}, "batch": {"priority": -1}}))
     sidecar_args = ["--prefix-source", "kv-events,approx", "--scrape-interval-s", "0.2",
-                    "--endpoints", "", "--endpoints-file", str(endpoints_file)]
+                    "--endpoints", "", "--endpoints-file", str(endpoints_file),
+                    "--admission", "on", "--objectives", str(objectives), "--admission-ttl-s", "1"]
     with Stack(log_dir, engines=3, lmcache=False, fleet_args=["--kv-events"], sidecar_args=sidecar_args) as stack:
         assert stack.fleet is not None and stack.sidecar is not None
         assert stack.fleet.endpoints == ENGINES, "the fleet's addresses moved: update ENGINES"
