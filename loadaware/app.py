@@ -155,7 +155,8 @@ class Sidecar:
         self.readiness = Readiness(self.registry, self.scraper, self.supervisor, self.models_poller, self.resolver)
         self.api = RouterServicer(s.effective_policy, s.loadaware_beta, s.describe, self.decider, self.registry,
                                   self.loads, self.bridge, self.catalog, self.readiness.ready,
-                                  health=self.endpoint_health, models=self.models, signals=self.signals)
+                                  health=self.endpoint_health, models=self.models, signals=self.signals,
+                                  admission=self.admission)
         self.extproc = ExtProcServicer(self.decider, self.lifecycle, self.metrics, s.destination_header,
                                        StreamOptions(s.no_endpoint_reply, s.max_request_body_bytes,
                                                      session_header=s.session_header),

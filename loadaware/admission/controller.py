@@ -29,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from loadaware.admission.flow_queue import FlowQueue, Ticket
 from loadaware.admission.objectives import Objectives
@@ -293,7 +293,16 @@ class AdmissionController:
         self._shown_bands = {p for p, (n, _) in bands.items() if n}
         self.metrics.held(bands)
 
-    # ---- what /debug shows ----
+    # ---- what Explain and /debug show ----
+    def preview(self, objective: str) -> dict[str, Any]:
+        """What admission would make of a request naming `objective` now (changes nothing)."""
+        priority = self.objectives.priority(objective)
+        ahead = self.queue.next_priority()
+        held_ahead = sum(n for p, (n, _) in self.queue.bands().items() if p >= priority)
+        return {"priority": priority, "sheddable": priority < 0,
+                "would_hold": (ahead is not None and ahead >= priority) or not self._has_room(priority),
+                "held_ahead": held_ahead, "held": len(self.queue), "pool_saturation": self.room.saturation()}
+
     def state(self, limit: int = 100) -> dict[str, object]:
         now = self.clock()
         return {

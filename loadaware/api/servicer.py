@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 
+from loadaware.admission.controller import AdmissionController
 from loadaware.api import explain
 from loadaware.api.v1 import loadaware_pb2 as pb
 from loadaware.api.v1 import loadaware_pb2_grpc as pb_grpc
@@ -36,8 +37,10 @@ class RouterServicer(pb_grpc.RouterServicer):
     def __init__(self, policy: str, beta: float, describe: Callable[[], list[dict[str, Any]]], decider: Decider,
                  registry: EndpointRegistry, loads: LoadTracker, bridge: InstanceBridge, catalog: DiscoveryCatalog,
                  ready: Callable[[], bool], health: EndpointHealth | None = None,
-                 models: EndpointModels | None = None, signals: SignalTracker | None = None) -> None:
+                 models: EndpointModels | None = None, signals: SignalTracker | None = None,
+                 admission: AdmissionController | None = None) -> None:
         self.signals = signals
+        self.admission = admission
         self.policy = policy
         self.beta = beta
         self.describe = describe  # every setting with its origin (flag, env, default)
@@ -78,9 +81,12 @@ class RouterServicer(pb_grpc.RouterServicer):
         decision = await decider.decide(parsed, f"explain-{uuid.uuid4().hex[:12]}", count=False,
                                         parse_s=time.perf_counter() - t)
         excluded = self._excluded(decider, parsed.model, decision.pool_size) if decision.candidates else []
-        return explain.explanation(decision, decider.policy, self.beta, kind, self.bridge.instance_for,
-                                   self.loads.count, self._stats(), self.health.state, excluded, parsed.model,
-                                   self._models_for, self._observed_ttft)
+        out = explain.explanation(decision, decider.policy, self.beta, kind, self.bridge.instance_for,
+                                  self.loads.count, self._stats(), self.health.state, excluded, parsed.model,
+                                  self._models_for, self._observed_ttft)
+        if self.admission is not None:
+            out.admission.CopyFrom(pb.AdmissionView(enabled=True, **self.admission.preview(request.objective)))
+        return out
 
     @staticmethod
     def _excluded(decider: Decider, model: str | None, chosen_among: int) -> list[str]:

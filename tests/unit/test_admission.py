@@ -22,6 +22,7 @@ from loadaware.admission.objectives import (
     parse_objectives,
 )
 from loadaware.admission.saturation import PoolRoom, learn_slots, room
+from loadaware.api.v1 import loadaware_pb2 as v1
 from loadaware.app import Sidecar
 from loadaware.config import from_args
 from loadaware.load.tracker import EngineStats
@@ -368,3 +369,22 @@ async def test_a_held_request_is_routed_once_room_appears(mode: str) -> None:
     assert routed, [r.WhichOneof("response") for r in feed.sent]
     decision = app.recent.last(1)[0].as_dict()
     assert decision["endpoint"] == ep and decision["admission_wait_ms"] > 50
+
+
+async def test_explain_says_what_admission_would_do_and_changes_nothing(tmp_path: Any) -> None:
+    path = tmp_path / "objectives.json"
+    path.write_text(json.dumps({n: {"priority": p} for n, p in OBJECTIVES.items()}))
+    app = saturated_app("--objectives", str(path))
+    request = v1.ExplainRequest(raw_body=body().decode(), objective="batch")
+    reply = await app.api.Explain(request, None)
+    view = reply.admission
+    assert view.enabled and view.priority == -1 and view.sheddable and view.would_hold
+    assert view.held == 0 and view.pool_saturation == 1.0
+    assert reply.outcome == "routed"  # the decision the request would get once released
+    ep = app.registry.snapshot()[0]
+    app.loads.record(ep, EngineStats(running=6, waiting=0, kv_usage=0.5, at=app.loads.clock()))
+    critical = (await app.api.Explain(v1.ExplainRequest(raw_body=body().decode(), objective="critical"), None))
+    assert not critical.admission.would_hold and critical.admission.priority == 10
+    assert app.admission is not None and len(app.admission.queue) == 0
+    plain = Sidecar(from_args(["--endpoints", "127.0.0.2:8000", "--metrics-listen", "off"], environ={}))
+    assert not (await plain.api.Explain(request, None)).admission.enabled

@@ -22,14 +22,34 @@ UNHEALTHY: Health
 DRAINING: Health
 
 class ExplainRequest(_message.Message):
-    __slots__ = ("path", "body", "raw_body")
+    __slots__ = ("path", "body", "raw_body", "objective")
     PATH_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
     RAW_BODY_FIELD_NUMBER: _ClassVar[int]
+    OBJECTIVE_FIELD_NUMBER: _ClassVar[int]
     path: str
     body: _struct_pb2.Struct
     raw_body: str
-    def __init__(self, path: _Optional[str] = ..., body: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., raw_body: _Optional[str] = ...) -> None: ...
+    objective: str
+    def __init__(self, path: _Optional[str] = ..., body: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., raw_body: _Optional[str] = ..., objective: _Optional[str] = ...) -> None: ...
+
+class AdmissionView(_message.Message):
+    __slots__ = ("enabled", "priority", "sheddable", "would_hold", "held_ahead", "held", "pool_saturation")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    SHEDDABLE_FIELD_NUMBER: _ClassVar[int]
+    WOULD_HOLD_FIELD_NUMBER: _ClassVar[int]
+    HELD_AHEAD_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    POOL_SATURATION_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    priority: int
+    sheddable: bool
+    would_hold: bool
+    held_ahead: int
+    held: int
+    pool_saturation: float
+    def __init__(self, enabled: _Optional[bool] = ..., priority: _Optional[int] = ..., sheddable: _Optional[bool] = ..., would_hold: _Optional[bool] = ..., held_ahead: _Optional[int] = ..., held: _Optional[int] = ..., pool_saturation: _Optional[float] = ...) -> None: ...
 
 class ScrapedLoad(_message.Message):
     __slots__ = ("running", "waiting", "kv_cache_usage", "age_seconds", "fresh", "kv_capacity_tokens")
@@ -112,7 +132,7 @@ class EndpointScore(_message.Message):
     def __init__(self, endpoint: _Optional[str] = ..., lmcache_instance_id: _Optional[str] = ..., matched_tokens: _Optional[int] = ..., benefit: _Optional[float] = ..., inflight: _Optional[int] = ..., scraped: _Optional[_Union[ScrapedLoad, _Mapping]] = ..., load: _Optional[float] = ..., relative_load: _Optional[float] = ..., score: _Optional[float] = ..., chosen: _Optional[bool] = ..., models: _Optional[_Iterable[str]] = ..., routing_state: _Optional[str] = ..., signals: _Optional[_Union[TokenSignals, _Mapping]] = ..., queued_tokens: _Optional[int] = ...) -> None: ...
 
 class ExplainResponse(_message.Message):
-    __slots__ = ("outcome", "endpoint", "reasons", "policy", "beta", "formula", "kind", "prompt_tokens", "mean_load", "endpoints", "stages_ms", "message", "model", "excluded", "working_set")
+    __slots__ = ("outcome", "endpoint", "reasons", "policy", "beta", "formula", "kind", "prompt_tokens", "mean_load", "endpoints", "stages_ms", "message", "model", "excluded", "working_set", "admission")
     class StagesMsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +155,7 @@ class ExplainResponse(_message.Message):
     MODEL_FIELD_NUMBER: _ClassVar[int]
     EXCLUDED_FIELD_NUMBER: _ClassVar[int]
     WORKING_SET_FIELD_NUMBER: _ClassVar[int]
+    ADMISSION_FIELD_NUMBER: _ClassVar[int]
     outcome: str
     endpoint: str
     reasons: _containers.RepeatedScalarFieldContainer[str]
@@ -150,7 +171,8 @@ class ExplainResponse(_message.Message):
     model: str
     excluded: _containers.RepeatedScalarFieldContainer[str]
     working_set: WorkingSetView
-    def __init__(self, outcome: _Optional[str] = ..., endpoint: _Optional[str] = ..., reasons: _Optional[_Iterable[str]] = ..., policy: _Optional[str] = ..., beta: _Optional[float] = ..., formula: _Optional[str] = ..., kind: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., mean_load: _Optional[float] = ..., endpoints: _Optional[_Iterable[_Union[EndpointScore, _Mapping]]] = ..., stages_ms: _Optional[_Mapping[str, float]] = ..., message: _Optional[str] = ..., model: _Optional[str] = ..., excluded: _Optional[_Iterable[str]] = ..., working_set: _Optional[_Union[WorkingSetView, _Mapping]] = ...) -> None: ...
+    admission: AdmissionView
+    def __init__(self, outcome: _Optional[str] = ..., endpoint: _Optional[str] = ..., reasons: _Optional[_Iterable[str]] = ..., policy: _Optional[str] = ..., beta: _Optional[float] = ..., formula: _Optional[str] = ..., kind: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., mean_load: _Optional[float] = ..., endpoints: _Optional[_Iterable[_Union[EndpointScore, _Mapping]]] = ..., stages_ms: _Optional[_Mapping[str, float]] = ..., message: _Optional[str] = ..., model: _Optional[str] = ..., excluded: _Optional[_Iterable[str]] = ..., working_set: _Optional[_Union[WorkingSetView, _Mapping]] = ..., admission: _Optional[_Union[AdmissionView, _Mapping]] = ...) -> None: ...
 
 class ListEndpointsRequest(_message.Message):
     __slots__ = ()
