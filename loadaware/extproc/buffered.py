@@ -69,7 +69,8 @@ class BufferedConversation(Conversation):
         parsed, parse_s = await timed_parse(self, kind, body, request_id)
         if isinstance(parsed, bytes):
             return parsed
-        verdict = await self.admit(len(body), request_id, stream, write, extend_timeout=True)
+        verdict = None if self.admission is None else \
+            await self.admit(len(body), request_id, stream, write, extend_timeout=True)
         if isinstance(verdict, bytes):
             return verdict
         decision = await self.decide(parsed, request_id, stream, parse_s, verdict=verdict)

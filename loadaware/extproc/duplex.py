@@ -106,7 +106,8 @@ class DuplexConversation(Conversation):
             return False
         # Held here while the pool is saturated (--admission): a picker's message timeout is the gateway's
         # (Istio: 1000 s), so no extension is asked for.
-        verdict = await self.admit(len(body), request_id, stream, write, extend_timeout=False)
+        verdict = None if self.admission is None else \
+            await self.admit(len(body), request_id, stream, write, extend_timeout=False)
         if isinstance(verdict, bytes):
             await write(verdict)
             return False
