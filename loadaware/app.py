@@ -238,7 +238,18 @@ class Sidecar:
             kubeconfig = s.kubeconfig
             source = InferencePoolDiscovery(s.k8s_namespace or default_namespace(), s.inference_pool, catalog,
                                             metrics, lambda: make_api_client(kubeconfig))
-        return catalog, [(f"discovery-{mode}", source.run)] if source is not None else []
+        tasks: list[tuple[str, Task]] = [(f"discovery-{mode}", source.run)] if source is not None else []
+        if self.admission is not None and s.objectives_from_cluster:
+            # Priorities from the namespace's InferenceObjectives, over the file's. An optional task (not
+            # discovery-*): failing, it keeps the last priorities and never touches readiness.
+            from loadaware.fleet.discovery.objectives import InferenceObjectivesWatch
+
+            kubeconfig = s.kubeconfig
+            watch = InferenceObjectivesWatch(s.k8s_namespace or default_namespace(), s.inference_pool,
+                                             self.admission.objectives.set_cluster, metrics,
+                                             lambda: make_api_client(kubeconfig))
+            tasks.append((watch.name, watch.run))
+        return catalog, tasks
 
     def _discovered_instance_ids(self, discovered: Mapping[str, str]) -> None:
         # A pod name is the instance id LMCache registers under by default, so it needs no ip guessing; an

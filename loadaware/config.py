@@ -316,6 +316,9 @@ class Settings:
     objectives: str = setting("", parse_path,
             "JSON or YAML file of objectives and their priorities: {\"<objective>\": {\"priority\": <int>}}; a "
             "request names its objective in x-gateway-inference-objective (none or unknown: priority 0)")
+    watch_objectives: bool = setting(True, parse_on_off,
+            "with --admission on and kubernetes or inference-pool discovery: watch the InferenceObjective "
+            "resources of the namespace (those of --inference-pool when named) for priorities, over the file's")
     saturation_queue: int = setting(0, parse_count,
             "requests an engine may queue beyond its batch before it counts as saturated (its batch: the "
             "vllm:num_requests_running its scrape showed while some waited); 0: saturated once its batch is full")
@@ -439,6 +442,11 @@ class Settings:
     def discovery_mode(self) -> str:
         """--discovery, or what --endpoints / --endpoints-file imply."""
         return self.discovery or ("file" if self.endpoints_file else "static")
+
+    @property
+    def objectives_from_cluster(self) -> bool:
+        """Whether the InferenceObjective resources are watched: admission on, Kubernetes discovery, not refused."""
+        return self.admission and self.watch_objectives and self.discovery_mode in ("kubernetes", "inference-pool")
 
     def describe(self) -> list[dict[str, Any]]:
         """The effective configuration with each value's origin (for GetConfig and logs)."""

@@ -1,12 +1,14 @@
-"""A local stand-in for the Kubernetes API server, for tests: EndpointSlice and Pod list and watch, and
-reading an InferencePool (inference.networking.k8s.io/v1, a custom object).
+"""A local stand-in for the Kubernetes API server, for tests: EndpointSlice, Pod and InferenceObjective
+(inference.networking.x-k8s.io/v1alpha2, a custom object) list and watch, and reading an InferencePool
+(inference.networking.k8s.io/v1, a custom object).
 
 It speaks the real wire format (shapes recorded in testkit/assets/k8s/): a list answers an EndpointSliceList
 or PodList with metadata.resourceVersion (honouring limit/continue and labelSelector); `?watch=true&
 resourceVersion=R` streams one JSON event per line for everything after R, then waits for changes until
 timeoutSeconds; a resourceVersion older than the compaction point gets the real `ERROR` event with a 410
 Expired Status. As the real watch cache does for a selector watch, an object modified into the selector
-arrives as ADDED and one modified out of it as DELETED. A missing InferencePool is the real 404 Status.
+arrives as ADDED and one modified out of it as DELETED. A missing InferencePool is the real 404 Status, and so
+is the InferenceObjective collection while its CRD is "not installed" (`objectives_served = False`).
 Tests change the objects, compact history, make calls fail, drop open watches abruptly, and read back
 every request made (to see resumption).
 
@@ -33,8 +35,10 @@ ASSETS = Path(__file__).parent / "assets" / "k8s"
 API_PATH = "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
 PODS_PATH = "/api/v1/namespaces/{namespace}/pods"
 POOL_PATH = "/apis/inference.networking.k8s.io/v1/namespaces/{namespace}/inferencepools/{name}"
-SLICES, PODS = "endpointslices", "pods"
-_KINDS = {SLICES: ("EndpointSlice", "discovery.k8s.io/v1"), PODS: ("Pod", "v1")}
+OBJECTIVES_PATH = "/apis/inference.networking.x-k8s.io/v1alpha2/namespaces/{namespace}/inferenceobjectives"
+SLICES, PODS, OBJECTIVES = "endpointslices", "pods", "inferenceobjectives"
+_KINDS = {SLICES: ("EndpointSlice", "discovery.k8s.io/v1"), PODS: ("Pod", "v1"),
+          OBJECTIVES: ("InferenceObjective", "inference.networking.x-k8s.io/v1alpha2")}
 
 
 def recorded_list() -> dict[str, Any]:
@@ -118,11 +122,33 @@ def make_pool(name: str, match_labels: dict[str, str], ports: Sequence[int], nam
             "status": {}}
 
 
+def make_objective(name: str, priority: Any, pool: str = "vllm", namespace: str = "llm",
+                   pool_group: str | None = None, pool_kind: str | None = None) -> dict[str, Any]:
+    """An InferenceObjective (inference.networking.x-k8s.io/v1alpha2) as the API server returns it; a priority of
+    None leaves spec.priority unset (any other value is set as given, an integer or not), a pool group or kind of
+    None leaves the poolRef's default to the server."""
+    ref: dict[str, Any] = {"name": pool}
+    if pool_group is not None:
+        ref["group"] = pool_group
+    if pool_kind is not None:
+        ref["kind"] = pool_kind
+    spec: dict[str, Any] = {"poolRef": ref}
+    if priority is not None:
+        spec["priority"] = priority
+    return {"apiVersion": "inference.networking.x-k8s.io/v1alpha2", "kind": "InferenceObjective",
+            "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "resourceVersion": "1",
+                         "generation": 1, "creationTimestamp": "2025-05-14T09:00:00Z"},
+            "spec": spec,
+            "status": {"conditions": [{"type": "Ready", "status": "Unknown", "reason": "Pending",
+                                       "message": "Waiting for controller",
+                                       "lastTransitionTime": "1970-01-01T00:00:00Z"}]}}
+
+
 @dataclass
 class Request:
     watch: bool
     params: dict[str, str]
-    resource: str = SLICES  # endpointslices, pods or inferencepools
+    resource: str = SLICES  # endpointslices, pods, inferencepools or inferenceobjectives
 
 
 @dataclass
@@ -133,7 +159,7 @@ class StandInApiServer:
     requests: list[Request] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self._objects: dict[str, dict[str, dict[str, Any]]] = {SLICES: {}, PODS: {}}
+        self._objects: dict[str, dict[str, dict[str, Any]]] = {SLICES: {}, PODS: {}, OBJECTIVES: {}}
         self._slices = self._objects[SLICES]
         self._pools: dict[str, dict[str, Any]] = {}
         # (rv, type, object, resource, the object before the change); a BOOKMARK has no resource
@@ -146,6 +172,8 @@ class StandInApiServer:
         self.list_failures = 0  # answer the next N EndpointSlice lists with 500 (API server hiccup)
         self.pod_list_failures = 0  # answer the next N pod lists with 500
         self.pool_failures = 0  # answer the next N InferencePool reads with 500
+        self.objective_list_failures = 0  # answer the next N InferenceObjective lists with 500
+        self.objectives_served = True  # False: the CRD is not installed, its collection is a 404
 
     # ---- lifecycle ----
     async def start(self) -> None:
@@ -153,6 +181,7 @@ class StandInApiServer:
         app.router.add_get(API_PATH, self._handle)
         app.router.add_get(PODS_PATH, self._handle_pods)
         app.router.add_get(POOL_PATH, self._handle_pool)
+        app.router.add_get(OBJECTIVES_PATH, self._handle_objectives)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
@@ -203,6 +232,14 @@ class StandInApiServer:
     def delete_pool(self, name: str) -> None:
         self._pools.pop(name, None)
 
+    async def upsert_objective(self, objective: dict[str, Any]) -> None:
+        kind = "MODIFIED" if objective["metadata"]["name"] in self._objects[OBJECTIVES] else "ADDED"
+        await self._record(kind, objective, OBJECTIVES)
+
+    async def delete_objective(self, name: str) -> None:
+        if name in self._objects[OBJECTIVES]:
+            await self._record("DELETED", self._objects[OBJECTIVES][name], OBJECTIVES)
+
     async def bookmark(self) -> None:
         async with self._changed:
             self._rv += 1
@@ -250,6 +287,13 @@ class StandInApiServer:
     async def _handle_pods(self, request: web.Request) -> web.StreamResponse:
         return await self._handle_collection(request, PODS)
 
+    async def _handle_objectives(self, request: web.Request) -> web.StreamResponse:
+        if not self.objectives_served:  # what the API server answers for a resource no CRD defines
+            self.requests.append(Request(request.query.get("watch") in ("true", "1"), dict(request.query), OBJECTIVES))
+            return web.json_response(_status(404, "NotFound", "the server could not find the requested resource"),
+                                     status=404)
+        return await self._handle_collection(request, OBJECTIVES)
+
     async def _handle_collection(self, request: web.Request, resource: str) -> web.StreamResponse:
         kind, api_version = _KINDS[resource]
         if request.match_info["namespace"] != self.namespace:
@@ -279,6 +323,9 @@ class StandInApiServer:
             return True
         if resource == PODS and self.pod_list_failures > 0:
             self.pod_list_failures -= 1
+            return True
+        if resource == OBJECTIVES and self.objective_list_failures > 0:
+            self.objective_list_failures -= 1
             return True
         return False
 
@@ -363,6 +410,8 @@ def _bookmark(resource: str, rv: int) -> dict[str, Any]:
     if resource == SLICES:
         return {"kind": kind, "apiVersion": api_version, "metadata": meta, "addressType": "", "endpoints": None,
                 "ports": None}
+    if resource == OBJECTIVES:
+        return {"kind": kind, "apiVersion": api_version, "metadata": meta}
     return {"kind": kind, "apiVersion": api_version, "metadata": meta, "spec": {"containers": None}, "status": {}}
 
 

@@ -1,7 +1,8 @@
 """JSON Schemas for the custom resources the manifests use, transcribed from the CRDs' openAPIV3Schema
 (prometheus-operator monitoring.coreos.com/v1; Istio networking.istio.io v1 and v1alpha3; Gateway API
 gateway.networking.k8s.io/v1 standard channel: GatewayClass, Gateway, HTTPRoute; Gateway API Inference
-Extension inference.networking.k8s.io/v1: InferencePool) for the fields the manifests set. kubernetes-validate
+Extension inference.networking.k8s.io/v1: InferencePool, inference.networking.x-k8s.io/v1alpha2:
+InferenceObjective) for the fields the manifests set. kubernetes-validate
 knows only built-in kinds; these close the gap. Unknown fields are rejected, so a typo fails here as
 `kubectl apply` would fail against the real CRD. The CRDs' CEL rules (x-kubernetes-validations) that concern
 these fields are transcribed as JSON Schema conditions, with the CRDs' defaults in mind."""
@@ -222,6 +223,13 @@ INFERENCE_POOL = resource("inference.networking.k8s.io/v1", "InferencePool", obj
     "endpointPickerRef": _ENDPOINT_PICKER_REF,
 }, ("selector", "targetPorts")))
 
+# inference.networking.x-k8s.io/v1alpha2 (the same project's v1.x release): spec.poolRef (group and kind have
+# defaults) is required, spec.priority is an optional integer.
+INFERENCE_OBJECTIVE = resource("inference.networking.x-k8s.io/v1alpha2", "InferenceObjective", obj({
+    "poolRef": obj({"group": GROUP, "kind": KIND, "name": OBJECT_NAME}, ("name",)),
+    "priority": INT,
+}, ("poolRef",)))
+
 SCHEMAS = {(s["properties"]["apiVersion"]["const"], s["properties"]["kind"]["const"]): s
            for s in (POD_MONITOR, PROMETHEUS_RULE, ISTIO_GATEWAY, VIRTUAL_SERVICE, DESTINATION_RULE, ENVOY_FILTER,
-                     GATEWAY_CLASS, GATEWAY, HTTP_ROUTE, INFERENCE_POOL)}
+                     GATEWAY_CLASS, GATEWAY, HTTP_ROUTE, INFERENCE_POOL, INFERENCE_OBJECTIVE)}

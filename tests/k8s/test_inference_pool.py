@@ -1,9 +1,10 @@
 """The InferencePool variant (k8s/inference-pool/): the sidecar as a Gateway API Inference Extension endpoint
 picker. Every kustomization renders with a real `kubectl kustomize`; every object validates against the
-Kubernetes schemas or the CRDs' transcribed schemas (InferencePool, HTTPRoute, Gateway, GatewayClass); and
-the pieces agree: the pool's endpointPickerRef reaches the port the picker serves, the picker follows that
-pool, its probes ask the gRPC health names the sidecar serves, its Role grants what inference-pool discovery
-calls, and the HTTPRoute sends to the pool through the gateway's own Gateway."""
+Kubernetes schemas or the CRDs' transcribed schemas (InferencePool, HTTPRoute, Gateway, GatewayClass,
+InferenceObjective); and the pieces agree: the pool's endpointPickerRef reaches the port the picker serves, the
+picker follows that pool, its probes ask the gRPC health names the sidecar serves, its Role grants what
+inference-pool discovery and the InferenceObjective watch call, and the HTTPRoute sends to the pool through the
+gateway's own Gateway."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ import pytest
 
 from loadaware.config import SETTINGS, resolve
 from loadaware.extproc.health import LIVENESS_SERVICE, READINESS_SERVICES
+from loadaware.fleet.discovery import objectives
 from loadaware.fleet.discovery.inference_pool import API_CALLS, pool_spec
 
 from .crd_schemas import SCHEMAS
 from .test_manifests import rendered, validate
 
 POOL_ONLY = "inference-pool"
+OBJECTIVES = "inference-pool/objectives"
 GATEWAYS = {"inference-pool/istio": "istio", "inference-pool/envoy-gateway": "envoy-gateway"}
 VARIANTS = (POOL_ONLY, *GATEWAYS)
 INFERENCE_GROUP = "inference.networking.k8s.io"
@@ -178,10 +181,11 @@ def test_the_role_grants_what_inference_pool_discovery_calls(kustomization: str)
     role = one(kustomization, "Role")
     granted = {(group, resource): set(rule["verbs"]) for rule in role["rules"]
                for group in rule["apiGroups"] for resource in rule["resources"]}
-    for group, resource, verbs in API_CALLS:
+    calls = API_CALLS + objectives.API_CALLS  # the pool and its pods; the InferenceObjectives (admission on)
+    for group, resource, verbs in calls:
         assert set(verbs) <= granted.get((group, resource), set()), (group, resource, verbs)
-    # and nothing beyond reading those two resources: no writes, no secrets, no other kinds
-    assert set(granted) == {(g, r) for g, r, _ in API_CALLS}
+    # and nothing beyond reading those resources: no writes, no secrets, no other kinds
+    assert set(granted) == {(g, r) for g, r, _ in calls}
     assert all(verbs <= {"get", "list", "watch"} for verbs in granted.values())
     assert not by_kind(kustomization, "ClusterRole") and not by_kind(kustomization, "ClusterRoleBinding")
     binding = one(kustomization, "RoleBinding")
@@ -192,6 +196,29 @@ def test_the_role_grants_what_inference_pool_discovery_calls(kustomization: str)
                                     "namespace": account["metadata"]["namespace"]}]
     pod = one(kustomization, "Deployment")["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == account["metadata"]["name"]
+
+
+# ---- the example InferenceObjectives ---------------------------------------------------------------------
+
+def test_the_example_objectives_validate_and_give_the_pools_priorities() -> None:
+    docs = rendered(OBJECTIVES)
+    assert {d["kind"] for d in docs} == {"InferenceObjective"}
+    for doc in docs:
+        validate(doc)  # against the CRD's schema (crd_schemas.py), not waved through
+        assert (doc["apiVersion"], doc["kind"]) in SCHEMAS
+    pool = one(POOL_ONLY, "InferencePool")
+    assert {d["metadata"]["namespace"] for d in docs} == {pool["metadata"]["namespace"]}
+    # what the picker of that pool folds them into
+    folded = objectives.ObjectiveSet(pool["metadata"]["name"])
+    folded.replace(docs)
+    assert folded.priorities() == {"critical": 10, "standard": 0, "batch": -1} and not folded.skipped
+    broken = copy.deepcopy(docs[0])
+    broken["spec"]["priority"] = "high"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(broken)
+    del broken["spec"]["priority"], broken["spec"]["poolRef"]
+    with pytest.raises(jsonschema.ValidationError):  # the pool it applies to is required
+        validate(broken)
 
 
 # ---- the route and the gateway ------------------------------------------------------------------------
