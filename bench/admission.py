@@ -201,7 +201,7 @@ def metrics_of(stack: Stack) -> dict[str, float]:
     return out
 
 
-def run(out_dir: Path, quick: bool = False, seed: int = 11) -> dict[str, Any]:
+def run(out_dir: Path, quick: bool = False, seed: int = 11, reserved_slots: int | None = None) -> dict[str, Any]:
     duration = 8.0 if quick else 40.0
     out_dir.mkdir(parents=True, exist_ok=True)
     objectives = out_dir / "objectives.json"
@@ -209,10 +209,12 @@ def run(out_dir: Path, quick: bool = False, seed: int = 11) -> dict[str, Any]:
     sidecar_args = ["--admission", "on", "--objectives", str(objectives), "--admission-ttl-s", str(TTL_S),
                     "--admission-max-held", str(MAX_HELD), "--admission-max-held-bytes", str(MAX_HELD_BYTES),
                     "--scrape-interval-s", "0.1", "--log-level", "warning"]
+    if reserved_slots is not None:  # else the sidecar's default
+        sidecar_args += ["--reserved-slots", str(reserved_slots)]
     results: dict[str, Any] = {"config": {
         "engines": ENGINES, "max_num_seqs": MAX_NUM_SEQS, "decode_ms": DECODE_MS, "max_tokens": MAX_TOKENS,
         "mix": [list(m) for m in MIX], "objectives": OBJECTIVES, "ttl_s": TTL_S, "max_held": MAX_HELD,
-        "max_held_bytes": MAX_HELD_BYTES, "duration_s": duration, "seed": seed}}
+        "max_held_bytes": MAX_HELD_BYTES, "duration_s": duration, "seed": seed, "reserved_slots": reserved_slots}}
     with Stack(out_dir / "logs", engines=ENGINES, lmcache=False, sidecar_args=sidecar_args,
                fleet_args=FLEET_ARGS) as stack:
         cap = asyncio.run(capacity(stack.url, 4.0 if quick else 10.0))
@@ -267,9 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="8-second runs (a smoke test)")
     p.add_argument("--out", default="out/bench-admission")
     p.add_argument("--seed", type=int, default=11)
+    p.add_argument("--reserved-slots", type=int, default=None, help="the sidecar's --reserved-slots (default: its own)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
-    results = run(Path(args.out), args.quick, args.seed)
+    results = run(Path(args.out), args.quick, args.seed, args.reserved_slots)
     print(table(results))
     print(json.dumps(results["figures"], indent=2))
     return 0
