@@ -182,7 +182,8 @@ async def run_at(stack: Stack, load: float, cap: float, duration: float, seed: i
     after = metrics_of(stack)
     state = get_json(f"{debug}/debug/state").get("admission") or {}
     result.sidecar = {"outcomes": {k: after.get(k, 0) - before.get(k, 0) for k in after if after[k] != before.get(k)},
-                      "jain_index": state.get("jain_index"), "contended_releases": state.get("contended_releases")}
+                      "jain_index": state.get("jain_index"), "contended_releases": state.get("contended_releases"),
+                      "slots": state.get("slots")}
     return result
 
 

@@ -13,8 +13,8 @@
         else sheddable                      -> 429, reason queue_full
         else                                -> placed at once
 
-Releases are budgeted: at most the pool's room less the requests released and not yet decided, so one burst of
-room does not release the whole queue onto engines that have room for a few. Retry-After: the requests held at
+Admissions are budgeted: the pool's room less the requests admitted and not yet decided (at once, released or
+placed), so that arrivals in one instant, or one burst of room, do not all take the same free slots. Retry-After: the requests held at
 or above the priority over the release rate of the last RATE_WINDOW_S seconds, 1 to MAX_RETRY_AFTER_S.
 
 Fail open: if anything here raises, the request is admitted.
@@ -93,7 +93,9 @@ class AdmissionController:
         self.metrics: AdmissionMetrics = metrics or Unreported()
         self.clock = clock
         self.queue = FlowQueue()
-        self._releasing = 0  # released, not yet decided: their decisions have not taken room yet
+        # Admitted (at once, released or placed) and not yet decided: their decisions have not taken room yet, so
+        # the room they will take is set aside (arrivals in the same instant must not all see the same slot).
+        self._pending = 0
         self._released_at: deque[float] = deque()  # release times within RATE_WINDOW_S (the Retry-After rate)
         self._pump_scheduled = False
         self._ticker: asyncio.TimerHandle | None = None
@@ -115,6 +117,7 @@ class AdmissionController:
             ahead = self.queue.next_priority()  # held requests this one would have to pass
             if (ahead is None or ahead < priority) and self._has_room(priority):
                 self.metrics.admission(priority, "admitted", 0.0)
+                self._pending += 1
                 return Verdict(True, priority, "admitted")
             return await self._hold(priority, objective, fairness_id, size, request_id, on_hold)
         except asyncio.CancelledError:
@@ -124,9 +127,10 @@ class AdmissionController:
             return Verdict(True, priority, "admitted")
 
     def _has_room(self, priority: int) -> bool:
+        """Room for one more request of this priority, after the released requests not yet decided take theirs."""
         if priority >= self.objectives.top():
-            return self.room.has_room()
-        return self._lower_room() > 0
+            return self.room.has_room() if not self._pending else self.room.total() - self._pending > 0
+        return self._lower_room() - self._pending > 0
 
     def _lower_room(self) -> float:
         """The free slots a band below the highest may take: beyond --reserved-slots per engine and beyond as
@@ -135,10 +139,10 @@ class AdmissionController:
         return self.room.total(self.settings.reserved_slots) - len(self._top_inflight)
 
     def settled(self, verdict: Verdict, decision: Decision | None = None) -> None:
-        """A request with this verdict has been decided: a released one's decision now shows in the room it
+        """A request with this verdict has been decided: an admitted one's decision now shows in the room it
         took; one of the highest band is counted in flight until it ends."""
-        if verdict.outcome == "released" and self._releasing > 0:
-            self._releasing -= 1
+        if verdict.admitted and self._pending > 0:
+            self._pending -= 1
         if (decision is not None and decision.endpoint is not None and self.settings.reserved_slots
                 and verdict.priority >= self.objectives.top()):
             self._top_inflight.add(id(decision))
@@ -155,6 +159,7 @@ class AdmissionController:
                 return self._shed(priority, "rejected_queue_full", 0.0)
             else:
                 self.metrics.admission(priority, "placed_full", 0.0)
+                self._pending += 1
                 return Verdict(True, priority, "placed_full")
         now = self.clock()
         loop = asyncio.get_running_loop()
@@ -176,12 +181,13 @@ class AdmissionController:
                 if sheddable:
                     return self._shed(priority, "rejected_ttl", waited)
                 self.metrics.admission(priority, "placed_ttl", waited)
+                self._pending += 1
                 return Verdict(True, priority, "placed_ttl", waited, held=True)
         except BaseException:  # the stream ended while held: it leaves the queue
             if self.queue.discard(ticket):
                 self._show_queue()
             elif ticket.waiter.done() and not ticket.waiter.cancelled() and ticket.waiter.result() == RELEASED:
-                self._releasing = max(0, self._releasing - 1)
+                self._pending = max(0, self._pending - 1)
             raise
         waited = self.clock() - now
         if result == EVICTED:
@@ -247,8 +253,8 @@ class AdmissionController:
             if self.queue:
                 # Each band's budget: the room beyond what it may not take, less the released not yet decided.
                 top = self.objectives.top()
-                budgets = {True: self.room.total() - self._releasing}
-                budgets[False] = self._lower_room() - self._releasing if self.settings.reserved_slots \
+                budgets = {True: self.room.total() - self._pending}
+                budgets[False] = self._lower_room() - self._pending if self.settings.reserved_slots \
                     else budgets[True]
                 now = self.clock()
                 while self.queue:
@@ -265,7 +271,7 @@ class AdmissionController:
                     ticket.waiter.set_result(RELEASED)
                     if ticket.contended:
                         self._count_contended(ticket)
-                    self._releasing += 1
+                    self._pending += 1
                     self._released_at.append(now)
                     for key in budgets:
                         budgets[key] -= 1
@@ -306,7 +312,7 @@ class AdmissionController:
     def state(self, limit: int = 100) -> dict[str, object]:
         now = self.clock()
         return {
-            "held": len(self.queue), "held_bytes": self.queue.size, "releasing": self._releasing,
+            "held": len(self.queue), "held_bytes": self.queue.size, "admitted_undecided": self._pending,
             "bands": {str(p): {"requests": n, "bytes": b} for p, (n, b) in sorted(self.queue.bands().items(),
                                                                                  reverse=True)},
             "oldest": [{"request_id": t.request_id, "objective": t.objective, "priority": t.priority,
