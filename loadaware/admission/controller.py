@@ -14,8 +14,9 @@
         else                                -> placed at once
 
 Admissions are budgeted: the pool's room less the requests admitted and not yet decided (at once, released or
-placed), so that arrivals in one instant, or one burst of room, do not all take the same free slots. Retry-After: the requests held at
-or above the priority over the release rate of the last RATE_WINDOW_S seconds, 1 to MAX_RETRY_AFTER_S.
+placed), so that arrivals in one instant, or one burst of room, do not all take the same free slots.
+Retry-After: the requests held at or above the priority over the release rate of the last RATE_WINDOW_S
+seconds, 1 to MAX_RETRY_AFTER_S.
 
 Fail open: if anything here raises, the request is admitted.
 """
