@@ -102,7 +102,7 @@ def body(n: int, objective: str) -> bytes:
 async def one(http: aiohttp.ClientSession, url: str, n: int, record: Sent) -> None:
     started = time.monotonic()
     headers = {"content-type": "application/json", "x-gateway-inference-objective": record.objective,
-               "x-gateway-inference-fairness-id": record.tenant}
+               "x-gateway-inference-fairness-id": record.tenant, "x-request-id": f"bench-{n}"}
     try:
         async with http.post(url + "/v1/completions", data=body(n, record.objective), headers=headers) as resp:
             if resp.status == 200:
@@ -228,11 +228,20 @@ def run(out_dir: Path, quick: bool = False, seed: int = 11, reserved_slots: int 
             runs.append(r.figures())
             log.info("%.1fx: %s", load, json.dumps(runs[-1]["status"]))
         results["runs"] = runs
+    # The same 1.5x traffic without admission: every request goes to an engine at once and queues there.
+    plain_args = ["--scrape-interval-s", "0.1", "--log-level", "warning"]
+    with Stack(out_dir / "logs-off", engines=ENGINES, lmcache=False, sidecar_args=plain_args,
+               fleet_args=FLEET_ARGS) as stack:
+        off = asyncio.run(run_at(stack, 1.5, cap, duration, seed)).figures()
+        off["admission"] = "off"
+        log.info("1.5x, admission off: %s", json.dumps(off["status"]))
+        results["runs_off"] = [off]
     low, high = results["runs"]
     p95 = (low["objectives"]["critical"]["ttft_p95_s"], high["objectives"]["critical"]["ttft_p95_s"])
     jain = (high["sidecar"].get("jain_index") or {}).get("0")
     results["figures"] = {
         "critical_ttft_p95_ratio": p95[1] / p95[0] if p95[0] and p95[1] else None,
+        "critical_ttft_p95_s_admission_off": off["objectives"]["critical"]["ttft_p95_s"],
         "lost": low["lost"] + high["lost"], "standard_jain_index": jain,
         "held_max": high["held_max"], "held_bytes_max": high["held_bytes_max"]}
     (out_dir / "admission.json").write_text(json.dumps(results, indent=2))
@@ -245,9 +254,10 @@ def table(results: dict[str, Any]) -> str:
              f"critical 10%, standard 50% (two tenants 10:1), batch 40%)", "",
              "| load | requests | statuses | lost | critical TTFT p50 / p95 | standard p95 | batch served / shed |",
              "|---|---|---|---|---|---|---|"]
-    for r in results["runs"]:
+    for r in results["runs"] + results.get("runs_off", []):
         o = r["objectives"]
-        lines.append(f"| {r['load']:.1f}x ({r['rate']:.0f}/s) | {r['requests']} | {r['status']} | {r['lost']} | "
+        label = f"{r['load']:.1f}x ({r['rate']:.0f}/s){', admission off' if r.get('admission') == 'off' else ''}"
+        lines.append(f"| {label} | {r['requests']} | {r['status']} | {r['lost']} | "
                      f"{_s(o['critical']['ttft_p50_s'])} / {_s(o['critical']['ttft_p95_s'])} | "
                      f"{_s(o['standard']['ttft_p95_s'])} | {o['batch']['served']} / {o['batch']['shed']} |")
     ratio = f["critical_ttft_p95_ratio"]
