@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 from envoy.config.core.v3 import base_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from bench.extproc_inprocess import Feed, buffered_messages, duplex_messages
+from bench.extproc_inprocess import buffered_messages, duplex_messages
 from loadaware.app import Sidecar
 from loadaware.config import ConfigError, from_args
 from loadaware.fleet.health import EndpointHealth, HealthOptions
@@ -25,6 +24,7 @@ from loadaware.routing.affinity import EXPIRED_DROPPED_PER_BINDING, SessionAffin
 from loadaware.routing.pipeline import Decider
 from loadaware.routing.pruning import MIN_POOL, pruned_candidates
 from loadaware.routing.request import InferenceRequest
+from tests.unit.test_extproc_duplex import Recorder
 
 FLEET = ("127.0.0.2:8000", "127.0.0.3:8000", "127.0.0.4:8000", "127.0.0.5:8000")
 REQUEST = InferenceRequest("completions", prompt=list(range(64)))
@@ -356,15 +356,6 @@ def sidecar(*flags: str) -> Sidecar:
 def with_header(messages: list[Any], key: str, value: bytes) -> list[Any]:
     messages[0].request_headers.headers.headers.append(base_pb2.HeaderValue(key=key, raw_value=value))
     return messages
-
-
-class Recorder(Feed):
-    def __init__(self, messages: list[Any]) -> None:
-        super().__init__(messages)
-        self.sent: list[Any] = []
-
-    async def write(self, reply: bytes) -> None:
-        self.sent.append(pb.ProcessingResponse.FromString(reply))
 
 
 BODY = b'{"model": "m", "prompt": "hello there", "max_tokens": 8}'
