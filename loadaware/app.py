@@ -89,7 +89,8 @@ class Sidecar:
         self.bridge = InstanceBridge(s.lmcache_instance_map)
         self.bridge.set_endpoints(self.registry.snapshot())
         self.tokenizer = AsyncTokenizer(PromptTokenizer(s.tokenizer), s.tokenizer_timeout_ms / 1e3,
-                                        inline_chars=s.tokenizer_inline_chars) if s.tokenizer else None
+                                        inline_chars=s.tokenizer_inline_chars, max_chars=s.tokenize_max_chars) \
+            if s.tokenizer else None
         self.lmcache = LMCacheClient(s.lmcache_url, s.lmcache_timeout_ms / 1e3) if s.lmcache_url else None
         self.resolver = InstanceResolver(self.lmcache, self.bridge, s.instance_refresh_s) if self.lmcache else None
         lmcache_source = LMCachePrefixSource(self.lmcache, self.bridge, self.resolver, self.metrics) \

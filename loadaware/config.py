@@ -278,6 +278,9 @@ class Settings:
             "tokenizer.json, or a model folder holding it and tokenizer_config.json")
     tokenizer_timeout_ms: float = setting(200.0, parse_positive,
             "time box for one tokenization")
+    tokenize_max_chars: int = setting(65_536, parse_count,
+            "a longer prompt is tokenized up to this many characters: prefix caches can match only that head, "
+            "and the prompt's length in tokens is estimated from the head's tokens per character (0: whole)")
     tokenizer_inline_chars: int = setting(2048, parse_count,
             "a prompt whose uncached part is at most this many characters is tokenized on the event "
             "loop (cheaper than a thread hop); longer ones in a worker thread (0: always a thread)")

@@ -30,6 +30,7 @@ from loadaware.routing.affinity import SessionAffinity, saturated
 from loadaware.routing.pruning import MIN_POOL, pruned_candidates, round_robin_candidates
 from loadaware.routing.request import InferenceRequest
 from loadaware.telemetry.faults import RateLimitedLog, describe
+from loadaware.tokenize.tokenizer import TokenHead, TokenizerBusy
 
 log = logging.getLogger(__name__)
 faults = RateLimitedLog(log)  # one line per failing helper per interval, not a traceback per request
@@ -223,6 +224,7 @@ class Decider:
         stages: dict[str, float] = {} if parse_s is None else {"parse": parse_s}
         reasons: list[str] = []
         tokens: list[int] = []
+        prompt_total = 0  # the prompt's estimated length when only its head was tokenized
         matches: dict[str, int] = {}
         model = request.model if request is not None else None
         endpoints, _ = self._pool(subset, model, reasons)  # who to ask about the prefix (the excluded too: cheaper)
@@ -236,11 +238,15 @@ class Decider:
                 tokens = await self.prompt_tokens(request)
             except LookupError as exc:  # no tokenizer, or no chat template that renders (told once at start)
                 reasons.append(str(exc.args[0]) if exc.args else "no_tokenizer")
+            except TokenizerBusy:  # the threads' backlog would not start it in time: not waited for
+                reasons.append("tokenizer_busy")
             except TimeoutError:
                 reasons.append("tokenizer_timeout")
             except Exception as exc:  # noqa: BLE001 - any tokenizer failure degrades, never fails, the request
                 _degraded(reasons, "tokenizer_error", exc)
             stages["tokenize"] = time.perf_counter() - t
+            if isinstance(tokens, TokenHead):  # a long prompt: its head's ids, its whole length estimated
+                prompt_total = tokens.total
             if tokens:
                 # The salt keys the engine's prefix cache as much as the tokens do; it travels with them (the
                 # approximate index records the decision's tokens under it), as do the block-key chains the
@@ -254,7 +260,7 @@ class Decider:
         endpoints, excluded = self._pool(subset, model, reasons)
         if not endpoints:
             return self._empty(request_id, subset, len(tokens), stages, started, count, model)
-        n_tokens = len(tokens)
+        n_tokens = max(len(tokens), prompt_total)
         mean: float | None = None
         ws = self.working_set
         sampled = sampled_keys(tokens, request.cache_salt) if ws is not None and tokens and request else None

@@ -11,6 +11,7 @@ import asyncio
 import contextvars
 import logging
 import os
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -33,6 +34,7 @@ _PROBE = " ".join(
 # a worker thread. A chat whose messages hold more text than INLINE_RENDER_CHARS is rendered there too.
 INLINE_CHARS = 2048
 INLINE_RENDER_CHARS = 64 * 1024
+MIN_TIMED_CHARS = 4096  # shorter encodes are dominated by fixed costs: their time says little per character
 SELF_CHECK_EVERY = 64
 
 
@@ -163,27 +165,67 @@ class PromptTokenizer:
         return self._encode_plain(text)
 
 
+class TokenHead(list[int]):
+    """The token ids of a prompt's first `--tokenize-max-chars` characters, less the last HEAD_SLACK_TOKENS (the
+    cut may split a word the whole prompt's tokenization keeps together), with `total`: the whole prompt's
+    length in tokens, estimated from the head's tokens per character. Prefix caches can match only the head."""
+
+    __slots__ = ("total",)
+
+    def __init__(self, ids: Sequence[int], total: int) -> None:
+        super().__init__(ids)
+        self.total = total
+
+
+HEAD_SLACK_TOKENS = 16  # one block: a pre-tokenizer splits at most a word there, far shorter
+
+
+class TokenizerBusy(TimeoutError):
+    """The worker threads have more queued than they can finish within the time box: not queued at all."""
+
+
 class AsyncTokenizer:
     """Runs a PromptTokenizer on the event loop when the work is small (a prompt whose prefix pieces are
     cached: tens of µs, less than a thread hop costs), else in worker threads, time-boxed: the event loop
-    never waits on long CPU work."""
+    never waits on long CPU work.
+
+    Long prompts: past `max_chars` only the head is tokenized (TokenHead). Backlog: the characters queued for
+    the threads are counted, and the seconds a character costs learned (an average over recent encodes); a
+    request whose encode would start later than the time box allows is not queued (TokenizerBusy, at once)
+    instead of waiting the whole time box for a time-out."""
 
     def __init__(self, tokenizer: PromptTokenizer, timeout_s: float, threads: int = 2,
-                 inline_chars: int = INLINE_CHARS) -> None:
+                 inline_chars: int = INLINE_CHARS, max_chars: int = 0) -> None:
         self.tokenizer = tokenizer
         self.timeout_s = timeout_s
+        self.threads = threads
         self.inline_chars = inline_chars  # 0: every encode in a worker thread
+        self.max_chars = max_chars  # 0: every prompt whole
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tokenize")
         self.inline = 0  # encodes done on the event loop (the rest went to the pool)
+        self.heads = 0  # prompts tokenized up to max_chars only
+        self.busy = 0  # encodes not queued: the backlog would not start them in time
+        self._queued_chars = 0
+        self._s_per_char = 0.0  # learned; 0 until the first threaded encode finishes
 
     async def encode_prompt(self, prompt: str | Sequence[int]) -> list[int]:
         if not isinstance(prompt, str):
             return list(prompt)
+        if self.max_chars and len(prompt) > self.max_chars:
+            return await self._head(self.tokenizer.encode_prompt, prompt)
         if self.tokenizer.cheap(prompt, budget=self.inline_chars):
             if not previewing():
                 self.inline += 1
             return self.tokenizer.encode_prompt(prompt)
         return await self._run(self.tokenizer.encode_prompt, prompt)
+
+    async def _head(self, encode: Any, text: str) -> TokenHead:
+        head = text[:self.max_chars]
+        ids = await self._run(encode, head)
+        kept = ids[:max(0, len(ids) - HEAD_SLACK_TOKENS)]
+        if not previewing():
+            self.heads += 1
+        return TokenHead(kept, max(len(kept), round(len(ids) * len(text) / max(1, len(head)))))
 
     async def encode_chat(self, messages: Sequence[Mapping[str, Any]], options: Mapping[str, Any] | None = None
                           ) -> list[int]:
@@ -192,6 +234,8 @@ class AsyncTokenizer:
         if not self.inline_chars or text_chars(messages, options) > INLINE_RENDER_CHARS:
             return await self._run(self.tokenizer.encode_chat, messages, options)
         text = self.tokenizer.render_chat(messages, options)  # a short chat renders in tens of µs
+        if self.max_chars and len(text) > self.max_chars:
+            return await self._head(self.tokenizer.encode_rendered, text)
         if self.tokenizer.cheap(text, chat=True, budget=self.inline_chars):
             if not previewing():
                 self.inline += 1
@@ -199,9 +243,37 @@ class AsyncTokenizer:
         return await self._run(self.tokenizer.encode_rendered, text)
 
     async def _run(self, fn: Any, *args: Any) -> list[int]:
+        chars = _chars(args)
+        # The backlog's wait (every queued character at the learned cost, spread over the threads) plus this
+        # encode: past the time box, queueing it would only end in a time-out the request waits for.
+        if self._s_per_char and (self._queued_chars / self.threads + chars) * self._s_per_char > self.timeout_s:
+            if not previewing():
+                self.busy += 1
+            raise TokenizerBusy("tokenizer_busy")
         loop = asyncio.get_running_loop()
         context = contextvars.copy_context()  # the worker sees the caller's context (a preview stays one)
-        return await asyncio.wait_for(loop.run_in_executor(self._pool, context.run, fn, *args), self.timeout_s)
+        self._queued_chars += chars
+        try:
+            return await asyncio.wait_for(loop.run_in_executor(self._pool, context.run, self._timed, fn, chars,
+                                                               *args), self.timeout_s)
+        finally:
+            self._queued_chars -= chars
+
+    def _timed(self, fn: Any, chars: int, *args: Any) -> list[int]:
+        """(in a worker thread) `fn(*args)`, its cost per character folded into the learned average."""
+        started = time.perf_counter()
+        out: list[int] = fn(*args)
+        if chars >= MIN_TIMED_CHARS:
+            cost = (time.perf_counter() - started) / chars
+            # a float store is atomic under the GIL; the average forgets slowly (1/8 a sample)
+            self._s_per_char = cost if not self._s_per_char else self._s_per_char + (cost - self._s_per_char) / 8
+        return out
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _chars(args: tuple[Any, ...]) -> int:
+    """The characters an encode call will read: its text argument's length (a chat's is estimated later)."""
+    first = args[0] if args else ""
+    return len(first) if isinstance(first, str) else 0
