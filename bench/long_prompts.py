@@ -85,7 +85,8 @@ class ArmFigures:
         return {"arm": self.arm, "ok": len(ok), "errors": self.errors,
                 "ttft_p50_s": percentile(ok, 50) if ok else None, "ttft_p99_s": percentile(ok, 99) if ok else None,
                 "sidecar_cpu_ms_per_request": self.sidecar_cpu_s / n * 1e3 if n else None,
-                "stage_ms_per_request": {k: v / n * 1e3 for k, v in self.stage_s.items()} if n else {}}
+                "stage_ms_per_request": {k: v / n * 1e3 for k, v in self.stage_s.items() if k in STAGES} if n else {},
+                "untokenized": {k: int(v) for k, v in self.stage_s.items() if k in FALLBACKS}}
 
 
 def prompt_of(size_bytes: int, n: int) -> str:
@@ -155,9 +156,14 @@ def peak_rss_mib(pid: int) -> float:
     return 0.0
 
 
+FALLBACKS = ("tokenizer_busy", "tokenizer_timeout")  # decisions made without the prompt's tokens
+
+
 def stage_sums(sidecar: SidecarProc) -> dict[str, float]:
     text = sidecar.metrics_text()
-    return {s: metric_sum(text, "loadaware_decision_stage_seconds_sum", {"stage": s}) for s in STAGES}
+    out = {s: metric_sum(text, "loadaware_decision_stage_seconds_sum", {"stage": s}) for s in STAGES}
+    out.update({r: metric_sum(text, "loadaware_fallbacks_total", {"reason": r}) for r in FALLBACKS})
+    return out
 
 
 @contextmanager
@@ -209,8 +215,8 @@ def table(result: dict[str, Any]) -> str:
     lines = ["### Long prompts: added TTFT and the sidecar's cost (null engines; closed loop)", "",
              "| prompt | concurrency | direct p50 / p99 | BUFFERED added p50 / p99 | full duplex added p50 / p99 | "
              "sidecar CPU per request (BUFFERED / duplex) | stages per request (BUFFERED: parse, tokenize, "
-             "lookup, score) | errors |",
-             "|---|---|---|---|---|---|---|---|"]
+             "lookup, score) | decided without tokens: busy / timeout (BUFFERED, duplex) | errors |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for c in result["cells"]:
         d, b, f = c["arms"]["direct"], c["arms"]["buffered"], c["arms"]["full_duplex"]
         stages = ", ".join(f"{b['stage_ms_per_request'].get(s, 0):.1f}" for s in STAGES)
@@ -219,9 +225,15 @@ def table(result: dict[str, Any]) -> str:
             f"{_ms(b.get('added_p50_s'))} / {_ms(b.get('added_p99_s'))} | "
             f"{_ms(f.get('added_p50_s'))} / {_ms(f.get('added_p99_s'))} | "
             f"{b['sidecar_cpu_ms_per_request']:.1f} / {f['sidecar_cpu_ms_per_request']:.1f} ms | {stages} ms | "
+            f"{_untokenized(b)}, {_untokenized(f)} | "
             f"{d['errors']} / {b['errors']} / {f['errors']} |")
     lines += ["", f"- the sidecar's peak RSS: {result['sidecar_peak_rss_mib']:.0f} MiB", ""]
     return "\n".join(lines)
+
+
+def _untokenized(arm: dict[str, Any]) -> str:
+    counts = arm.get("untokenized", {})
+    return " / ".join(str(counts.get(r, 0)) for r in FALLBACKS)
 
 
 def _ms(value: float | None) -> str:
