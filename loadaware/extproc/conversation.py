@@ -127,7 +127,7 @@ class Conversation:
             served = None
         self.lifecycle.responded(decision, status_of(msg.response_headers), served)
 
-    async def parse(self, kind: str, body: bytes, request_id: str) -> InferenceRequest | bytes:
+    async def parse(self, kind: str, body: bytes | bytearray, request_id: str) -> InferenceRequest | bytes:
         """The request, or the 400 reply for a body that cannot be one. A large body is parsed in a worker
         thread: a multi-megabyte json.loads on the event loop would stall every open stream meanwhile."""
         if len(body) > self.options.max_body_bytes:
@@ -200,7 +200,7 @@ class Conversation:
         return Replies.immediate_error(429, message, verdict.outcome, headers=extra)
 
 
-async def timed_parse(conversation: Conversation, kind: str, body: bytes,
+async def timed_parse(conversation: Conversation, kind: str, body: bytes | bytearray,
                       request_id: str) -> tuple[InferenceRequest | bytes, float]:
     started = time.perf_counter()
     parsed = await conversation.parse(kind, body, request_id)

@@ -38,7 +38,10 @@ class DuplexConversation(Conversation):
         kind: str | None = None
         request_id = ""
         subset: frozenset[str] | None = None
-        body = bytearray()
+        # The held body's chunks, joined once when it ends (a growing bytearray re-copies what it holds each time
+        # it outgrows its allocation).
+        parts: list[bytes] = []
+        size = 0
         msg: Any = first
         while msg is not grpc.aio.EOF:
             which = msg.WhichOneof("request")
@@ -71,20 +74,21 @@ class DuplexConversation(Conversation):
                 if not held:
                     await write(streamed_request_body(part.body, part.end_of_stream))
                 else:
-                    body += part.body
-                    if len(body) > self.options.max_body_bytes:
+                    parts.append(part.body)
+                    size += len(part.body)
+                    if size > self.options.max_body_bytes:
                         await write(self.rejected(413, "request_too_large", "request body is too large", request_id))
                         return
                     if part.end_of_stream:
                         held = False
-                        if not await self._route(kind or "completions", bytes(body), request_id, subset, stream,
-                                                 write, end_of_stream=True):
+                        if not await self._route(kind or "completions", b"".join(parts), request_id, subset,
+                                                 stream, write, end_of_stream=True):
                             return
             elif which == "request_trailers":
                 if held:  # the trailers end the request: decide now, the body goes back before them
                     held = False
-                    if not await self._route(kind or "completions", bytes(body), request_id, subset, stream,
-                                             write, end_of_stream=False):
+                    if not await self._route(kind or "completions", b"".join(parts), request_id, subset,
+                                             stream, write, end_of_stream=False):
                         return
                 await write(replies.request_trailers_continue)
             elif which == "response_headers":

@@ -93,11 +93,13 @@ class Replies:
         return cached
 
     @staticmethod
-    def request_body_pieces(body: bytes, end_of_stream: bool) -> list[bytes]:
-        """A held request body sent back as streamed body responses (full-duplex mode)."""
+    def request_body_pieces(body: bytes | bytearray, end_of_stream: bool) -> list[bytes]:
+        """A held request body sent back as streamed body responses (full-duplex mode). The pieces are views
+        of the held body: each byte is copied once, into its reply."""
         if not body:
             return [streamed_request_body(b"", end_of_stream)]
-        pieces = [body[i:i + STREAMED_PIECE_BYTES] for i in range(0, len(body), STREAMED_PIECE_BYTES)]
+        view = memoryview(body)
+        pieces = [view[i:i + STREAMED_PIECE_BYTES] for i in range(0, len(body), STREAMED_PIECE_BYTES)]
         return [streamed_request_body(p, end_of_stream and i == len(pieces) - 1) for i, p in enumerate(pieces)]
 
     @staticmethod
@@ -150,15 +152,24 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-def _streamed(outer_tag: bytes, body: bytes, end_of_stream: bool) -> bytes:
-    inner = (b"\x0a" + _varint(len(body)) + body if body else b"") + (b"\x10\x01" if end_of_stream else b"")
-    mutation = b"\x1a" + _varint(len(inner)) + inner
-    common = b"\x1a" + _varint(len(mutation)) + mutation
-    response = b"\x0a" + _varint(len(common)) + common
-    return outer_tag + _varint(len(response)) + response
+def _streamed(outer_tag: bytes, body: bytes | memoryview, end_of_stream: bool) -> bytes:
+    # The nested messages' lengths first, then one join: the body's bytes are copied once, into the reply
+    # (building each level by concatenation copied them once per level).
+    n = len(body)
+    field = b"\x0a" + _varint(n) if n else b""
+    tail = b"\x10\x01" if end_of_stream else b""
+    inner = len(field) + n + len(tail)
+    inner_len = _varint(inner)
+    mutation = 1 + len(inner_len) + inner
+    mutation_len = _varint(mutation)
+    common = 1 + len(mutation_len) + mutation
+    common_len = _varint(common)
+    response = 1 + len(common_len) + common
+    return b"".join((outer_tag, _varint(response), b"\x0a", common_len, b"\x1a", mutation_len, b"\x1a", inner_len,
+                     field, body, tail))
 
 
-def streamed_request_body(body: bytes, end_of_stream: bool) -> bytes:
+def streamed_request_body(body: bytes | memoryview, end_of_stream: bool) -> bytes:
     return _streamed(b"\x1a", body, end_of_stream)
 
 

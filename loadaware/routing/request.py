@@ -89,7 +89,7 @@ def _nested_deeper_than(value: Any, limit: int) -> bool:
     return False
 
 
-def _may_nest_deeper_than(body: bytes, limit: int) -> bool:
+def _may_nest_deeper_than(body: bytes | bytearray, limit: int) -> bool:
     """Cheap upper bound: nesting deeper than `limit` needs more than `limit` opening brackets. Counted with
     memchr scans that stop at the bound: a text prompt (one `{`, no `[`) costs three."""
     opened = 0
@@ -107,7 +107,7 @@ def _too_deep() -> BadRequest:
     return BadRequest("nesting_too_deep", f"request body nests deeper than {MAX_NESTING_DEPTH} levels")
 
 
-def parse_body(kind: str, body: bytes) -> InferenceRequest:
+def parse_body(kind: str, body: bytes | bytearray) -> InferenceRequest:
     """The request routing reads from a body; BadRequest (a 400) for one that cannot be a request."""
     deep = _may_nest_deeper_than(body, MAX_NESTING_DEPTH)
     try:
