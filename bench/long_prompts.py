@@ -206,9 +206,44 @@ def run(out_dir: Path, sizes_kb: list[int], concurrency: list[int], requests: in
                         mine, base = a[f"ttft_{q}_s"], direct[f"ttft_{q}_s"]
                         a[f"added_{q}_s"] = mine - base if mine is not None and base is not None else None
                 cells.append({"size_kb": size_kb, "concurrency": conc, "requests": requests, "arms": arms})
-        result = {"cells": cells, "sidecar_peak_rss_mib": peak_rss_mib(pid)}
+        result: dict[str, Any] = {"cells": cells, "sidecar_peak_rss_mib": peak_rss_mib(pid)}
+    result["loop_holds"] = loop_holds(sizes_kb)
     (out_dir / "long_prompts.json").write_text(json.dumps(result, indent=2))
     return result
+
+
+def loop_holds(sizes_kb: list[int], streams: int = 20) -> dict[str, dict[str, float]]:
+    """In process (no transport): the sidecar's event loop, `streams` BUFFERED conversations of each prompt size
+    at once; the loop thread's CPU time in each loop callback (bench.fleet_size's Holds), max and p99. What a long
+    prompt holds the loop for, whatever threads do beside it."""
+    from loadaware.app import Sidecar
+    from loadaware.config import from_args
+
+    from .fleet_size import Holds
+
+    out: dict[str, dict[str, float]] = {}
+    for size_kb in sizes_kb:
+        app = Sidecar(from_args(["--endpoints", ",".join(ENGINES), "--metrics-listen", "off",
+                                 "--tokenizer", str(TINY_TOKENIZER)], environ={}))
+        bodies = [body(size_kb * 1024, 10_000_000 + i) for i in range(streams)]
+        holds = Holds()
+
+        asyncio.run(_conversations(app, bodies, holds))
+        samples = sorted(holds.window()) or [0.0]
+        out[f"{size_kb} KB"] = {"max_ms": samples[-1] * 1e3,
+                                "p99_ms": samples[min(len(samples) - 1, int(len(samples) * 0.99))] * 1e3}
+    return out
+
+
+async def _conversations(app: Any, bodies: list[bytes], holds: Any) -> None:
+    from .extproc_inprocess import Feed, buffered_messages
+
+    await asyncio.gather(*(app.extproc.process(None, Feed(buffered_messages(b))) for b in bodies[:2]))
+    holds.install()  # after a warm-up pair: first-use costs (imports, the tokenizer's caches) aside
+    try:
+        await asyncio.gather(*(app.extproc.process(None, Feed(buffered_messages(b))) for b in bodies[2:]))
+    finally:
+        holds.uninstall()
 
 
 def table(result: dict[str, Any]) -> str:
@@ -227,7 +262,11 @@ def table(result: dict[str, Any]) -> str:
             f"{b['sidecar_cpu_ms_per_request']:.1f} / {f['sidecar_cpu_ms_per_request']:.1f} ms | {stages} ms | "
             f"{_untokenized(b)}, {_untokenized(f)} | "
             f"{d['errors']} / {b['errors']} / {f['errors']} |")
-    lines += ["", f"- the sidecar's peak RSS: {result['sidecar_peak_rss_mib']:.0f} MiB", ""]
+    lines += ["", f"- the sidecar's peak RSS: {result['sidecar_peak_rss_mib']:.0f} MiB"]
+    for size, hold in result.get("loop_holds", {}).items():
+        lines.append(f"- the event loop held by one callback, {size} prompts (in process, 18 at once): max "
+                     f"{hold['max_ms']:.1f} ms, p99 {hold['p99_ms']:.1f} ms (bound: 10 ms)")
+    lines.append("")
     return "\n".join(lines)
 
 
