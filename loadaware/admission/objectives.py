@@ -16,9 +16,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-DEFAULT_PRIORITY = 0
-MAX_OBJECTIVES = 10_000  # a bound on a file or a namespace's resources: priorities, not a database
-PRIORITY_RANGE = (-1_000_000, 1_000_000)
+from loadaware.fleet.discovery.objectives import (
+    DEFAULT_PRIORITY,
+    MAX_NAME_CHARS,
+    MAX_OBJECTIVES,
+    PRIORITY_RANGE,
+    valid_priority,
+)
+
+__all__ = ["DEFAULT_PRIORITY", "MAX_OBJECTIVES", "PRIORITY_RANGE", "Objectives", "ObjectivesError",
+           "load_objectives", "parse_objectives"]
 
 
 class ObjectivesError(ValueError):
@@ -33,11 +40,10 @@ def parse_objectives(data: Any, source: str = "objectives") -> dict[str, int]:
         raise ObjectivesError(f"{source}: more than {MAX_OBJECTIVES} objectives")
     out: dict[str, int] = {}
     for name, spec in data.items():
-        if not isinstance(name, str) or not name or len(name) > 128:
-            raise ObjectivesError(f"{source}: an objective's name must be a string of 1-128 characters")
+        if not isinstance(name, str) or not name or len(name) > MAX_NAME_CHARS:
+            raise ObjectivesError(f"{source}: an objective's name must be a string of 1-{MAX_NAME_CHARS} characters")
         priority = spec.get("priority", DEFAULT_PRIORITY) if isinstance(spec, Mapping) else None
-        if isinstance(priority, bool) or not isinstance(priority, int) or not (
-                PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]):
+        if not valid_priority(priority):
             raise ObjectivesError(f"{source}: objective {name!r}: priority must be an integer in "
                                   f"{PRIORITY_RANGE[0]}..{PRIORITY_RANGE[1]}")
         out[name] = priority

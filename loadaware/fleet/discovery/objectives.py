@@ -7,15 +7,15 @@ kind InferencePool by default) and its priority (spec.priority, an integer; abse
 sheddable). The sidecar serving the InferencePool --inference-pool takes the objectives that reference it;
 a sidecar with no pool name (EndpointSlice discovery) takes every objective of its namespace.
 
-Pure part: objective_priority() and ObjectiveSet, the collection folded into {objective: priority}, bounded
-as an objectives file is (at most MAX_OBJECTIVES, priorities integers within PRIORITY_RANGE; the admission
-layer's own bounds, restated here because fleet/ may not import admission/): an objective outside them is
-skipped, logged and counted, never fatal. I/O part: InferenceObjectivesWatch follows the collection with
-ListWatch and hands the whole map to `on_change` (Objectives.set_cluster) after each list and each event
-that changes it. Fail open: while the API server fails, the last priorities stay; each failure is counted in
-loadaware_discovery_errors_total{source="inference-objectives"}. No InferenceObjective CRD (404) or no
-permission to read it (403) is a setup, not a failure: logged once, not counted, retried every
-`unavailable_retry_s`; the objectives file's priorities alone apply meanwhile.
+Pure part: objective_priority() and ObjectiveSet, the collection folded into {objective: priority}, bounded as an
+objectives file is (at most MAX_OBJECTIVES, priorities integers within PRIORITY_RANGE, names of at most
+MAX_NAME_CHARS; the bounds live here, and loadaware/admission/objectives.py checks a file with them): an objective
+outside them is skipped, logged and counted, never fatal. I/O part: InferenceObjectivesWatch follows the collection
+with ListWatch and hands the whole map to `on_change` (Objectives.set_cluster) after each list and each event that
+changes it. Fail open: while the API server fails, the last priorities stay; each failure is counted in
+loadaware_discovery_errors_total{source="inference-objectives"}. No InferenceObjective CRD (404) or no permission to
+read it (403) is a setup, not a failure: logged once, not counted, retried every `unavailable_retry_s`; the
+objectives file's priorities alone apply meanwhile.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from loadaware.fleet.discovery.kubernetes import ApiClientFactory
 from loadaware.fleet.discovery.listwatch import Collection, ListWatch
@@ -42,7 +42,7 @@ POOL_KIND = "InferencePool"
 # Role must grant at least this (k8s/inference-pool/pool/picker-rbac.yaml; tests/k8s checks it).
 API_CALLS = ((GROUP, PLURAL, ("list", "watch")),)
 
-# The bounds of an objectives file (loadaware/admission/objectives.py; tests check that they agree).
+# The bounds of an objective, from the cluster or an objectives file (loadaware/admission/objectives.py).
 DEFAULT_PRIORITY = 0
 MAX_OBJECTIVES = 10_000
 PRIORITY_RANGE = (-1_000_000, 1_000_000)
@@ -88,11 +88,16 @@ def objective_priority(obj: Mapping[str, Any], pool: str) -> tuple[str, int] | S
     priority = spec.get("priority") if isinstance(spec, Mapping) else None
     if priority is None:
         return name, DEFAULT_PRIORITY  # unset: the Inference Extension's default
-    if isinstance(priority, bool) or not isinstance(priority, int) or not (
-            PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]):
+    if not valid_priority(priority):
         return Skipped(name, f"priority {str(priority)[:40]!r} is not an integer in "
                              f"{PRIORITY_RANGE[0]}..{PRIORITY_RANGE[1]}")
     return name, priority
+
+
+def valid_priority(value: Any) -> TypeGuard[int]:
+    """An integer (not a bool) within PRIORITY_RANGE."""
+    return (not isinstance(value, bool) and isinstance(value, int)
+            and PRIORITY_RANGE[0] <= value <= PRIORITY_RANGE[1])
 
 
 class ObjectiveSet:
