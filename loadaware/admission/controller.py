@@ -128,16 +128,20 @@ class AdmissionController:
             return Verdict(True, priority, "admitted")
 
     def _has_room(self, priority: int) -> bool:
-        """Room for one more request of this priority, after the released requests not yet decided take theirs."""
-        if priority >= self.objectives.top():
-            return self.room.has_room() if not self._pending else self.room.total() - self._pending > 0
-        return self._lower_room() - self._pending > 0
+        """Room for one more request of this priority, after the admitted ones not yet decided take theirs."""
+        top = priority >= self.objectives.top()
+        if top and not self._pending:
+            return self.room.has_room()  # stops at the first engine with room
+        return self._room(top) > 0
 
-    def _lower_room(self) -> float:
-        """The free slots a band below the highest may take: beyond --reserved-slots per engine and beyond as
-        many more as the highest band has in flight (by Little's law about as many of its requests as arrive
-        in one service time), so that the free slots kept for it grow with its demand."""
-        return self.room.total(self.settings.reserved_slots) - len(self._top_inflight)
+    def _room(self, top: bool) -> float:
+        """The free slots the highest band (`top`) or a band below it may take, less the admitted requests not yet
+        decided. A lower band's: beyond --reserved-slots per engine and beyond as many more as the highest band
+        has in flight (by Little's law about as many of its requests as arrive in one service time), so that
+        the free slots kept for it grow with its demand."""
+        if top or not self.settings.reserved_slots:
+            return self.room.total() - self._pending
+        return self.room.total(self.settings.reserved_slots) - len(self._top_inflight) - self._pending
 
     def settled(self, verdict: Verdict, decision: Decision | None = None) -> None:
         """A request with this verdict has been decided: an admitted one's decision now shows in the room it
@@ -254,9 +258,7 @@ class AdmissionController:
             if self.queue:
                 # Each band's budget: the room beyond what it may not take, less the released not yet decided.
                 top = self.objectives.top()
-                budgets = {True: self.room.total() - self._pending}
-                budgets[False] = self._lower_room() - self._pending if self.settings.reserved_slots \
-                    else budgets[True]
+                budgets = {True: self._room(True), False: self._room(False)}
                 now = self.clock()
                 while self.queue:
                     priority = self.queue.next_priority()

@@ -20,7 +20,7 @@ while lower ones are held.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Protocol
 
 
@@ -82,13 +82,14 @@ class PoolRoom:
         return room(stats.running, stats.waiting, self.signals.snapshot_correction(endpoint),
                     self.slots.get(endpoint), self.queue)
 
+    def _eligible(self) -> Iterator[str]:
+        out = self.excluded()
+        return (endpoint for endpoint in self.endpoints() if endpoint not in out)
+
     def has_room(self, reserve: int = 0) -> bool:
         """Is any eligible endpoint's room above `reserve`? Stops at the first (the common case is cheap)."""
-        out = self.excluded()
         seen = False
-        for endpoint in self.endpoints():
-            if endpoint in out:
-                continue
+        for endpoint in self._eligible():
             seen = True
             if self.of(endpoint) > reserve:
                 return True
@@ -96,12 +97,9 @@ class PoolRoom:
 
     def total(self, reserve: int = 0) -> float:
         """The eligible endpoints' room beyond `reserve` each, together (unbounded if any has no bound)."""
-        out = self.excluded()
         total = 0.0
         seen = False
-        for endpoint in self.endpoints():
-            if endpoint in out:
-                continue
+        for endpoint in self._eligible():
             seen = True
             total += max(0.0, self.of(endpoint) - reserve)
             if total == math.inf:
@@ -110,11 +108,8 @@ class PoolRoom:
 
     def saturation(self) -> float:
         """The share of eligible endpoints with no room (0..1; at 1 every request is held)."""
-        out = self.excluded()
         n = full = 0
-        for endpoint in self.endpoints():
-            if endpoint in out:
-                continue
+        for endpoint in self._eligible():
             n += 1
             full += self.of(endpoint) <= 0
         return full / n if n else 0.0
