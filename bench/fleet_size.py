@@ -2,11 +2,13 @@
 long each holds the event loop.
 
     python -m bench.fleet_size [--quick] [--json] [--sizes 100,1000,10000] [--baseline GIT_REF] [--policy P]
+                               [--learned]
 
 `--policy` (default `loadaware`): the policy deciding. `loadaware`, `kvaware` and `leastload` score only a large
-pool's prefix holders and least-loaded endpoints (routing/pruning.py); `lane-spread`, the sidecar's default, and
-the other token-signal policies score every endpoint, so their decision grows with the fleet. `--baseline`
-measures the other commit with `loadaware`.
+pool's prefix holders and least-loaded endpoints; `lane-spread` scans the pool by load until its cost floor
+passes the best costs found (routing/pruning.py). `--learned`: every endpoint first learns its TTFT prices from
+a few first chunks, within 20% of the prior's (as on the response path; a BUFFERED sidecar keeps the prior's),
+which lowers lane-spread's floor. `--baseline` measures the other commit with `loadaware`.
 
 One sidecar per size, in this process, on static endpoints that are never contacted (the engines are not
 there: the scraper and the models poller are replaced by idle tasks, and every engine is recorded as
@@ -38,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import gc
 import json
 import os
@@ -65,6 +68,9 @@ from loadaware.app import Sidecar
 from loadaware.cli import settle_heap
 from loadaware.config import from_args
 from loadaware.fleet.models import ServedModels
+from loadaware.lifecycle import Decision
+from loadaware.policies import Candidate
+from loadaware.policies.ttft_model import TtftPrior
 from loadaware.routing.request import parse_body
 
 SIZES = (100, 1_000, 10_000)
@@ -74,6 +80,8 @@ TICK_S = 0.001
 OPS = ("idle", "busy_thread", "decide", "grpc_decide", "explain", "metrics", "debug_state", "debug_decisions",
        "full_gc")
 REPO = Path(__file__).resolve().parents[1]
+LESSONS = 3  # first chunks each endpoint learns its prices from (--learned)
+LEARNED_SPREAD = 0.2
 
 
 def fleet(n: int) -> list[str]:
@@ -234,7 +242,35 @@ def http_get(url: str) -> bytes:
         return bytes(resp.read())
 
 
-async def measure_size(n: int, reps: dict[str, int], policy: str = "loadaware") -> dict[str, Any]:
+def teach_prices(app: Sidecar, rng: random.Random, spread: float = LEARNED_SPREAD) -> None:
+    """Each endpoint's prefill clock learns from LESSONS first chunks, as on the response path, at TTFTs the
+    prior predicts times a factor drawn once per endpoint in [1 - spread, 1 + spread]: a fleet whose learned
+    prices differ a little, as same-model engines' do. The lessons are dated in the past (the signal tracker's
+    clock is set back while they are given), so every clock is idle afterwards."""
+    signals = app.signals
+    real = signals.clock
+    start = real() - 10.0 * (LESSONS + 2)
+    prior = TtftPrior()
+    try:
+        for ep in app.registry.snapshot():
+            factor = rng.uniform(1 - spread, 1 + spread)
+            for k in range(LESSONS):
+                uncached = 200 + 400 * k
+                at = start + 10.0 * k
+                d = Decision(f"lesson-{ep}-{k}", ep, "routed", (), uncached, (Candidate(ep, 0, 0.0),), (0.0,), {},
+                             0.0)
+                signals.clock = functools.partial(float, at)
+                app.lifecycle.decided(d)
+                ttft = (prior.base_s + prior.per_token_s * uncached) * factor
+                signals.clock = functools.partial(float, at + ttft)
+                app.lifecycle.first_chunk(d)
+                app.lifecycle.ended(d)
+    finally:
+        signals.clock = real
+
+
+async def measure_size(n: int, reps: dict[str, int], policy: str = "loadaware", learned: bool = False
+                       ) -> dict[str, Any]:
     flags = ["--endpoints", ",".join(fleet(n)), "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
              "--metrics-listen", "127.0.0.1:0", "--admin-http-listen", "127.0.0.1:0",
              "--prefix-source", "approx", "--policy", policy, "--log-level", "warning"]
@@ -253,6 +289,8 @@ async def measure_size(n: int, reps: dict[str, int], policy: str = "loadaware") 
     out: dict[str, Any] = {"endpoints": n}
     rng = random.Random(n)
     try:
+        if learned:
+            teach_prices(app, rng)
         # Warm the approximate index and leave requests open so loads differ.
         kept = []
         for i in range(OPEN_REQUESTS + 200):
@@ -340,12 +378,13 @@ async def measure_size(n: int, reps: dict[str, int], policy: str = "loadaware") 
     return out
 
 
-def run(quick: bool = False, sizes: Sequence[int] = SIZES, policy: str = "loadaware") -> dict[str, Any]:
+def run(quick: bool = False, sizes: Sequence[int] = SIZES, policy: str = "loadaware", learned: bool = False
+        ) -> dict[str, Any]:
     reps = {"decide": 50, "grpc_decide": 30, "explain": 5, "metrics": 2, "debug": 2, "full_gc": 2} if quick else \
         {"decide": 300, "grpc_decide": 200, "explain": 20, "metrics": 5, "debug": 5, "full_gc": 5}
     import loadaware
     return {"tree": str(Path(loadaware.__file__).resolve().parents[1]), "reps": reps, "policy": policy,
-            "sizes": [asyncio.run(measure_size(n, reps, policy)) for n in sizes]}
+            "learned": learned, "sizes": [asyncio.run(measure_size(n, reps, policy, learned)) for n in sizes]}
 
 
 def run_baseline(ref: str, quick: bool, sizes: Sequence[int]) -> dict[str, Any]:
@@ -400,10 +439,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="comma list of fleet sizes")
     p.add_argument("--baseline", default=None, help="a git ref to measure too, side by side ('before')")
     p.add_argument("--policy", default="loadaware", help="the policy deciding (default loadaware: pruned)")
+    p.add_argument("--learned", action="store_true",
+                   help=f"every endpoint learns its prices first (within +-{LEARNED_SPREAD:.0%} of the prior's)")
     args = p.parse_args(argv)
     sizes = tuple(int(s) for s in args.sizes.split(",") if s.strip())
     baseline = run_baseline(args.baseline, args.quick, sizes) if args.baseline else None
-    result = run(args.quick, sizes, args.policy)
+    result = run(args.quick, sizes, args.policy, args.learned)
     if args.json:
         print(json.dumps({**result, "baseline": baseline} if baseline else result, indent=2))
     else:

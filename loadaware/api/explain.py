@@ -60,10 +60,11 @@ def scraped(stats: EngineStats | None, now: float, stale_s: float) -> pb.Scraped
     return msg
 
 
-def working_set_view(candidates: Sequence[Candidate]) -> pb.WorkingSetView:
-    """The working-set values the decision's candidates carried (the same on each) and what they decided."""
+def working_set_view(candidates: Sequence[Candidate], pool_size: int | None = None) -> pb.WorkingSetView:
+    """The working-set values the decision's candidates carried (the same on each) and what they decided
+    (`pool_size`: the pool's endpoints, when a large pool's decision scored only part of it)."""
     first = candidates[0]
-    msg = pb.WorkingSetView(prefix_routes=first.prefix_routes, spreading=spreading(candidates))
+    msg = pb.WorkingSetView(prefix_routes=first.prefix_routes, spreading=spreading(candidates, pool_size))
     if first.cache_demand is not None:
         msg.cache_demand = first.cache_demand
     return msg
@@ -131,7 +132,7 @@ def explanation(decision: Decision, policy: Policy, beta: float, kind: str,
             models=models_for(c.endpoint), signals=token_signals(c, observed_ttft(c.endpoint)),
             queued_tokens=int(c.queued_tokens)))
     if candidates and policy.needs.working_set:
-        out.working_set.CopyFrom(working_set_view(candidates))
+        out.working_set.CopyFrom(working_set_view(candidates, decision.pool_size))
     return out
 
 

@@ -44,6 +44,9 @@ class PrefillClock:
     # Made at the first lesson (~780 B): an endpoint that never shows a first chunk (BUFFERED mode) keeps none.
     model: TtftModel | None = None
     price_s: float = _PRIOR_PRICE_S  # per uncached token, as of the last view
+    # The bounded prices of the last view and the model's observations then: they change only with a lesson,
+    # and a decision reads every candidate's.
+    _viewed: tuple[int, float, float, float] | None = None
 
     def idle(self, now: float) -> bool:
         return self.free_at - now < IDLE_S
@@ -69,9 +72,13 @@ class PrefillClock:
         m = self.model
         if m is None or m.observations == 0:
             return wait, None, None, None
+        viewed = self._viewed
+        if viewed is not None and viewed[0] == m.observations:
+            return wait, viewed[1], viewed[2], viewed[3]
         base, per_token, _, per_running = m.prices()
         p = _PRIOR
         base, per_token = bounded(base, p.base_s), bounded(per_token, p.per_token_s)
         per_running = bounded(per_running, p.per_running_s)
         self.price_s = per_token
+        self._viewed = (m.observations, base, per_token, per_running)
         return wait, base, per_token, per_running

@@ -28,16 +28,20 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from loadaware.lifecycle import Decision
 from loadaware.load.prefill_clock import PrefillClock
 from loadaware.load.prefill_estimate import TtftFromCounters
 from loadaware.load.tracker import EngineStats
-from loadaware.policies.ttft_model import TtftModel
+from loadaware.policies.base import Candidate
+from loadaware.policies.ttft_model import TtftModel, TtftPrior
 
 TTFT_EWMA_ALPHA = 0.1
+# The price floor is re-taken from every endpoint's last read prices this often (between, it only falls): a
+# price that rose stops holding the floor down within this long.
+FLOOR_REFRESH_S = 30.0
 
 
 @dataclass(slots=True, eq=False)
@@ -80,6 +84,14 @@ class SignalTracker:
         self.ttft_model = ttft_model
         self._by_endpoint: dict[str, EndpointSignals] = {}
         self.estimating = True  # until a first response chunk shows the response path is there
+        # The learned prices a large pool's scan may bound (routing/pruning.py, floored_candidates): the endpoints
+        # whose prefill clock learned since a scan last read it (a scan scores them, whatever their load), each
+        # other learned endpoint's prices as last read, and their lowest, which every unread endpoint's are at
+        # least (base, per token, per running).
+        self._unread: set[str] = set()
+        self._read: dict[str, tuple[float, float, float]] = {}
+        self._floor: tuple[float, float, float] | None = None
+        self._floor_at = 0.0
 
     def peek(self, endpoint: str) -> EndpointSignals | None:
         """The endpoint's signals as last settled, changing nothing: for readers off the event loop (the
@@ -175,6 +187,7 @@ class SignalTracker:
             s.model.observe(t.ahead, t.load, ttft, t.matched_ahead)
         if t.idle:
             s.prefill_clock.learn(t.uncached, t.load, ttft)
+            self._unread.add(t.endpoint)
 
     def on_ended(self, decision: Decision) -> None:
         t = decision.signals
@@ -236,3 +249,39 @@ class SignalTracker:
     # ---- the fleet ----
     def drop(self, endpoint: str) -> None:
         self._by_endpoint.pop(endpoint, None)
+        self._unread.discard(endpoint)
+        self._read.pop(endpoint, None)
+
+    # ---- the price floor a large pool's scan bounds costs with ----
+    def unread(self) -> set[str]:
+        """Endpoints whose learned prices changed since a scan last read them: a scan scores them."""
+        return self._unread
+
+    def read(self, candidates: Sequence[Candidate]) -> None:
+        """A scan read these candidates' prices (`Decider.signalled`): the floor takes them in."""
+        unread, floor = self._unread, self._floor
+        for c in candidates:
+            if c.endpoint not in unread:
+                continue
+            unread.discard(c.endpoint)
+            if c.idle_ttft_base_s is None or c.idle_ttft_per_token_s is None or c.idle_ttft_per_running_s is None:
+                continue
+            prices = (c.idle_ttft_base_s, c.idle_ttft_per_token_s, c.idle_ttft_per_running_s)
+            self._read[c.endpoint] = prices
+            floor = prices if floor is None else (min(floor[0], prices[0]), min(floor[1], prices[1]),
+                                                  min(floor[2], prices[2]))
+        self._floor = floor
+
+    def price_floor(self, prior: TtftPrior) -> TtftPrior:
+        """Prices no endpoint outside `unread` is below: the prior's (what an endpoint that never learned
+        uses) and every learned endpoint's as last read."""
+        now = self.clock()
+        if self._read and now - self._floor_at >= FLOOR_REFRESH_S:
+            self._floor_at = now
+            read = self._read.values()
+            self._floor = (min(p[0] for p in read), min(p[1] for p in read), min(p[2] for p in read))
+        floor = self._floor
+        if floor is None:
+            return prior
+        return TtftPrior(min(prior.base_s, floor[0]), min(prior.per_token_s, floor[1]),
+                         min(prior.per_running_s, floor[2]))

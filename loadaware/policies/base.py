@@ -62,6 +62,10 @@ class Needs:
     # An endpoint that holds nothing of the prompt scores by its load alone, ties to the lower load then the
     # name: a large pool scores only its holders and least-loaded endpoints (routing/pruning.py).
     prunable: bool = False
+    # A cost policy whose cost for an endpoint that holds nothing of the prompt has a floor that rises with the
+    # endpoint's load (LaneSpread.floor): a large pool scores its holders, then the rest in load order until the
+    # floor passes the best costs found (routing/pruning.py, floored_candidates).
+    floored: bool = False
     turns: bool = False  # takes turns over the fleet's lexical order (roundrobin's `turn`)
 
 

@@ -49,7 +49,11 @@ def within_bound(candidates: Sequence[Candidate], share: float = MAX_SHARE) -> l
 
 def bounded_costs(costs: list[float], candidates: Sequence[Candidate], share: float = MAX_SHARE) -> list[float]:
     """`costs` with the candidates past the bound priced out; unchanged when every one is eligible."""
-    cap = load_cap(candidates, share)
+    return priced_out(costs, candidates, load_cap(candidates, share))
+
+
+def priced_out(costs: list[float], candidates: Sequence[Candidate], cap: int | None) -> list[float]:
+    """`costs` with the candidates past `cap` (a pool's load_cap; None: unbounded) priced out."""
     if cap is None or max(x.load for x in candidates) + 1 <= cap:
         return costs
     return [x if c.load + 1 <= cap else x + PRICED_OUT for x, c in zip(costs, candidates)]

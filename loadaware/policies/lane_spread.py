@@ -19,6 +19,9 @@ requests routed there while it queued hold of the prompt (Needs.queued_prefixes,
 they are prefilled before this one is scheduled, so a later request for a new or evicted prefix follows the
 first one into the same queue instead of computing the prefix again on another engine.
 
+Over a large pool the pipeline scores the holders and then the rest by load only until `floor` (a lower bound on
+a non-holder's cost) passes the best costs found (Needs.floored, routing/pruning.py).
+
 How it fares against `lane` and the peers is in docs/findings.md and docs/results.md (figures live there, not
 here); no constant is tuned per workload: the thresholds are the fleet's capacity (1) and its size.
 """
@@ -30,17 +33,20 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from loadaware.policies.base import Candidate, Choice, Needs, lowest_cost
-from loadaware.policies.bounded import MAX_SHARE, bounded_costs
+from loadaware.policies.bounded import MAX_SHARE, load_cap, priced_out
 from loadaware.policies.lane import Lane
+from loadaware.policies.ttft_model import TtftPrior
 
 
-def spreading(candidates: Sequence[Candidate]) -> bool:
-    """Do the fleet's caches have room for another copy of this prompt's prefix, and is it popular enough?"""
+def spreading(candidates: Sequence[Candidate], pool_size: int | None = None) -> bool:
+    """Do the fleet's caches have room for another copy of this prompt's prefix, and is it popular enough?
+    `pool_size`: the pool's endpoints when the candidates are only part of it (routing/pruning.py)."""
     if not candidates:
         return False
     first = candidates[0]
     demand = first.cache_demand
-    return demand is not None and demand < 1.0 and first.prefix_routes >= len(candidates)
+    size = len(candidates) if pool_size is None else pool_size
+    return demand is not None and demand < 1.0 and first.prefix_routes >= size
 
 
 @dataclass
@@ -53,26 +59,37 @@ class LaneSpread(Lane):
         "lately (prefix_routes); lane's cost otherwise; a queueing endpoint's matched tokens include what the "
         "requests routed there while it queued hold of the prompt; lowest wins among the endpoints that carry "
         f"less than {MAX_SHARE:g} of the pool's load (pools of 3 or more)")
-    needs: ClassVar[Needs] = Needs(signals=True, working_set=True, queued_prefixes=True)
+    needs: ClassVar[Needs] = Needs(signals=True, working_set=True, queued_prefixes=True, floored=True)
     max_share: float = MAX_SHARE  # the pile-up guard (loadaware/policies/bounded.py); 1: off
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate], mean_load: float | None = None
                ) -> Choice | None:
         if not candidates:
             return None
-        costs = bounded_costs(self.costs(prompt_tokens, candidates), candidates, self.max_share)
-        return lowest_cost(costs, candidates)
+        costs = self.costs(prompt_tokens, candidates)
+        return lowest_cost(priced_out(costs, candidates, load_cap(candidates, self.max_share)), candidates)
 
     def costs(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> list[float]:
-        if not spreading(candidates):
-            return super().costs(prompt_tokens, candidates)
-        return in_flight_costs(self, prompt_tokens, candidates)
+        spread = spreading(candidates)
+        return [self.cost_in(prompt_tokens, c, spread) for c in candidates]
+
+    def cost_in(self, prompt_tokens: int, c: Candidate, spread: bool) -> float:
+        """c's cost, spreading or not."""
+        return in_flight_cost(self, prompt_tokens, c) if spread else self.cost(prompt_tokens, c)
+
+    def floor(self, prompt_tokens: int, load: float, prices: TtftPrior, spread: bool) -> float:
+        """A lower bound on the cost of any endpoint that holds nothing of the prompt and carries `load`, when
+        no endpoint's prices are below `prices`: its wait, decode batch and queue are at least 0."""
+        ttft = prices.base_s + prices.per_token_s * prompt_tokens + prices.per_running_s * load
+        return ttft * (load + 1) if spread else ttft
 
 
 def in_flight_costs(lane: Lane, prompt_tokens: int, candidates: Sequence[Candidate]) -> list[float]:
     """`lane`'s costs with the in-flight factor (load + 1) in place of its decode factor."""
-    out = []
-    for c in candidates:
-        own = lane.own_prefill_s(prompt_tokens, c)
-        out.append(lane._ttft_after(own, c) * (c.load + 1) + own * c.waiting)
-    return out
+    return [in_flight_cost(lane, prompt_tokens, c) for c in candidates]
+
+
+def in_flight_cost(lane: Lane, prompt_tokens: int, c: Candidate) -> float:
+    """`lane`'s cost of c with the in-flight factor (load + 1) in place of its decode factor."""
+    own = lane.own_prefill_s(prompt_tokens, c)
+    return lane._ttft_after(own, c) * (c.load + 1) + own * c.waiting

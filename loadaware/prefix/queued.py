@@ -153,6 +153,10 @@ class QueuedIndex:
                 alive |= held.bit
         return walk(self._holders, self._slots.names, alive, keys, self.unit_tokens) if alive else {}
 
+    def engines(self) -> list[str]:
+        """The engines some queued request is held on: the only ones a credit can reach."""
+        return list(self._engines)
+
     def blocks(self) -> dict[str, int]:
         # A copy first: /debug/state renders off the event loop, which may add or drop an engine meanwhile.
         return {name: len(held.refs) for name, held in list(self._engines.items())}
@@ -211,6 +215,10 @@ class QueuedPrefixes:
         added = credit(candidates, self.index, self.keys(tokens), len(tokens))
         if count:
             self.credited_tokens += added
+
+    def engines(self) -> list[str]:
+        """The engines `credit` may credit (empty while nothing is held)."""
+        return self.index.engines() if self.index else []
 
     def on_decided(self, decision: Decision) -> None:
         if decision.tokens and decision.endpoint is not None and queued_choice(decision):

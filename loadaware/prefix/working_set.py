@@ -160,8 +160,12 @@ def fill_candidates(candidates: Sequence[Candidate], working_set: WorkingSet, ke
     fleet's cache demand, and the popularity of the prompt's prefix held deepest anywhere in the fleet."""
     if not candidates:
         return
-    demand = working_set.demand()
-    routes = float(working_set.popularity(keys, max(c.matched_tokens for c in candidates) // BLOCK_TOKENS))
+    demand, routes = working_view(working_set, keys, max(c.matched_tokens for c in candidates))
     for c in candidates:
         c.cache_demand = demand
         c.prefix_routes = routes
+
+
+def working_view(working_set: WorkingSet, keys: Sequence[int], deepest_tokens: int) -> tuple[float | None, float]:
+    """(the fleet's cache demand, the popularity of the prompt's prefix held to `deepest_tokens`)."""
+    return working_set.demand(), float(working_set.popularity(keys, deepest_tokens // BLOCK_TOKENS))

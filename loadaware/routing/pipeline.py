@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Protocol, cast
 
 from loadaware.fleet.members import member_set
@@ -22,12 +23,14 @@ from loadaware.lifecycle import Decision, RequestLifecycle, preview, previewing
 from loadaware.load.order import LoadOrder
 from loadaware.load.signals import SignalTracker
 from loadaware.policies import Candidate, Choice, Needs, Policy, ranked
-from loadaware.policies.bounded import pool_cap
+from loadaware.policies.base import lowest_cost
+from loadaware.policies.bounded import PRICED_OUT, pool_cap
+from loadaware.policies.ttft_model import TtftPrior
 from loadaware.prefix.queued import QueuedPrefixes
 from loadaware.prefix.source import PrefixSource, PrefixUnavailable, PromptTokens
-from loadaware.prefix.working_set import BLOCK_TOKENS, WorkingSet, fill_candidates, sampled_keys
+from loadaware.prefix.working_set import BLOCK_TOKENS, WorkingSet, sampled_keys, working_view
 from loadaware.routing.affinity import SessionAffinity, saturated
-from loadaware.routing.pruning import MIN_POOL, pruned_candidates, round_robin_candidates
+from loadaware.routing.pruning import MIN_POOL, floored_candidates, pool_load, pruned_candidates, round_robin_candidates
 from loadaware.routing.request import InferenceRequest
 from loadaware.telemetry.faults import RateLimitedLog, describe
 from loadaware.tokenize.tokenizer import TokenHead, TokenizerBusy
@@ -67,6 +70,19 @@ class TakesTurns(Protocol):
     """A policy with Needs.turns: the endpoint whose turn it is, out of n in lexical order (roundrobin)."""
 
     def turn(self, n: int) -> int: ...
+
+
+class Floored(Protocol):
+    """A policy with Needs.floored (lane-spread): its cost per candidate (lowest wins, ties as lowest_cost
+    breaks them) and a floor under the cost of any endpoint that holds nothing of the prompt
+    (policies/lane_spread.py)."""
+
+    prior: TtftPrior
+    max_share: float
+
+    def cost_in(self, prompt_tokens: int, c: Candidate, spread: bool) -> float: ...
+
+    def floor(self, prompt_tokens: int, load: float, prices: TtftPrior, spread: bool) -> float: ...
 
 
 class Decider:
@@ -270,8 +286,14 @@ class Decider:
         try:
             # Round robin's shortcut scores only the turn and the least loaded: a sticky endpoint needs the pool.
             turn = self._round_robin_turn(endpoints, excluded) if sticky is None else None
+            floored = None
+            if turn is None and self.needs.floored:
+                floored = self._floored(endpoints, excluded, matches, n_tokens, tokens, sampled, count, reasons,
+                                        sticky)
             if turn is not None:
                 candidates, choice = turn
+            elif floored is not None:
+                candidates, choice, mean = floored
             else:
                 candidates, mean = self._scored(endpoints, excluded, matches, n_tokens, reasons, sticky)
                 if self.queued is not None and tokens:
@@ -346,6 +368,67 @@ class Decider:
                                          self.registry.position, excluded, keep)
         return self._plain(endpoints, excluded, matches, n_tokens, reasons), None
 
+    def _floored(self, endpoints: tuple[str, ...], excluded: frozenset[str], matches: dict[str, int], n_tokens: int,
+                 tokens: list[int], sampled: list[int] | None, count: bool, reasons: list[str], keep: str | None
+                 ) -> tuple[tuple[Candidate, ...], Choice, float] | None:
+        """A floored policy's decision over a large pool (routing/pruning.py, floored_candidates): its holders,
+        the endpoints it must score whatever their load (prices learned since last read, engines a queued
+        prompt may credit, the session's endpoint), then the rest in load order until none can rank. Returns
+        (candidates in pool order, the choice, the pool's mean load); None: score the pool as usual."""
+        signals = self.signals
+        if self.ranking is None or signals is None or len(endpoints) < MIN_POOL:
+            return None
+        order = self.ranking.ordered()
+        fleet = self.registry.snapshot()
+        if len(order) != len(fleet):  # the order holds exactly the fleet (joined and dropped with it)
+            return None
+        policy = cast(Floored, self.policy)
+        whole = endpoints is fleet
+        members = self.registry.members() if whole else frozenset(endpoints)
+
+        def in_pool(ep: str) -> bool:
+            return ep in members and ep not in excluded
+
+        must = {ep: min(n, n_tokens) for ep, n in matches.items() if n > 0 and in_pool(ep)}
+        always = (*signals.unread(), *(self.queued.engines() if self.queued is not None else ()),
+                  *((keep,) if keep is not None else ()))
+        for ep in always:
+            if in_pool(ep):
+                must.setdefault(ep, 0)
+        now = signals.clock()
+        load_of = order.load
+        scored = [self.signalled(ep, matched, load_of(ep) or 0.0, now) for ep, matched in must.items()]
+        signals.read(scored)
+        if self.queued is not None and tokens:
+            self._credit_queued(tuple(scored), tokens, count, reasons)
+        demand, routes = self._working_view(scored, sampled, reasons)
+        size = len(endpoints) - len(excluded)
+        total = pool_load(order, endpoints, whole, excluded)
+        spread = demand is not None and demand < 1.0 and routes >= size
+        cap = pool_cap(total, size, policy.max_share)
+        prices = signals.price_floor(policy.prior)
+
+        def guard(load: float) -> float:
+            return PRICED_OUT if cap is not None and load + 1 > cap else 0.0
+
+        def cost(c: Candidate) -> float:
+            return policy.cost_in(n_tokens, c, spread) + guard(c.load)
+
+        scored_costs = [cost(c) for c in scored]
+        rest, rest_costs = floored_candidates(
+            order, lambda ep: ep in must or not in_pool(ep), scored, scored_costs, 1 + self.fallbacks,
+            lambda ep, load: self.signalled(ep, 0, load, now), cost,
+            lambda load: policy.floor(n_tokens, load, prices, spread) + guard(load))
+        # The policy's choice over the pool, from the costs it priced (the guard's included): in pool order.
+        position = self.registry.position
+        pairs = sorted(zip((*scored, *rest), (*scored_costs, *rest_costs)),
+                       key=lambda pair: position(pair[0].endpoint))
+        candidates = tuple(c for c, _ in pairs)
+        if sampled is not None:
+            for c in candidates:
+                c.cache_demand, c.prefix_routes = demand, routes
+        return candidates, lowest_cost([x for _, x in pairs], candidates), total / size
+
     def _sticky(self, session: str, reasons: list[str]) -> str | None:
         """The endpoint the session is bound to (None: affinity off, no binding, or the store failed)."""
         affinity = self.affinity
@@ -409,19 +492,31 @@ class Decider:
         """The working set's view on every candidate, its capacity first brought up to the fleet's last
         scraped one. If that fails the candidates keep their defaults (cache demand unknown: the policy
         reads the fleet as having no room to spare) and the decision says so."""
+        if not candidates:
+            return
+        demand, routes = self._working_view(candidates, sampled, reasons)
+        for c in candidates:
+            c.cache_demand, c.prefix_routes = demand, routes
+
+    def _working_view(self, candidates: Sequence[Candidate], sampled: list[int] | None, reasons: list[str]
+                      ) -> tuple[float | None, float]:
+        """(the fleet's cache demand, the popularity of the prompt's prefix held deepest among `candidates`),
+        the working set's capacity first brought up to the fleet's last scraped one. (None, 0): no working set
+        or prompt, or it failed (cache demand unknown: the policy reads the fleet as having no room to spare),
+        and the decision says so."""
         ws = self.working_set
-        assert ws is not None
+        if ws is None or sampled is None:
+            return None, 0.0
         try:
             if self._fleet_capacity is not None:
                 capacity = self._fleet_capacity()
                 if capacity != self._capacity_seen:
                     self._capacity_seen = capacity
                     ws.set_capacity(capacity / BLOCK_TOKENS)
-            fill_candidates(candidates, ws, sampled)
+            return working_view(ws, sampled, max((c.matched_tokens for c in candidates), default=0))
         except Exception as exc:  # noqa: BLE001 - advice lost, the decision goes on without it
-            for c in candidates:
-                c.cache_demand, c.prefix_routes = None, 0.0
             _degraded(reasons, "working_set_error", exc)
+            return None, 0.0
 
     def _plain(self, endpoints: tuple[str, ...], excluded: frozenset[str], matches: dict[str, int], n_tokens: int,
                reasons: list[str]) -> tuple[Candidate, ...]:

@@ -14,7 +14,8 @@ so ties closer than the policies' float tolerance resolve as they do over the fu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+import heapq
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from loadaware.load.order import LoadOrder
 from loadaware.policies import Candidate
@@ -39,20 +40,69 @@ def pruned_candidates(order: LoadOrder, pool: tuple[str, ...], members: Collecti
         held[keep] = 0
     load_of = order.load
     size = len(pool) - len(excluded)
+    total = pool_load(order, pool, whole_fleet, excluded)
     if whole_fleet:
-        total = order.total - sum(load_of(ep) or 0.0 for ep in excluded)
         rest = order.least(limit, lambda ep: ep in held or ep in excluded) if excluded else \
             order.least(limit, held.__contains__)
     else:
-        total = 0.0
-        for ep in pool:
-            total += load_of(ep) or 0.0
-        total -= sum(load_of(ep) or 0.0 for ep in excluded)
         rest = order.least(limit, lambda ep: ep in held or ep not in members or ep in excluded)
     mean = total / size if size > 0 else 0.0
     chosen = sorted((*held, *rest), key=position)
     candidates = tuple(Candidate(ep, held.get(ep, 0), load_of(ep) or 0.0) for ep in chosen)
     return candidates, mean
+
+
+def pool_load(order: LoadOrder, pool: tuple[str, ...], whole_fleet: bool, excluded: Collection[str]) -> float:
+    """The total load of `pool` less `excluded` (`whole_fleet`: the pool is every endpoint of the order, whose
+    running sum it is then)."""
+    load_of = order.load
+    if whole_fleet:
+        total = order.total
+    else:
+        total = 0.0
+        for ep in pool:
+            total += load_of(ep) or 0.0
+    return total - sum(load_of(ep) or 0.0 for ep in excluded)
+
+
+def floored_candidates(order: LoadOrder, skip: Callable[[str], bool], scored: Sequence[Candidate],
+                       scored_costs: Sequence[float], limit: int, build: Callable[[str, float], Candidate],
+                       cost: Callable[[Candidate], float], floor: Callable[[float], float]
+                       ) -> tuple[list[Candidate], list[float]]:
+    """The endpoints a floored policy (Needs.floored) must score beside `scored` (its holders and the few it
+    always scores, whose costs are `scored_costs`), least loaded first: each one `skip` does not name, until
+    `floor(load)` reaches the `limit`-th lowest cost found among the scanned and the scored holders (matched
+    tokens > 0). Returns them and their costs.
+
+    Why nothing after that can be among the choice and its `limit - 1` fallbacks: an unscanned endpoint holds
+    nothing, so its cost is at least floor(its load) (the policy's bound), and floor never falls as the load
+    rises, so it is at least that `limit`-th cost; at equal cost it ranks after each of those `limit` (a holder
+    by its longer match, a scanned endpoint by its lower load or, at equal load, its lexically smaller name:
+    the order's). `cost` and `floor` include the pile-up guard's price. `build(endpoint, load)`: its candidate."""
+    worst: list[float] = []  # the `limit` lowest costs so far, negated (a max-heap)
+    for c, x in zip(scored, scored_costs):
+        if c.matched_tokens > 0:
+            _keep_lowest(worst, x, limit)
+    out: list[Candidate] = []
+    costs: list[float] = []
+    for load, ep in order.ascending():
+        if skip(ep):
+            continue
+        if len(worst) >= limit and floor(load) >= -worst[0]:
+            break
+        c = build(ep, load)
+        x = cost(c)
+        out.append(c)
+        costs.append(x)
+        _keep_lowest(worst, x, limit)
+    return out, costs
+
+
+def _keep_lowest(worst: list[float], x: float, limit: int) -> None:
+    if len(worst) < limit:
+        heapq.heappush(worst, -x)
+    elif x < -worst[0]:
+        heapq.heapreplace(worst, -x)
 
 
 def round_robin_candidates(order: LoadOrder, pick: str, limit: int, position: Callable[[str], int]

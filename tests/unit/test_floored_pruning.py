@@ -1,0 +1,249 @@
+"""A floored policy (lane-spread, Needs.floored) over a large pool scores its holders, the endpoints it must
+score, and the rest in load order only until the cost floor passes the best costs found
+(routing/pruning.py, floored_candidates); it must rank exactly what scoring every endpoint ranks.
+
+Two deciders share one load tracker, registry, signal tracker, working set and queued-prompt index: one with
+the load order (the scan), one scoring every endpoint. Randomized, seeded: counted decisions book the prefill
+clocks and loads, first chunks teach the clocks' TTFT models (learned prices that vary per endpoint, within
+their bounds), scrapes bring queues (queued-prefix credit and the waiting term) and a KV capacity (the working
+set's demand, so the policy spreads once a prefix is popular), the clock advances, requests end, the fleet
+changes, and 0-4 fallbacks are asked for."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+
+from loadaware.fleet.registry import EndpointRegistry
+from loadaware.lifecycle import Decision, RequestLifecycle
+from loadaware.load.order import LoadOrder
+from loadaware.load.signals import SignalTracker
+from loadaware.load.tracker import EngineStats, LoadTracker
+from loadaware.policies import Candidate, make_policy
+from loadaware.policies.lane_spread import LaneSpread
+from loadaware.policies.ttft_model import TtftPrior
+from loadaware.prefix.working_set import WorkingSet
+from loadaware.routing.pipeline import Decider
+from loadaware.routing.pruning import floored_candidates
+from loadaware.routing.request import InferenceRequest
+
+STEPS = 700
+
+
+class Fixed:
+    name = "fixed"
+
+    def __init__(self) -> None:
+        self.answer: dict[str, int] = {}
+
+    async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...],
+                      salt: str | None = None) -> dict[str, int]:
+        return {ep: n for ep, n in self.answer.items() if ep in endpoints}
+
+
+class Joins:
+    def __init__(self, tracker: LoadTracker, signals: SignalTracker) -> None:
+        self.tracker, self.signals = tracker, signals
+
+    def on_added(self, endpoint: str) -> None:
+        self.tracker.join(endpoint)
+
+    def on_removed(self, endpoint: str) -> None:
+        self.tracker.drop(endpoint)
+        self.signals.drop(endpoint)
+
+    def on_changed(self, endpoints: tuple[str, ...]) -> None:
+        pass
+
+
+def prompt_of(family: int, i: int) -> list[int]:
+    return [1000 * (family + 1) + t for t in range(256)] + [7, family, i % 5]
+
+
+def test_the_floored_scan_ranks_as_scoring_every_endpoint() -> None:
+    rng = random.Random("floored")
+    now = [1000.0]
+    tracker = LoadTracker(stale_s=2.0, clock=lambda: now[0])
+    signals = SignalTracker(clock=lambda: now[0])
+    eps = [f"10.0.{i // 250}.{i % 250 + 1}:8000" for i in range(120)]
+    rng.shuffle(eps)
+    registry = EndpointRegistry(eps)
+    for ep in eps:
+        tracker.join(ep)
+    registry.subscribe(Joins(tracker, signals))
+    lifecycle = RequestLifecycle()
+    lifecycle.subscribe(tracker)
+    lifecycle.subscribe(signals)
+    lifecycle.subscribe_progress(signals)
+    source = Fixed()
+    working_set = WorkingSet()
+    scan = Decider(make_policy("lane-spread", 1.0), registry, tracker, lifecycle, prefix_source=source,
+                   fallbacks=2, ranking=tracker, signals=signals, working_set=working_set)
+    full = Decider(make_policy("lane-spread", 1.0), registry, tracker, RequestLifecycle(), prefix_source=source,
+                   fallbacks=2, signals=signals, working_set=working_set)
+    full.queued = scan.queued  # one index of queued prompts, held by the counted decisions
+    seen = {"pruned": 0, "spread": 0, "learned": 0, "credited": 0, "queueing": 0}
+    open_decisions: list[Decision] = []
+    queueing = eps[:8]  # engines whose scrapes show an admission queue now and then
+
+    async def run() -> None:
+        for step in range(STEPS):
+            roll = rng.random()
+            if roll < 0.3:
+                ep = rng.choice(queueing if rng.random() < 0.7 else registry.snapshot())
+                waiting = rng.choice((0, 1, 4)) if ep in queueing else 0
+                tracker.record(ep, EngineStats(rng.randrange(6), waiting, 0.5, now[0],
+                                               kv_capacity_tokens=200_000.0))
+            elif roll < 0.3:
+                now[0] += rng.choice((0.001, 0.02, 0.2, 1.0, 3.0))  # clocks drain, some scrapes go stale
+            elif roll < 0.32:
+                kept = [ep for ep in eps if rng.random() < 0.95]
+                registry.set(kept or eps)
+            if open_decisions and rng.random() < 0.5:
+                d = open_decisions[rng.randrange(len(open_decisions))]
+                if not d.first_chunk and rng.random() < 0.7:
+                    now[0] += rng.uniform(0.0, 0.05)
+                    lifecycle.first_chunk(d)  # teaches the clock when decided idle
+                else:
+                    open_decisions.remove(d)
+                    lifecycle.ended(d)
+            family = rng.choice((0, 0, 0, 1, 2))
+            live = registry.snapshot()
+            holders = rng.sample(live, rng.choice((0, 1, 2, 5))) + [ep for ep in queueing if ep in live][:2]
+            source.answer = {ep: rng.choice((16, 128, 256)) for ep in holders}
+            fallbacks = rng.randrange(5)
+            scan.fallbacks = full.fallbacks = fallbacks
+            request = InferenceRequest(kind="completions", model=None, prompt=prompt_of(family, step))
+            want = await full.decide(request, f"full-{step}", count=False)
+            got = await scan.decide(request, f"scan-{step}")
+            assert got.ranked == want.ranked, f"step {step}"
+            assert got.reasons == want.reasons, f"step {step}"
+            assert got.pool_size == want.pool_size
+            scores = dict(zip((c.endpoint for c in want.candidates), want.scores))
+            for c, score in zip(got.candidates, got.scores):
+                assert score == scores[c.endpoint], f"step {step}: {c.endpoint}"
+            seen["pruned"] += len(got.candidates) < len(want.candidates) // 2
+            seen["spread"] += got.candidates[0].prefix_routes >= got.pool_size and \
+                (got.candidates[0].cache_demand or 1.0) < 1.0
+            seen["learned"] += any(c.idle_ttft_per_token_s is not None for c in want.candidates)
+            seen["credited"] += any(c.queued_tokens > 0 for c in got.candidates)
+            seen["queueing"] += any(c.waiting > 0 for c in want.candidates)
+            open_decisions.append(got)
+
+    asyncio.run(run())
+    # The randomized states reached what the scan must get right, and the scan pruned.
+    assert all(n > 10 for n in seen.values()), seen
+
+
+def test_the_scan_stops_where_the_floor_passes_the_best_costs() -> None:
+    """Idle endpoints at the prior's prices cost exactly the floor at load 0: after the `limit` cheapest, the
+    scan stops at the next one (it would lose the tie on its name)."""
+    policy = LaneSpread()
+    order = LoadOrder()
+    eps = [f"e{i:03d}" for i in range(200)]
+    for i, ep in enumerate(eps):
+        order.set(ep, float(i % 4))
+    built: list[str] = []
+
+    def build(ep: str, load: float) -> Candidate:
+        built.append(ep)
+        return Candidate(ep, 0, load)
+
+    def cost(c: Candidate) -> float:
+        return policy.cost_in(100, c, False)
+
+    def floor(load: float) -> float:
+        return policy.floor(100, load, TtftPrior(), False)
+
+    rest, costs = floored_candidates(order, lambda ep: False, [], [], 3, build, cost, floor)
+    assert [c.endpoint for c in rest] == built == ["e000", "e004", "e008"]
+    assert costs == [floor(0.0)] * 3
+    # A holder cheaper than any idle endpoint leaves only the `limit` - 1 others to find.
+    holder = Candidate("e199", 100, 3.0)
+    rest, _ = floored_candidates(order, "e199".__eq__, [holder], [cost(holder)], 3, build, cost, floor)
+    assert [c.endpoint for c in rest] == ["e000", "e004"]
+
+
+def taught(lifecycle: RequestLifecycle, endpoint: str, ttft_s: float, now: list[float], n: int) -> None:
+    """n requests on `endpoint`, each decided on its idle clock and answered after ttft_s: its prices learn."""
+    for i in range(n):
+        d = Decision(f"teach-{endpoint}-{i}", endpoint, "routed", (), 200, (Candidate(endpoint, 0, 0.0),), (0.0,),
+                     {}, 0.0)
+        lifecycle.decided(d)
+        now[0] += ttft_s
+        lifecycle.first_chunk(d)
+        lifecycle.ended(d)
+        now[0] += 1.0  # its clock drains: the next one is decided idle too
+
+
+def test_an_endpoint_that_learned_it_is_fast_is_found_behind_the_idle_ones() -> None:
+    """Every endpoint idle at the prior's prices but one, busier, that learned it prefills twice as fast: it
+    costs least although the scan meets it last; the scan scores it because it learned since a scan last read
+    it, and later scans because the price floor took its prices in (and so visit every endpoint whose floor is
+    below its cost: a fleet whose learned prices differ prunes less)."""
+    now = [1000.0]
+    tracker = LoadTracker(stale_s=2.0, clock=lambda: now[0])
+    signals = SignalTracker(clock=lambda: now[0])
+    eps = [f"10.0.0.{i + 1}:8000" for i in range(100)]
+    fast = eps[-1]
+    registry = EndpointRegistry(eps)
+    for ep in eps:
+        tracker.join(ep)
+    lifecycle = RequestLifecycle()
+    for listener in (tracker, signals):
+        lifecycle.subscribe(listener)
+    lifecycle.subscribe_progress(signals)
+    taught(lifecycle, fast, 0.001, now, 12)
+    for ep in (*eps[-10:], *eps[:3]):  # a request in flight on each: `fast` is the last in load order, and the
+        # pile-up guard leaves it eligible
+        lifecycle.decided(Decision(f"busy-{ep}", ep, "routed", (), 10, (Candidate(ep, 0, 0.0),), (0.0,), {}, 0.0))
+    now[0] += 1.0
+    scan = Decider(make_policy("lane-spread", 1.0), registry, tracker, lifecycle, prefix_source=Fixed(),
+                   ranking=tracker, signals=signals)
+    full = Decider(make_policy("lane-spread", 1.0), registry, tracker, RequestLifecycle(), prefix_source=Fixed(),
+                   signals=signals)
+    request = InferenceRequest(kind="completions", model=None, prompt=list(range(2000)))
+
+    async def both() -> tuple[Decision, Decision]:
+        return (await scan.decide(request, "scan", count=False), await full.decide(request, "full", count=False))
+
+    for _ in range(2):  # the first scan reads its new prices, the second bounds it by the floor
+        got, want = asyncio.run(both())
+        assert want.endpoint == fast and got.ranked == want.ranked
+    assert fast not in signals.unread()
+
+
+def test_the_price_floor_is_the_lowest_read_and_rises_after_a_refresh() -> None:
+    now = [0.0]
+    signals = SignalTracker(clock=lambda: now[0])
+    lifecycle = RequestLifecycle()
+    lifecycle.subscribe(signals)
+    lifecycle.subscribe_progress(signals)
+    prior = TtftPrior()
+    assert signals.price_floor(prior) == prior
+    taught(lifecycle, "a", 0.001, now, 12)
+    taught(lifecycle, "b", 0.5, now, 12)
+    assert signals.unread() == {"a", "b"}
+
+    def read(ep: str) -> Candidate:
+        lane_wait, base, per_token, per_running = signals.get(ep).prefill_clock.view(now[0])  # type: ignore[union-attr]
+        return Candidate(ep, 0, 0.0, lane_wait_s=lane_wait, idle_ttft_base_s=base, idle_ttft_per_token_s=per_token,
+                         idle_ttft_per_running_s=per_running)
+
+    a, b = read("a"), read("b")
+    signals.read([a, b])
+    assert not signals.unread()
+    floor = signals.price_floor(prior)
+    assert floor.base_s == min(prior.base_s, a.idle_ttft_base_s, b.idle_ttft_base_s)  # type: ignore[type-var]
+    assert floor.per_token_s == min(prior.per_token_s, a.idle_ttft_per_token_s,  # type: ignore[type-var]
+                                    b.idle_ttft_per_token_s)
+    assert floor.base_s < prior.base_s
+    # "a" slows down: until it is read again it is unread (a scan scores it), and once read, the floor rises to
+    # the lowest read prices at the next refresh.
+    taught(lifecycle, "a", 0.5, now, 40)
+    assert signals.unread() == {"a"}
+    signals.read([read("a")])
+    now[0] += 31.0
+    bases = [read(ep).idle_ttft_base_s for ep in ("a", "b")]
+    assert signals.price_floor(prior).base_s == min(prior.base_s, *(b for b in bases if b is not None)) > floor.base_s
