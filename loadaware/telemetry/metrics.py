@@ -1,6 +1,7 @@
 """Every Prometheus metric the sidecar exports, declared in one place.
 
-Label children are cached: the hot path pays a dictionary lookup and an increment, not a label parse.
+Label children are cached: the hot path pays a dictionary lookup and an increment, not a label parse. The
+per-endpoint gauges are TableGauges (telemetry/table_gauge.py): plain numbers the garbage collector never walks.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ import contextlib
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from loadaware.telemetry.table_gauge import TableGauge
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -38,13 +41,13 @@ class Metrics:
                                     registry=r)
         self.unmapped_holders = Counter("loadaware_lmcache_unmapped_holders",
                                         "LMCache holders that mapped to no live endpoint", ["kind"], registry=r)
-        self.inflight = Gauge("loadaware_inflight_requests", "Requests this sidecar has in flight per endpoint",
+        self.inflight = TableGauge("loadaware_inflight_requests", "Requests this sidecar has in flight per endpoint",
                               ["endpoint"], registry=r)
-        self.scraped_running = Gauge("loadaware_engine_running", "Scraped vllm:num_requests_running",
+        self.scraped_running = TableGauge("loadaware_engine_running", "Scraped vllm:num_requests_running",
                                      ["endpoint"], registry=r)
-        self.scraped_waiting = Gauge("loadaware_engine_waiting", "Scraped vllm:num_requests_waiting",
+        self.scraped_waiting = TableGauge("loadaware_engine_waiting", "Scraped vllm:num_requests_waiting",
                                      ["endpoint"], registry=r)
-        self.scraped_kv = Gauge("loadaware_engine_kv_cache_usage", "Scraped vllm:kv_cache_usage_perc",
+        self.scraped_kv = TableGauge("loadaware_engine_kv_cache_usage", "Scraped vllm:kv_cache_usage_perc",
                                 ["endpoint"], registry=r)
         self.scrape_failures = Counter("loadaware_scrape_failures", "Failed engine scrapes",
                                        ["endpoint", "reason"], registry=r)
@@ -73,25 +76,25 @@ class Metrics:
         self.responses = Counter("loadaware_responses", "Responses seen on the response path, by the endpoint "
                                  "that served and status class (2xx, 4xx, 5xx, ...)", ["endpoint", "code"],
                                  registry=r)
-        self.routing_state = Gauge("loadaware_endpoint_routing_state", "1 for each endpoint's failure-aware routing "
-                                   "state: healthy, ejected (out of rotation), probing (one request at a time)",
+        self.routing_state = TableGauge("loadaware_endpoint_routing_state", "1 for each endpoint's failure-aware "
+                                   "routing state: healthy, ejected (out of rotation), probing (one request at a time)",
                                    ["endpoint", "state"], registry=r)
         self.ejections = Counter("loadaware_endpoint_ejections", "Endpoints taken out of rotation, by reason "
                                  "(http_5xx, timeout, passed_over, unreachable)", ["endpoint", "reason"],
                                  registry=r)
         # Token-level signals per endpoint (loadaware/load/signals.py), set when /metrics is read.
-        self.signal_prefill = Gauge("loadaware_endpoint_prefill_tokens", "Uncached prompt tokens routed to the "
+        self.signal_prefill = TableGauge("loadaware_endpoint_prefill_tokens", "Uncached prompt tokens routed to the "
                                     "endpoint whose first response chunk has not passed yet", ["endpoint"], registry=r)
-        self.signal_uncached = Gauge("loadaware_endpoint_uncached_tokens_in_flight", "Uncached prompt tokens of the "
-                                     "requests in flight on the endpoint", ["endpoint"], registry=r)
-        self.signal_decoding = Gauge("loadaware_endpoint_decoding_requests", "Own requests on the endpoint past "
+        self.signal_uncached = TableGauge("loadaware_endpoint_uncached_tokens_in_flight", "Uncached prompt tokens of "
+                                     "the requests in flight on the endpoint", ["endpoint"], registry=r)
+        self.signal_decoding = TableGauge("loadaware_endpoint_decoding_requests", "Own requests on the endpoint past "
                                      "their first response chunk", ["endpoint"], registry=r)
-        self.signal_ttft = Gauge("loadaware_endpoint_observed_ttft_seconds", "Observed time to first response "
+        self.signal_ttft = TableGauge("loadaware_endpoint_observed_ttft_seconds", "Observed time to first response "
                                  "chunk on the endpoint (EWMA)", ["endpoint"], registry=r)
-        self.signal_lane = Gauge("loadaware_endpoint_prefill_lane_seconds", "Seconds until the prefill work routed "
-                                 "to the endpoint is done, by the sidecar's prefill clock at the endpoint's learned "
-                                 "speed", ["endpoint"], registry=r)
-        self.endpoint_models = Gauge("loadaware_endpoint_models", "1 for each model an endpoint serves (served "
+        self.signal_lane = TableGauge("loadaware_endpoint_prefill_lane_seconds", "Seconds until the prefill work "
+                                 "routed to the endpoint is done, by the sidecar's prefill clock at the endpoint's "
+                                 "learned speed", ["endpoint"], registry=r)
+        self.endpoint_models = TableGauge("loadaware_endpoint_models", "1 for each model an endpoint serves (served "
                                      "names and LoRA adapters, from its /v1/models)", ["endpoint", "model"],
                                      registry=r)
         self.models_fetch_failures = Counter("loadaware_models_fetch_failures", "Failed /v1/models fetches (the "
@@ -171,15 +174,15 @@ class Metrics:
                                  ["reason"], registry=r)
         self.kv_decode_errors = Counter("loadaware_kv_events_decode_errors", "KV-event messages that could not "
                                         "be decoded", registry=r)
-        self.kv_connected = Gauge("loadaware_kv_events_connected", "1 while the engine's KV-event publisher is "
+        self.kv_connected = TableGauge("loadaware_kv_events_connected", "1 while the engine's KV-event publisher is "
                                   "connected", ["endpoint"], registry=r)
-        self.kv_index_blocks = Gauge("loadaware_kv_index_blocks", "Blocks the KV-events index holds per engine",
+        self.kv_index_blocks = TableGauge("loadaware_kv_index_blocks", "Blocks the KV-events index holds per engine",
                                      ["endpoint"], registry=r)
         self.kv_index_bytes = Gauge("loadaware_kv_index_bytes", "Estimated memory of the KV-events index",
                                     registry=r)
         self.kv_index_limit = Gauge("loadaware_kv_index_max_blocks", "Bound on the KV-events index, in blocks "
                                     "summed over engines", registry=r)
-        self.approx_blocks = Gauge("loadaware_approx_index_blocks", "APPROXIMATE: blocks the sidecar guesses each "
+        self.approx_blocks = TableGauge("loadaware_approx_index_blocks", "APPROXIMATE: blocks the sidecar guesses each "
                                    "engine holds, from its own routing decisions", ["endpoint"], registry=r)
         self.approx_bytes = Gauge("loadaware_approx_index_bytes", "Estimated memory of the approximate index",
                                   registry=r)

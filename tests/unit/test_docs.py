@@ -71,15 +71,16 @@ DASHBOARD = REPO / "k8s" / "monitoring" / "loadaware-dashboard.json"
 # ---- what the code has ----
 
 def declared_metrics() -> dict[str, str]:
-    """Every `loadaware_*` metric the sidecar declares: name -> Counter, Gauge or Histogram."""
+    """Every `loadaware_*` metric the sidecar declares: name -> Counter, Gauge or Histogram (a TableGauge, the
+    per-endpoint gauge kept as plain numbers, exports as a Gauge)."""
     out: dict[str, str] = {}
     for path in (REPO / "loadaware").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                    and node.func.id in ("Counter", "Gauge", "Histogram") and node.args
+                    and node.func.id in ("Counter", "Gauge", "TableGauge", "Histogram") and node.args
                     and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
                     and node.args[0].value.startswith("loadaware_")):
-                out[node.args[0].value] = node.func.id
+                out[node.args[0].value] = "Gauge" if node.func.id == "TableGauge" else node.func.id
     return out
 
 
