@@ -1,7 +1,8 @@
 """Every Prometheus metric the sidecar exports, declared in one place.
 
 Label children are cached: the hot path pays a dictionary lookup and an increment, not a label parse. The
-per-endpoint gauges are TableGauges (telemetry/table_gauge.py): plain numbers the garbage collector never walks.
+per-endpoint gauges and counters are TableGauges and TableCounters (telemetry/table_series.py): plain numbers the
+garbage collector never walks.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from loadaware.telemetry.table_gauge import TableGauge
+from loadaware.telemetry.table_series import TableCounter, TableGauge
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -24,7 +25,7 @@ class Metrics:
         self.policy = policy
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.decisions = Counter("loadaware_decisions", "Routing decisions by policy, endpoint and outcome "
+        self.decisions = TableCounter("loadaware_decisions", "Routing decisions by policy, endpoint and outcome "
                                  "(routed, fallback_load_only, no_endpoints, unknown_model, passthrough, rejected)",
                                  ["policy", "endpoint", "outcome"], registry=r)
         self.fallbacks = Counter("loadaware_fallbacks", "Decisions that lost a helper and fell back to the load "
@@ -49,7 +50,7 @@ class Metrics:
                                      ["endpoint"], registry=r)
         self.scraped_kv = TableGauge("loadaware_engine_kv_cache_usage", "Scraped vllm:kv_cache_usage_perc",
                                 ["endpoint"], registry=r)
-        self.scrape_failures = Counter("loadaware_scrape_failures", "Failed engine scrapes",
+        self.scrape_failures = TableCounter("loadaware_scrape_failures", "Failed engine scrapes",
                                        ["endpoint", "reason"], registry=r)
         self.streams = Counter("loadaware_extproc_streams", "ext_proc streams by how they ended",
                                ["end"], registry=r)
@@ -73,13 +74,13 @@ class Metrics:
         self.tokenizer_pieces = Gauge("loadaware_tokenizer_piece_cache",
                                       "Tokenizer piece cache: hits and misses since start, and whether it is "
                                       "enabled (0 after an exactness self-check failed)", ["what"], registry=r)
-        self.responses = Counter("loadaware_responses", "Responses seen on the response path, by the endpoint "
+        self.responses = TableCounter("loadaware_responses", "Responses seen on the response path, by the endpoint "
                                  "that served and status class (2xx, 4xx, 5xx, ...)", ["endpoint", "code"],
                                  registry=r)
         self.routing_state = TableGauge("loadaware_endpoint_routing_state", "1 for each endpoint's failure-aware "
                                    "routing state: healthy, ejected (out of rotation), probing (one request at a time)",
                                    ["endpoint", "state"], registry=r)
-        self.ejections = Counter("loadaware_endpoint_ejections", "Endpoints taken out of rotation, by reason "
+        self.ejections = TableCounter("loadaware_endpoint_ejections", "Endpoints taken out of rotation, by reason "
                                  "(http_5xx, timeout, passed_over, unreachable)", ["endpoint", "reason"],
                                  registry=r)
         # Token-level signals per endpoint (loadaware/load/signals.py), set when /metrics is read.
@@ -97,7 +98,7 @@ class Metrics:
         self.endpoint_models = TableGauge("loadaware_endpoint_models", "1 for each model an endpoint serves (served "
                                      "names and LoRA adapters, from its /v1/models)", ["endpoint", "model"],
                                      registry=r)
-        self.models_fetch_failures = Counter("loadaware_models_fetch_failures", "Failed /v1/models fetches (the "
+        self.models_fetch_failures = TableCounter("loadaware_models_fetch_failures", "Failed /v1/models fetches (the "
                                              "last good list is kept until stale)", ["endpoint", "reason"],
                                              registry=r)
         self._model_labels: dict[str, frozenset[str]] = {}
@@ -107,9 +108,12 @@ class Metrics:
         self._inflight_shown: dict[str, int] = {}
         # Counter series an endpoint has besides its gauges, so its departure removes them all
         # (endpoint -> (metric, label values)).
-        self._endpoint_series: dict[str, set[tuple[Counter, tuple[str, ...]]]] = {}
-        self._decision_children: dict[tuple[str, str], Counter] = {}
-        self._response_children: dict[tuple[str, int], Counter] = {}
+        # (endpoint -> (index into _endpoint_tables, label values)...): tuples of strings and ints, which the
+        # garbage collector does not track either.
+        self._endpoint_series: dict[str, tuple[tuple[int, tuple[str, ...]], ...]] = {}
+        self._endpoint_tables = (self.decisions, self.responses, self.ejections, self.scrape_failures,
+                                 self.models_fetch_failures)
+        self._status_classes = {c: f"{c}xx" for c in range(1, 6)}
         self._fallback_children: dict[str, Counter] = {}
         self._stage_children = {s: self.stage_seconds.labels(stage=s) for s in STAGES}
         self._lookup_children = {k: self.lookups.labels(result=k) for k in ("match", "empty", "failed")}
@@ -163,9 +167,9 @@ class Metrics:
                                        "uncredited_group: blocks of a sliding-window, mamba or other "
                                        "non-full-attention KV-cache group, not indexed)",
                                        ["op"], registry=r)
-        self.kv_batches = Counter("loadaware_kv_events_batches", "KV-event batches applied, by endpoint and "
+        self.kv_batches = TableCounter("loadaware_kv_events_batches", "KV-event batches applied, by endpoint and "
                                   "path (live, replay)", ["endpoint", "path"], registry=r)
-        self.kv_gaps = Counter("loadaware_kv_events_gaps", "Sequence gaps seen on an engine's feed", ["endpoint"],
+        self.kv_gaps = TableCounter("loadaware_kv_events_gaps", "Sequence gaps seen on an engine's feed", ["endpoint"],
                                registry=r)
         self.kv_replays = Counter("loadaware_kv_events_replays", "Replay requests by reason (gap, join) and "
                                   "result (ok, partial, timeout, error)", ["reason", "result"], registry=r)
@@ -195,12 +199,9 @@ class Metrics:
 
     # ---- hot path ----
     def decided(self, endpoint: str, outcome: str) -> None:
-        key = (endpoint, outcome)
-        child = self._decision_children.get(key)
-        if child is None:
-            child = self._decision_children[key] = self.decisions.labels(self.policy, endpoint, outcome)
-            self._series(endpoint, self.decisions, (self.policy, endpoint, outcome))
-        child.inc()
+        key = (self.policy, endpoint, outcome)
+        if self.decisions.add(key):
+            self._series(endpoint, 0, key)
 
     def fallback(self, reason: str) -> None:
         child = self._fallback_children.get(reason)
@@ -218,19 +219,16 @@ class Metrics:
             self._lookup_matched += result == "match"
 
     def responded(self, endpoint: str, status: int) -> None:
-        key = (endpoint, status // 100)
-        child = self._response_children.get(key)
-        if child is None:
-            child = self._response_children[key] = self.responses.labels(endpoint, f"{status // 100}xx")
-            self._series(endpoint, self.responses, (endpoint, f"{status // 100}xx"))
-        child.inc()
+        code = status // 100
+        key = (endpoint, self._status_classes.get(code) or f"{code}xx")
+        if self.responses.add(key):
+            self._series(endpoint, 1, key)
 
     # ---- background ----
     def routing_state_changed(self, endpoint: str, state: str, reason: str) -> None:
         self.routing_state_now(endpoint, state)
-        if state == "ejected":
-            self.ejections.labels(endpoint, reason).inc()
-            self._series(endpoint, self.ejections, (endpoint, reason))
+        if state == "ejected" and self.ejections.add((endpoint, reason)):
+            self._series(endpoint, 2, (endpoint, reason))
 
     def routing_state_now(self, endpoint: str, state: str) -> None:
         if self._state_shown.get(endpoint) == state:
@@ -246,8 +244,8 @@ class Metrics:
             self.scraped_kv.labels(endpoint).set(kv_usage)
 
     def scrape_failure(self, endpoint: str, reason: str) -> None:
-        self.scrape_failures.labels(endpoint, reason).inc()
-        self._series(endpoint, self.scrape_failures, (endpoint, reason))
+        if self.scrape_failures.add((endpoint, reason)):
+            self._series(endpoint, 3, (endpoint, reason))
 
     def models_seen(self, endpoint: str, models: frozenset[str]) -> None:
         """The endpoint's model list now; labels of models it no longer lists are removed."""
@@ -258,11 +256,12 @@ class Metrics:
         self._model_labels[endpoint] = models
 
     def models_fetch_failure(self, endpoint: str, reason: str) -> None:
-        self.models_fetch_failures.labels(endpoint, reason).inc()
-        self._series(endpoint, self.models_fetch_failures, (endpoint, reason))
+        if self.models_fetch_failures.add((endpoint, reason)):
+            self._series(endpoint, 4, (endpoint, reason))
 
-    def _series(self, endpoint: str, metric: Counter, labels: tuple[str, ...]) -> None:
-        self._endpoint_series.setdefault(endpoint, set()).add((metric, labels))
+    def _series(self, endpoint: str, table: int, labels: tuple[str, ...]) -> None:
+        """A new counter series of the endpoint's (`table`: its index in _endpoint_tables), to remove with it."""
+        self._endpoint_series[endpoint] = (*self._endpoint_series.get(endpoint, ()), (table, labels))
 
     def forget_endpoint(self, endpoint: str) -> None:
         self.models_seen(endpoint, frozenset())
@@ -281,13 +280,9 @@ class Metrics:
                 self.routing_state.remove(endpoint, state)
             except KeyError:
                 pass
-        for metric, labels in self._endpoint_series.pop(endpoint, ()):
+        for table, labels in self._endpoint_series.pop(endpoint, ()):
             with contextlib.suppress(KeyError):
-                metric.remove(*labels)
-            if metric is self.decisions:
-                self._decision_children.pop((endpoint, labels[2]), None)
-            elif metric is self.responses:
-                self._response_children.pop((endpoint, int(labels[1][:-2])), None)
+                self._endpoint_tables[table].remove(*labels)
         for path in ("live", "replay"):  # the KV-event feeds' own series
             with contextlib.suppress(KeyError):
                 self.kv_batches.remove(endpoint, path)

@@ -17,6 +17,7 @@ from loadaware.prefix.blocks import BlockIndex, block_keys
 from loadaware.prefix.kvevents.feeds import KvEventsFeeds
 from loadaware.prefix.kvevents.query import KvEventsPrefixSource
 from loadaware.telemetry.metrics import Metrics
+from loadaware.telemetry.table_series import TableCounter
 from sim.fleet import KvEventsOptions, start_fleet
 from sim.kv_events_publisher import KvEventsPublisher
 from sim.prefix_cache import PrefixCache, iter_blocks
@@ -26,7 +27,9 @@ from tests.conftest import wait_until_async
 BS = 16
 
 
-def value(metric: Counter, *labels: str) -> float:
+def value(metric: Counter | TableCounter, *labels: str) -> float:
+    if isinstance(metric, TableCounter):
+        return metric.value(*labels) or 0.0
     child = metric.labels(*labels) if labels else metric
     return float(child._value.get())
 

@@ -71,16 +71,16 @@ DASHBOARD = REPO / "k8s" / "monitoring" / "loadaware-dashboard.json"
 # ---- what the code has ----
 
 def declared_metrics() -> dict[str, str]:
-    """Every `loadaware_*` metric the sidecar declares: name -> Counter, Gauge or Histogram (a TableGauge, the
-    per-endpoint gauge kept as plain numbers, exports as a Gauge)."""
+    """Every `loadaware_*` metric the sidecar declares: name -> Counter, Gauge or Histogram (TableGauge and
+    TableCounter, the per-endpoint kinds kept as plain numbers, export as a Gauge and a Counter)."""
     out: dict[str, str] = {}
     for path in (REPO / "loadaware").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                    and node.func.id in ("Counter", "Gauge", "TableGauge", "Histogram") and node.args
+                    and node.func.id in ("Counter", "Gauge", "TableGauge", "TableCounter", "Histogram") and node.args
                     and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
                     and node.args[0].value.startswith("loadaware_")):
-                out[node.args[0].value] = "Gauge" if node.func.id == "TableGauge" else node.func.id
+                out[node.args[0].value] = node.func.id.removeprefix("Table")
     return out
 
 

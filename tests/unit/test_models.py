@@ -130,7 +130,7 @@ async def test_a_model_no_engine_serves_is_unknown_model_and_takes_no_count() ->
     assert decision.outcome == "unknown_model" and decision.reasons == ("unknown_model",)
     assert decision.endpoint is None and decision.ranked == () and decision.lease is None
     assert rig.loads.total() == 0
-    assert rig.metrics.decisions.labels("loadaware", "none", "unknown_model")._value.get() == 1
+    assert rig.metrics.decisions.value("loadaware", "none", "unknown_model") == 1
     # Served in the fleet but not in the proxy's subset: that is the subset's doing, not an unknown model.
     d = await rig.decider.decide(request("model-b"), "r2", subset=frozenset({A1, A2}))
     assert d.outcome == "no_eligible_endpoints"

@@ -79,7 +79,7 @@ async def test_routes_to_the_holder_and_counts_it() -> None:
     assert decision.prompt_tokens > 100 and decision.reasons == ()
     assert d.loads.count("127.0.0.3:8000") == 1 and decision.lease is not None
     assert list(d.recent.items) == [decision]
-    assert d.metrics.decisions.labels("loadaware", "127.0.0.3:8000", "routed")._value.get() == 1
+    assert d.metrics.decisions.value("loadaware", "127.0.0.3:8000", "routed") == 1
     assert set(decision.stages) == {"tokenize", "lookup", "score"}
     # matched tokens are capped at the prompt length
     assert max(c.matched_tokens for c in decision.candidates) == decision.prompt_tokens

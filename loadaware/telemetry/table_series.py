@@ -1,0 +1,139 @@
+"""Labelled gauges and counters kept as plain numbers: one float per series in a dict, exposed through a
+custom collector.
+
+Why not prometheus_client's Gauge and Counter: each of their label children is three objects the cyclic garbage
+collector tracks (the child, its lock, its value), and the per-endpoint metrics have one to three series per
+endpoint each: at 10,000 endpoints well over 100,000 tracked objects that live as long as the endpoint and that
+every full collection walked (~20 ms of the event loop, `python -m bench.fleet_size`). Here a series is a float
+in a dict keyed by a tuple of label strings, none of which the collector tracks, and the exposition is the
+same: `# HELP`, `# TYPE`, one sample per series in the order the series were first set (a counter's `_total`
+and `_created`, as prometheus_client writes them).
+
+Thread safety: the event loop sets, adds and removes series; `/metrics` renders in a worker thread and copies
+a dict's items in one C call, which the GIL does not interrupt.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+
+class _Table(Collector):
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry
+                 ) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = tuple(labelnames)
+        self._values: dict[tuple[str, ...], float] = {}
+        registry.register(self)
+
+    def _key(self, values: Sequence[str]) -> tuple[str, ...]:
+        if len(values) != len(self.labelnames):
+            raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {tuple(values)!r}")
+        return tuple(str(v) for v in values)
+
+    def remove(self, *values: str) -> None:
+        """Forget a series; KeyError when it was never set (as prometheus_client's remove)."""
+        key = self._key(values)
+        del self._values[key]
+        self._removed(key)
+
+    def _removed(self, key: tuple[str, ...]) -> None:
+        pass
+
+    def value(self, *values: str) -> float | None:
+        return self._values.get(tuple(values))
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+class _GaugeSeries:
+    """What `TableGauge.labels(...)` returns: the series to set (it holds no state of its own)."""
+
+    __slots__ = ("_key", "_values")
+
+    def __init__(self, values: dict[tuple[str, ...], float], key: tuple[str, ...]) -> None:
+        self._values = values
+        self._key = key
+
+    def set(self, value: float) -> None:
+        self._values[self._key] = float(value)
+
+
+class TableGauge(_Table):
+    def labels(self, *values: str) -> _GaugeSeries:
+        return _GaugeSeries(self._values, self._key(values))
+
+    def _family(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield self._family()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = self._family()
+        for key, value in list(self._values.items()):
+            family.add_metric(key, value)
+        yield family
+
+
+class _CounterSeries:
+    """What `TableCounter.labels(...)` returns: the series to add to (it holds no state of its own)."""
+
+    __slots__ = ("_counter", "_key")
+
+    def __init__(self, counter: TableCounter, key: tuple[str, ...]) -> None:
+        self._counter = counter
+        self._key = key
+
+    def inc(self, amount: float = 1.0) -> None:
+        self._counter.add(self._key, amount)
+
+
+class TableCounter(_Table):
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry
+                 ) -> None:
+        super().__init__(name.removesuffix("_total"), documentation, labelnames, registry)
+        self._created: dict[tuple[str, ...], float] = {}
+
+    def labels(self, *values: str) -> _CounterSeries:
+        key = self._key(values)
+        if key not in self._values:
+            self._values[key] = 0.0
+            self._created[key] = time.time()
+        return _CounterSeries(self, key)
+
+    def add(self, key: tuple[str, ...], amount: float = 1.0) -> bool:
+        """Add to the series `key` (label values as strings, in order); True when this made the series."""
+        if amount < 0:
+            raise ValueError("counters only go up")
+        values = self._values
+        value = values.get(key)
+        if value is None:
+            values[key] = amount
+            self._created[key] = time.time()
+            return True
+        values[key] = value + amount
+        return False
+
+    def _removed(self, key: tuple[str, ...]) -> None:
+        self._created.pop(key, None)
+
+    def _family(self) -> CounterMetricFamily:
+        return CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        yield self._family()
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = self._family()
+        created = self._created
+        for key, value in list(self._values.items()):
+            family.add_metric(key, value, created=created.get(key))
+        yield family
