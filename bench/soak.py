@@ -80,6 +80,7 @@ class Sample:
     heap_mb: float = 0.0  # resident in the malloc heap ([heap]: native code, objects above 512 B)
     anon_mb: float = 0.0  # resident in anonymous mappings (Python's small-object arenas, thread stacks)
     malloc_in_use_mb: float = 0.0  # live in malloc, after the sidecar's last trim (loadaware_malloc_in_use_bytes)
+    kv_lag_s: float = 0.0  # the largest KV-events feed lag (loadaware_kv_events_lag_seconds): a growing queue
 
 
 def mapping_mb(pid: int) -> tuple[float, float]:
@@ -115,6 +116,12 @@ class SoakResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def kv_lag_s(metrics_text: str) -> float:
+    """The largest loadaware_kv_events_lag_seconds over the engines (0 without KV events)."""
+    return max((float(line.rsplit(" ", 1)[1]) for line in metrics_text.splitlines()
+                if line.startswith("loadaware_kv_events_lag_seconds{")), default=0.0)
 
 
 def malloc_in_use_mb(metrics_text: str) -> float:
@@ -216,11 +223,12 @@ def run_soak(cfg: SoakConfig) -> SoakResult:
                     sample = Sample(round(now, 1), rss_mb(sidecar.pid), cpu_seconds(sidecar.pid),
                                     *mapping_mb(sidecar.pid))
                     with contextlib.suppress(Exception):
-                        sample.malloc_in_use_mb = malloc_in_use_mb(sidecar.metrics_text())
+                        text = sidecar.metrics_text()
+                        sample.malloc_in_use_mb, sample.kv_lag_s = malloc_in_use_mb(text), kv_lag_s(text)
                     result.samples.append(sample)
                     log.info("soak t=%6.0fs sidecar RSS %.1f MiB (heap %.1f, anon %.1f, malloc in use %.1f) "
-                             "cpu %.0f s", sample.t_s, sample.rss_mb, sample.heap_mb, sample.anon_mb,
-                             sample.malloc_in_use_mb, sample.cpu_s)
+                             "cpu %.0f s, KV-events lag %.2f s", sample.t_s, sample.rss_mb, sample.heap_mb,
+                             sample.anon_mb, sample.malloc_in_use_mb, sample.cpu_s, sample.kv_lag_s)
                     next_at += cfg.sample_s
                 time.sleep(min(1.0, max(0.05, next_at - now)))
             stderr = loader.stderr.read() if loader.stderr else ""
@@ -270,10 +278,11 @@ def soak_table(cfg: SoakConfig, r: SoakResult) -> str:
              f"- prefix indexes at the end: {json.dumps(r.indexes, sort_keys=True)}",
              f"- **RSS growth {r.growth_pct:+.1f}%** from t={r.window_s[0]:.0f} s ({r.rss_start_mb:.1f} MiB) to "
              f"t={r.window_s[1]:.0f} s ({r.rss_end_mb:.1f} MiB); target at most +5%", "",
-             "| t (s) | RSS (MiB) | of it [heap] | of it anonymous | live in malloc (MiB) | sidecar CPU (s) |",
-             "|---:|---:|---:|---:|---:|---:|"]
+             "| t (s) | RSS (MiB) | of it [heap] | of it anonymous | live in malloc (MiB) | sidecar CPU (s) "
+             "| KV-events lag (s) |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {s.t_s:.0f} | {s.rss_mb:.1f} | {s.heap_mb:.1f} | {s.anon_mb:.1f} | {s.malloc_in_use_mb:.1f} "
-              f"| {s.cpu_s:.0f} |" for s in r.samples]
+              f"| {s.cpu_s:.0f} | {s.kv_lag_s:.2f} |" for s in r.samples]
     if r.tracemalloc_dir:
         lines.append(f"\ntracemalloc snapshots: {r.tracemalloc_dir} (python -m bench.soak_diff {r.tracemalloc_dir})")
     return "\n".join(lines) + "\n"

@@ -180,6 +180,9 @@ class Metrics:
                                         "be decoded", registry=r)
         self.kv_connected = TableGauge("loadaware_kv_events_connected", "1 while the engine's KV-event publisher is "
                                   "connected", ["endpoint"], registry=r)
+        self.kv_lag = TableGauge("loadaware_kv_events_lag_seconds", "How old the engine's last live KV-event batch "
+                                 "was when the sidecar applied it (its publish time to now; a growing lag is a "
+                                 "backlog in the feed's queue)", ["endpoint"], registry=r)
         self.kv_index_blocks = TableGauge("loadaware_kv_index_blocks", "Blocks the KV-events index holds per engine",
                                      ["endpoint"], registry=r)
         self.kv_index_bytes = Gauge("loadaware_kv_index_bytes", "Estimated memory of the KV-events index",
@@ -269,7 +272,7 @@ class Metrics:
         self._state_shown.pop(endpoint, None)
         self._inflight_shown.pop(endpoint, None)
         for gauge in (self.inflight, self.scraped_running, self.scraped_waiting, self.scraped_kv,
-                      self.kv_connected, self.kv_index_blocks, self.approx_blocks, self.signal_prefill,
+                      self.kv_connected, self.kv_lag, self.kv_index_blocks, self.approx_blocks, self.signal_prefill,
                       self.signal_uncached, self.signal_decoding, self.signal_ttft, self.signal_lane):
             try:
                 gauge.remove(endpoint)

@@ -107,6 +107,8 @@ class EngineFeed:
         self.last_event_at = time.monotonic()
         (self._live if live else self._replayed).inc()
         m = self.metrics
+        if live and batch.ts > 0:  # the publisher's wall clock (vLLM: time.time() at the batch)
+            m.kv_lag.labels(self.endpoint).set(max(0.0, time.time() - batch.ts))
         for event in batch.events:
             kind = "block_stored" if isinstance(event, BlockStored) else \
                 "block_removed" if isinstance(event, BlockRemoved) else "all_blocks_cleared"
