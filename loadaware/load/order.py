@@ -83,6 +83,12 @@ class LoadOrder:
             for endpoint in self._buckets[value]:
                 yield value, endpoint
 
+    def by_load(self) -> Iterator[tuple[float, list[str]]]:
+        """(load, the endpoints at it in lexical order), least loaded first. Do not change the order meanwhile."""
+        buckets = self._buckets
+        for value in self._values:
+            yield value, buckets[value]
+
     def least(self, k: int, skip: Callable[[str], bool] | None = None) -> list[str]:
         """The k least-loaded endpoints (ties: the lexically smaller first), leaving out those `skip` names."""
         out: list[str] = []

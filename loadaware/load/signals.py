@@ -36,7 +36,7 @@ from loadaware.load.prefill_clock import PrefillClock
 from loadaware.load.prefill_estimate import TtftFromCounters
 from loadaware.load.tracker import EngineStats
 from loadaware.policies.base import Candidate
-from loadaware.policies.ttft_model import TtftModel, TtftPrior
+from loadaware.policies.ttft_model import Prices, TtftModel
 
 TTFT_EWMA_ALPHA = 0.1
 # The price floor is re-taken from every endpoint's last read prices this often (between, it only falls): a
@@ -89,8 +89,8 @@ class SignalTracker:
         # other learned endpoint's prices as last read, and their lowest, which every unread endpoint's are at
         # least (base, per token, per running).
         self._unread: set[str] = set()
-        self._read: dict[str, tuple[float, float, float]] = {}
-        self._floor: tuple[float, float, float] | None = None
+        self._read: dict[str, Prices] = {}
+        self._floor: Prices | None = None
         self._floor_at = 0.0
 
     def peek(self, endpoint: str) -> EndpointSignals | None:
@@ -272,9 +272,9 @@ class SignalTracker:
                                                   min(floor[2], prices[2]))
         self._floor = floor
 
-    def price_floor(self, prior: TtftPrior) -> TtftPrior:
-        """Prices no endpoint outside `unread` is below: the prior's (what an endpoint that never learned
-        uses) and every learned endpoint's as last read."""
+    def price_floor(self, prior: Prices) -> Prices:
+        """Prices (base, per token, per running) no endpoint outside `unread` is below: the prior's (what an
+        endpoint that never learned uses) and every learned endpoint's as last read."""
         now = self.clock()
         if self._read and now - self._floor_at >= FLOOR_REFRESH_S:
             self._floor_at = now
@@ -283,5 +283,9 @@ class SignalTracker:
         floor = self._floor
         if floor is None:
             return prior
-        return TtftPrior(min(prior.base_s, floor[0]), min(prior.per_token_s, floor[1]),
-                         min(prior.per_running_s, floor[2]))
+        return min(prior[0], floor[0]), min(prior[1], floor[1]), min(prior[2], floor[2])
+
+    def read_prices(self, endpoint: str) -> Prices | None:
+        """The endpoint's learned prices as a scan last read them (None: it never learned, or a scan has not
+        read it since: then it is in `unread`)."""
+        return self._read.get(endpoint)

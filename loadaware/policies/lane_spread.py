@@ -28,14 +28,14 @@ here); no constant is tuned per workload: the thresholds are the fleet's capacit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 from loadaware.policies.base import Candidate, Choice, Needs, lowest_cost
 from loadaware.policies.bounded import MAX_SHARE, load_cap, priced_out
 from loadaware.policies.lane import Lane
-from loadaware.policies.ttft_model import TtftPrior
+from loadaware.policies.ttft_model import Prices
 
 
 def spreading(candidates: Sequence[Candidate], pool_size: int | None = None) -> bool:
@@ -77,11 +77,20 @@ class LaneSpread(Lane):
         """c's cost, spreading or not."""
         return in_flight_cost(self, prompt_tokens, c) if spread else self.cost(prompt_tokens, c)
 
-    def floor(self, prompt_tokens: int, load: float, prices: TtftPrior, spread: bool) -> float:
-        """A lower bound on the cost of any endpoint that holds nothing of the prompt and carries `load`, when
-        no endpoint's prices are below `prices`: its wait, decode batch and queue are at least 0."""
-        ttft = prices.base_s + prices.per_token_s * prompt_tokens + prices.per_running_s * load
-        return ttft * (load + 1) if spread else ttft
+    def floor(self, prompt_tokens: int, load: float, prices: Prices, spread: bool) -> float:
+        """A lower bound on the cost of an endpoint that holds nothing of the prompt, carries `load` and prices
+        a request at no less than `prices` (base, per token, per running): its wait, decode batch and queue are
+        at least 0."""
+        return self.floor_at(prompt_tokens, load, spread)(prices)
+
+    def floor_at(self, prompt_tokens: int, load: float, spread: bool) -> Callable[[Prices], float]:
+        """`floor` at one prompt and load, as a function of the prices (a scan calls it once per endpoint)."""
+        factor = load + 1 if spread else 1.0
+
+        def at(prices: Prices) -> float:
+            return (prices[0] + prices[1] * prompt_tokens + prices[2] * load) * factor
+
+        return at
 
 
 def in_flight_costs(lane: Lane, prompt_tokens: int, candidates: Sequence[Candidate]) -> list[float]:

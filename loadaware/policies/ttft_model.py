@@ -26,6 +26,8 @@ _RUNNING_SCALE = 10.0
 _N = 4  # features: 1, tokens_ahead, matched_ahead, running
 REFIT_EVERY = 8
 
+Prices = tuple[float, float, float]  # (base_s, per_token_s, per_running_s): what a TTFT cost is priced with
+
 
 @dataclass(frozen=True, slots=True)
 class TtftPrior:
@@ -35,6 +37,9 @@ class TtftPrior:
     per_matched_token_s: float = 0.0  # a held token is free until the engine shows otherwise
     strength: float = 2.0  # weight of the prior, in observations
     decay: float = 0.98  # per observation: the fit remembers the last ~50
+
+    def prices(self) -> Prices:
+        return self.base_s, self.per_token_s, self.per_running_s
 
     def theta(self) -> tuple[float, ...]:
         return (self.base_s, self.per_token_s * _TOKEN_SCALE, self.per_matched_token_s * _TOKEN_SCALE,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, cast
 
 from loadaware.fleet.members import member_set
@@ -25,7 +25,7 @@ from loadaware.load.signals import SignalTracker
 from loadaware.policies import Candidate, Choice, Needs, Policy, ranked
 from loadaware.policies.base import lowest_cost
 from loadaware.policies.bounded import PRICED_OUT, pool_cap
-from loadaware.policies.ttft_model import TtftPrior
+from loadaware.policies.ttft_model import Prices, TtftPrior
 from loadaware.prefix.queued import QueuedPrefixes
 from loadaware.prefix.source import PrefixSource, PrefixUnavailable, PromptTokens
 from loadaware.prefix.working_set import BLOCK_TOKENS, WorkingSet, sampled_keys, working_view
@@ -82,7 +82,9 @@ class Floored(Protocol):
 
     def cost_in(self, prompt_tokens: int, c: Candidate, spread: bool) -> float: ...
 
-    def floor(self, prompt_tokens: int, load: float, prices: TtftPrior, spread: bool) -> float: ...
+    def floor(self, prompt_tokens: int, load: float, prices: Prices, spread: bool) -> float: ...
+
+    def floor_at(self, prompt_tokens: int, load: float, spread: bool) -> Callable[[Prices], float]: ...
 
 
 class Decider:
@@ -406,7 +408,9 @@ class Decider:
         total = pool_load(order, endpoints, whole, excluded)
         spread = demand is not None and demand < 1.0 and routes >= size
         cap = pool_cap(total, size, policy.max_share)
-        prices = signals.price_floor(policy.prior)
+        prior = policy.prior.prices()
+        lowest = signals.price_floor(prior)
+        read = signals.read_prices
 
         def guard(load: float) -> float:
             return PRICED_OUT if cap is not None and load + 1 > cap else 0.0
@@ -414,11 +418,17 @@ class Decider:
         def cost(c: Candidate) -> float:
             return policy.cost_in(n_tokens, c, spread) + guard(c.load)
 
+        def floor(load: float) -> float:  # any endpoint's, at the lowest prices
+            return policy.floor(n_tokens, load, lowest, spread) + guard(load)
+
+        def bound(load: float) -> Callable[[str], float]:  # an endpoint's at this load, at its own prices
+            at, extra = policy.floor_at(n_tokens, load, spread), guard(load)
+            return lambda ep: at(read(ep) or prior) + extra
+
         scored_costs = [cost(c) for c in scored]
         rest, rest_costs = floored_candidates(
-            order, lambda ep: ep in must or not in_pool(ep), scored, scored_costs, 1 + self.fallbacks,
-            lambda ep, load: self.signalled(ep, 0, load, now), cost,
-            lambda load: policy.floor(n_tokens, load, prices, spread) + guard(load))
+            order, must, members, excluded, scored, scored_costs, 1 + self.fallbacks,
+            lambda ep, load: self.signalled(ep, 0, load, now), cost, floor, bound)
         # The policy's choice over the pool, from the costs it priced (the guard's included): in pool order.
         position = self.registry.position
         pairs = sorted(zip((*scored, *rest), (*scored_costs, *rest_costs)),

@@ -65,36 +65,48 @@ def pool_load(order: LoadOrder, pool: tuple[str, ...], whole_fleet: bool, exclud
     return total - sum(load_of(ep) or 0.0 for ep in excluded)
 
 
-def floored_candidates(order: LoadOrder, skip: Callable[[str], bool], scored: Sequence[Candidate],
-                       scored_costs: Sequence[float], limit: int, build: Callable[[str, float], Candidate],
-                       cost: Callable[[Candidate], float], floor: Callable[[float], float]
+def floored_candidates(order: LoadOrder, leave: Collection[str], members: Collection[str],
+                       excluded: Collection[str], scored: Sequence[Candidate], scored_costs: Sequence[float],
+                       limit: int, build: Callable[[str, float], Candidate], cost: Callable[[Candidate], float],
+                       floor: Callable[[float], float], bound: Callable[[float], Callable[[str], float]] | None = None
                        ) -> tuple[list[Candidate], list[float]]:
     """The endpoints a floored policy (Needs.floored) must score beside `scored` (its holders and the few it
-    always scores, whose costs are `scored_costs`), least loaded first: each one `skip` does not name, until
-    `floor(load)` reaches the `limit`-th lowest cost found among the scanned and the scored holders (matched
-    tokens > 0). Returns them and their costs.
+    always scores, whose costs are `scored_costs`), least loaded first: each one of `members` not in `leave`
+    (the scored) nor in `excluded`, until `floor(load)` reaches the `limit`-th lowest cost found among the
+    scanned and the scored holders (matched tokens > 0); on the way, an endpoint whose own bound
+    (`bound(load)(endpoint)`) already reaches it is passed over unbuilt. Returns the scanned and their costs.
 
-    Why nothing after that can be among the choice and its `limit - 1` fallbacks: an unscanned endpoint holds
-    nothing, so its cost is at least floor(its load) (the policy's bound), and floor never falls as the load
-    rises, so it is at least that `limit`-th cost; at equal cost it ranks after each of those `limit` (a holder
-    by its longer match, a scanned endpoint by its lower load or, at equal load, its lexically smaller name:
-    the order's). `cost` and `floor` include the pile-up guard's price. `build(endpoint, load)`: its candidate."""
+    Why nothing left out can be among the choice and its `limit - 1` fallbacks: an endpoint left out holds
+    nothing, so its cost is at least its bound, which is at least floor(its load) (the policy's bounds), and
+    floor never falls as the load rises, so it is at least that `limit`-th cost; at equal cost it ranks after
+    each of those `limit` (a holder by its longer match, a scanned endpoint by its lower load or, at equal
+    load, its lexically smaller name: the order's). `cost`, `floor` and `bound` include the pile-up guard's
+    price. `build(endpoint, load)`: its candidate."""
     worst: list[float] = []  # the `limit` lowest costs so far, negated (a max-heap)
     for c, x in zip(scored, scored_costs):
         if c.matched_tokens > 0:
             _keep_lowest(worst, x, limit)
     out: list[Candidate] = []
     costs: list[float] = []
-    for load, ep in order.ascending():
-        if skip(ep):
-            continue
-        if len(worst) >= limit and floor(load) >= -worst[0]:
+    for load, bucket in order.by_load():
+        lowest = floor(load)
+        if len(worst) >= limit and lowest >= -worst[0]:
             break
-        c = build(ep, load)
-        x = cost(c)
-        out.append(c)
-        costs.append(x)
-        _keep_lowest(worst, x, limit)
+        own = bound(load) if bound is not None else None
+        for ep in bucket:
+            if ep in leave or ep not in members or ep in excluded:
+                continue
+            if len(worst) >= limit:
+                kth = -worst[0]
+                if lowest >= kth:
+                    return out, costs
+                if own is not None and own(ep) >= kth:
+                    continue
+            c = build(ep, load)
+            x = cost(c)
+            out.append(c)
+            costs.append(x)
+            _keep_lowest(worst, x, limit)
     return out, costs
 
 

@@ -154,14 +154,14 @@ def test_the_scan_stops_where_the_floor_passes_the_best_costs() -> None:
         return policy.cost_in(100, c, False)
 
     def floor(load: float) -> float:
-        return policy.floor(100, load, TtftPrior(), False)
+        return policy.floor(100, load, TtftPrior().prices(), False)
 
-    rest, costs = floored_candidates(order, lambda ep: False, [], [], 3, build, cost, floor)
+    rest, costs = floored_candidates(order, (), eps, (), [], [], 3, build, cost, floor)
     assert [c.endpoint for c in rest] == built == ["e000", "e004", "e008"]
     assert costs == [floor(0.0)] * 3
     # A holder cheaper than any idle endpoint leaves only the `limit` - 1 others to find.
     holder = Candidate("e199", 100, 3.0)
-    rest, _ = floored_candidates(order, "e199".__eq__, [holder], [cost(holder)], 3, build, cost, floor)
+    rest, _ = floored_candidates(order, {"e199"}, eps, (), [holder], [cost(holder)], 3, build, cost, floor)
     assert [c.endpoint for c in rest] == ["e000", "e004"]
 
 
@@ -221,7 +221,7 @@ def test_the_price_floor_is_the_lowest_read_and_rises_after_a_refresh() -> None:
     lifecycle.subscribe(signals)
     lifecycle.subscribe_progress(signals)
     prior = TtftPrior()
-    assert signals.price_floor(prior) == prior
+    assert signals.price_floor(prior.prices()) == prior.prices()
     taught(lifecycle, "a", 0.001, now, 12)
     taught(lifecycle, "b", 0.5, now, 12)
     assert signals.unread() == {"a", "b"}
@@ -234,11 +234,12 @@ def test_the_price_floor_is_the_lowest_read_and_rises_after_a_refresh() -> None:
     a, b = read("a"), read("b")
     signals.read([a, b])
     assert not signals.unread()
-    floor = signals.price_floor(prior)
-    assert floor.base_s == min(prior.base_s, a.idle_ttft_base_s, b.idle_ttft_base_s)  # type: ignore[type-var]
-    assert floor.per_token_s == min(prior.per_token_s, a.idle_ttft_per_token_s,  # type: ignore[type-var]
-                                    b.idle_ttft_per_token_s)
-    assert floor.base_s < prior.base_s
+    floor = signals.price_floor(prior.prices())
+    assert floor[0] == min(prior.base_s, a.idle_ttft_base_s, b.idle_ttft_base_s)  # type: ignore[type-var]
+    assert floor[1] == min(prior.per_token_s, a.idle_ttft_per_token_s,  # type: ignore[type-var]
+                           b.idle_ttft_per_token_s)
+    assert floor[0] < prior.base_s
+    assert signals.read_prices("a") == (a.idle_ttft_base_s, a.idle_ttft_per_token_s, a.idle_ttft_per_running_s)
     # "a" slows down: until it is read again it is unread (a scan scores it), and once read, the floor rises to
     # the lowest read prices at the next refresh.
     taught(lifecycle, "a", 0.5, now, 40)
@@ -246,4 +247,4 @@ def test_the_price_floor_is_the_lowest_read_and_rises_after_a_refresh() -> None:
     signals.read([read("a")])
     now[0] += 31.0
     bases = [read(ep).idle_ttft_base_s for ep in ("a", "b")]
-    assert signals.price_floor(prior).base_s == min(prior.base_s, *(b for b in bases if b is not None)) > floor.base_s
+    assert signals.price_floor(prior.prices())[0] == min(prior.base_s, *(b for b in bases if b is not None)) > floor[0]
