@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
 
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import Decision, RequestLifecycle
@@ -27,19 +26,9 @@ from loadaware.prefix.working_set import WorkingSet
 from loadaware.routing.pipeline import Decider
 from loadaware.routing.pruning import floored_candidates
 from loadaware.routing.request import InferenceRequest
+from tests.unit.test_pruning import Fixed
 
 STEPS = 700
-
-
-class Fixed:
-    name = "fixed"
-
-    def __init__(self) -> None:
-        self.answer: dict[str, int] = {}
-
-    async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...],
-                      salt: str | None = None) -> dict[str, int]:
-        return {ep: n for ep, n in self.answer.items() if ep in endpoints}
 
 
 class Joins:
