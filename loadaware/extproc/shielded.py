@@ -3,9 +3,15 @@
 Why (grpcio 1.85, grpc issue #43360): grpc.aio frees a batch's native op array only when the coroutine that
 started the batch sees it complete. When Envoy resets an ext_proc stream (a client hang-up, and also the end
 of most completed requests: two thirds of the soak's streams) grpc.aio cancels the handler's task while it
-waits in a read, and that read's array is never freed. Run in a task of its own, shielded from the handler's
-cancellation, the read sees its batch complete (gRPC completes every pending batch of a cancelled call at
-once) and frees the array; the handler still ends at once, with CancelledError.
+waits in a read, and that read's array is never freed. Run in a task of its own, which the handler's
+cancellation does not reach, an operation sees its batch complete (gRPC completes every pending batch of a
+cancelled call at once) and frees the array; the handler still ends at once, with CancelledError.
+
+Cost: a stream's reads run in one task for the whole stream (`ShieldedReads`), which reads the next message as
+soon as the handler has taken the last one and hands it over through a future; a write runs in a task of its
+own whose end a future carries to the handler (`shielded`). Both take the handler one event-loop turn more than
+a plain await; asyncio.shield and a task per read took three (a streamed response's chunk is a read and a write:
+`python -m bench.extproc_inprocess`).
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
+
+import grpc
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -25,12 +33,93 @@ def _consume(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
+def _hand_over(task: asyncio.Future[T], waiter: asyncio.Future[T]) -> None:
+    """The operation's outcome to the caller's future, unless the caller has gone (then it is only read)."""
+    if waiter.done():
+        _consume(task)
+    elif task.cancelled():
+        waiter.cancel()
+    elif (exc := task.exception()) is not None:
+        waiter.set_exception(exc)
+    else:
+        waiter.set_result(task.result())
+
+
 def shielded(op: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
     """`op`, each call run in a task of its own that the caller's cancellation does not cancel."""
 
     async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        loop = asyncio.get_running_loop()
         task = asyncio.ensure_future(op(*args, **kwargs))
-        task.add_done_callback(_consume)
-        return await asyncio.shield(task)
+        waiter: asyncio.Future[T] = loop.create_future()
+        task.add_done_callback(lambda done: _hand_over(done, waiter))
+        return await waiter
 
     return call
+
+
+class ShieldedReads:
+    """`read()` of one stream: every read runs in one task of the stream's own, started at the first call; it
+    reads the next message as soon as the handler has taken the last one (at most one message waits), and ends
+    after EOF or a failure, or once `close()` is called and its read in progress has completed. A cancelled
+    handler leaves the read in progress to finish."""
+
+    def __init__(self, read: Callable[[], Awaitable[Any]]) -> None:
+        self._read = read
+        self._task: asyncio.Task[None] | None = None
+        self._waiter: asyncio.Future[Any] | None = None  # the handler's, while it waits for a message
+        self._ready: asyncio.Future[Any] | None = None  # a message (or failure) read and not yet taken
+        self._taken: asyncio.Future[None] | None = None  # the reader's, while a message waits to be taken
+        self._closed = False
+
+    async def __call__(self) -> Any:
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+            self._task.add_done_callback(_consume)
+        ready = self._ready
+        if ready is not None:
+            self._ready = None
+            taken, self._taken = self._taken, None
+            if taken is not None and not taken.done():
+                taken.set_result(None)
+            return ready.result()
+        if self._closed or self._task.done():
+            raise RuntimeError("the stream's reads have ended")
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            return await waiter
+        finally:
+            self._waiter = None
+
+    def close(self) -> None:
+        """The stream is over: the reader ends once its read in progress completes, and reads nothing more."""
+        self._closed = True
+        taken = self._taken
+        if taken is not None and not taken.done():
+            taken.set_result(None)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        eof = grpc.aio.EOF
+        while not self._closed:
+            outcome: asyncio.Future[Any] = loop.create_future()
+            try:
+                message = await self._read()
+            except BaseException as exc:  # noqa: BLE001 - handed to the handler, which raises it
+                outcome.set_exception(exc)
+                outcome.exception()  # retrieved: a failure nobody takes any more is not reported
+                message = eof
+            else:
+                outcome.set_result(message)
+            if self._closed:  # the stream is over: nobody will take it
+                return
+            waiter = self._waiter
+            if waiter is not None and not waiter.done():
+                _hand_over(outcome, waiter)
+            else:
+                self._ready = outcome
+                if message is not eof:
+                    taken = self._taken = loop.create_future()
+                    await taken
+            if message is eof:
+                return

@@ -24,7 +24,7 @@ from loadaware.extproc.buffered import BufferedConversation
 from loadaware.extproc.conversation import StreamOptions, StreamState
 from loadaware.extproc.duplex import DuplexConversation
 from loadaware.extproc.replies import Replies
-from loadaware.extproc.shielded import shielded
+from loadaware.extproc.shielded import ShieldedReads, shielded
 from loadaware.extproc.stream_end import end_at_eof, reset_by_client
 from loadaware.extproc.traced import Tracer, trace_unreplied, traced_writes
 from loadaware.lifecycle import RequestLifecycle
@@ -97,15 +97,18 @@ class ExtProcServicer:
     async def _converse(self, context: grpc.aio.ServicerContext, stream: StreamState) -> None:
         # Shielded: a read or write that the stream's cancellation interrupted would leak its gRPC batch
         # (shielded.py).
-        read, write = shielded(context.read), shielded(context.write)
+        read, write = ShieldedReads(context.read), shielded(context.write)
         if self.tracer is not None:
             write = traced_writes(write, stream, self.tracer)
-        first = await read()
-        if first is grpc.aio.EOF:
-            return
-        if is_full_duplex(first):
-            self.modes["full_duplex"] += 1
-            await self.duplex.run(first, read, write, stream)
-        else:
-            self.modes["buffered"] += 1
-            await self.buffered.run(first, read, write, stream)
+        try:
+            first = await read()
+            if first is grpc.aio.EOF:
+                return
+            if is_full_duplex(first):
+                self.modes["full_duplex"] += 1
+                await self.duplex.run(first, read, write, stream)
+            else:
+                self.modes["buffered"] += 1
+                await self.buffered.run(first, read, write, stream)
+        finally:
+            read.close()

@@ -1,4 +1,5 @@
-"""extproc/shielded.py: an operation outlives its caller's cancellation, and its failure is not left unread."""
+"""extproc/shielded.py: an operation outlives its caller's cancellation, and its failure is not left unread; a
+stream's reads run in one task that reads at most one message ahead and ends with the stream."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ import asyncio
 import gc
 from typing import Any
 
+import grpc
 import pytest
 
-from loadaware.extproc.shielded import shielded
+from loadaware.extproc.shielded import ShieldedReads, shielded
 
 
 async def test_a_cancelled_caller_leaves_the_operation_running_to_its_end() -> None:
@@ -62,3 +64,82 @@ async def test_a_failure_after_the_caller_left_is_not_reported_as_unretrieved() 
     gc.collect()  # an unretrieved exception is reported when its task is freed
     await asyncio.sleep(0)
     assert reported == []
+
+
+class Reads:
+    """A stream's reads: each waits for its message to be released; counts the reads started."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.started = 0
+
+    async def read(self) -> Any:
+        self.started += 1
+        item = await self.queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+
+async def test_reads_hand_over_in_order_and_read_at_most_one_ahead() -> None:
+    source = Reads()
+    reads = ShieldedReads(source.read)
+    for item in ("headers", "body"):
+        source.queue.put_nowait(item)
+    assert await reads() == "headers"
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert source.started == 2  # "body" was read ahead, and nothing more until it is taken
+    assert await reads() == "body"
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert source.started == 3  # the next read waits in the source
+    source.queue.put_nowait(grpc.aio.EOF)
+    assert await reads() is grpc.aio.EOF
+    await asyncio.sleep(0)
+    assert source.started == 3  # nothing is read after EOF
+
+
+async def test_a_cancelled_reader_leaves_its_read_running_and_close_ends_it() -> None:
+    source = Reads()
+    reads = ShieldedReads(source.read)
+    handler = asyncio.ensure_future(reads())
+    await asyncio.sleep(0)
+    handler.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await handler  # the handler ends at once ...
+    assert reads._task is not None and not reads._task.done()  # ... while its read waits on
+    source.queue.put_nowait("late")  # the read completes ...
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not reads._task.done()  # ... and its message waits to be taken, with no read after it
+    assert source.started == 1
+    reads.close()
+    await asyncio.wait_for(reads._task, 1)  # the stream is over: the reader ends, reading nothing more
+    assert source.started == 1
+
+
+async def test_close_during_a_read_ends_the_reader_when_the_read_completes() -> None:
+    source = Reads()
+    reads = ShieldedReads(source.read)
+    handler = asyncio.ensure_future(reads())
+    await asyncio.sleep(0)
+    handler.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await handler
+    reads.close()
+    assert reads._task is not None and not reads._task.done()  # its read runs to its end ...
+    source.queue.put_nowait(RuntimeError("the call is gone"))
+    await asyncio.wait_for(reads._task, 1)  # ... and then it ends, the failure read, not reported
+
+
+async def test_a_read_failure_reaches_the_handler() -> None:
+    source = Reads()
+    reads = ShieldedReads(source.read)
+    source.queue.put_nowait(ValueError("reset"))
+    with pytest.raises(ValueError, match="reset"):
+        await reads()
+    assert reads._task is not None
+    await asyncio.wait_for(reads._task, 1)  # a failure ends the reads
+    with pytest.raises(RuntimeError):
+        await reads()
