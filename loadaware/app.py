@@ -80,7 +80,7 @@ class Sidecar:
         if self.memory_snapshots is not None:
             self.memory_snapshots.start_tracing()  # first, so everything built below is traced
         self.metrics = Metrics(s.effective_policy)
-        self.full_collections = FullCollections(s.gc_full_interval_s, self.metrics.registry) \
+        self.full_collections = FullCollections(s.gc_full_interval_s, self.metrics.registry, freeze_survivors=True) \
             if s.gc_full_interval_s > 0 else None
         self.lifecycle = RequestLifecycle()
         self.lifecycle.on_failure = ListenerFailures(self.metrics.fallback)  # counted, logged rate-limited

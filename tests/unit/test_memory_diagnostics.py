@@ -132,3 +132,28 @@ def test_malloc_counts_see_native_allocations_come_and_go() -> None:
     after, free_after = counts()
     assert during - before >= 2000 * 1000
     assert after < during - 1_900_000 and free_after > 0
+
+
+class State:
+    """Long-lived state of the kind built after start (an endpoint's signals): tracked, never garbage."""
+
+    def __init__(self) -> None:
+        self.values = [0.0, 1.0]
+
+
+def test_a_slow_collection_of_survivors_freezes_them_once() -> None:
+    registry = CollectorRegistry()
+    collections = FullCollections(30.0, registry, freeze_survivors=True)
+    frozen_before = gc.get_freeze_count()
+    kept = [State() for _ in range(200_000)]  # ~400,000 tracked objects: a collection walks them for ms
+    try:
+        collections.collect()
+        assert registry.get_sample_value("loadaware_gc_freezes_total") == 1
+        assert gc.get_freeze_count() >= frozen_before + len(kept)
+        make_cycles(100)  # garbage made after the freeze is still collected ...
+        assert collections.collect() >= 200
+        assert registry.get_sample_value("loadaware_gc_freezes_total") == 1  # ... and no second freeze so soon
+        assert not FullCollections(30.0, CollectorRegistry()).freeze_survivors  # off unless asked for
+    finally:
+        gc.unfreeze()  # the rest of the test run collects as before
+    del kept
