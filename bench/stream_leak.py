@@ -7,8 +7,8 @@ stream-stream handler: read one message, write one reply, read until EOF. A clie
 and ends each one either by half-closing (EOF, as Envoy closes a stream) or by cancelling it while the handler
 waits in its read (as Envoy resets one). The handler, at the EOF its read returns, either returns (grpc.aio
 then sends a status) or goes through `end_at_eof` first (loadaware/extproc/stream_end.py), with plain or
-shielded reads and writes (loadaware/extproc/shielded.py: the stream's reads in one task, each write in its
-own). Printed per stream:
+shielded reads and writes (loadaware/extproc/shielded.py: the stream's reads in one task, its writes in
+another). Printed per stream:
 the growth of glibc's malloc bytes in use (mallinfo2: native allocations, and Python objects above 512 B) and
 of Python's allocated blocks (sys.getallocatedblocks: every live Python object), after a warm-up and a full
 collection on each side.
@@ -28,7 +28,7 @@ from typing import Any
 import grpc
 
 from loadaware.collector import malloc_counts
-from loadaware.extproc.shielded import ShieldedReads, shielded
+from loadaware.extproc.shielded import ShieldedReads, ShieldedWrites
 from loadaware.extproc.stream_end import end_at_eof
 
 SERVICE, STREAM, STATS = "bench.Leak", "Stream", "Stats"
@@ -48,10 +48,10 @@ HANDLERS = ("return", "end_at_eof", "shielded+end_at_eof")  # the last is the si
 def serve(handler_end: str, port_file: Path, use_uvloop: bool) -> None:
     async def stream(_requests: Any, context: grpc.aio.ServicerContext) -> None:
         read, write = context.read, context.write
-        reads = None
-        if handler_end.startswith("shielded"):  # as extproc/stream.py: one reading task, each write its own
-            read = reads = ShieldedReads(read)
-            write = shielded(write)
+        shielded_io = None
+        if handler_end.startswith("shielded"):  # as extproc/stream.py: one reading task, one writing task
+            shielded_io = ShieldedReads(read), ShieldedWrites(write)
+            read, write = shielded_io
         try:
             await read()
             await write(b"x" * 50)
@@ -60,8 +60,9 @@ def serve(handler_end: str, port_file: Path, use_uvloop: bool) -> None:
             if handler_end.endswith("end_at_eof"):
                 await end_at_eof(context)
         finally:
-            if reads is not None:
-                reads.close()
+            if shielded_io is not None:
+                shielded_io[0].close()
+                shielded_io[1].close()
 
     async def stats(_request: bytes, _context: grpc.aio.ServicerContext) -> bytes:
         gc.collect()

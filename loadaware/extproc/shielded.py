@@ -8,15 +8,17 @@ cancellation does not reach, an operation sees its batch complete (gRPC complete
 cancelled call at once) and frees the array; the handler still ends at once, with CancelledError.
 
 Cost: a stream's reads run in one task for the whole stream (`ShieldedReads`), which reads the next message as
-soon as the handler has taken the last one and hands it over through a future; a write runs in a task of its
-own whose end a future carries to the handler (`shielded`). Both take the handler one event-loop turn more than
-a plain await; asyncio.shield and a task per read took three (a streamed response's chunk is a read and a write:
-`python -m bench.extproc_inprocess`).
+soon as the handler has taken the last one and hands it over through a future; its writes run in another
+(`ShieldedWrites`), in order, each one's end handed over through a future. Each takes the handler about one
+event-loop turn more than a plain await; a task and an asyncio.shield per operation took about three (a
+streamed response's chunk is a read and a write: `python -m bench.extproc_inprocess`). `shielded` wraps any
+one operation the same way, in a task of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -123,3 +125,59 @@ class ShieldedReads:
                     await taken
             if message is eof:
                 return
+
+
+class ShieldedWrites:
+    """`write(reply)` of one stream: the writes run in order in one task of the stream's own, started at the
+    first; each caller waits for its own write's end (or failure). A cancelled caller leaves its write, and
+    any queued before it, to finish; `close()` ends the task once the queue is empty."""
+
+    def __init__(self, write: Callable[[Any], Awaitable[Any]]) -> None:
+        self._write = write
+        self._queue: deque[tuple[Any, asyncio.Future[Any]]] = deque()
+        self._task: asyncio.Task[None] | None = None
+        self._idle: asyncio.Future[None] | None = None  # the writer's, while the queue is empty
+        self._closed = False
+
+    async def __call__(self, reply: Any) -> Any:
+        if self._closed:
+            raise RuntimeError("the stream's writes have ended")
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = loop.create_future()
+        self._queue.append((reply, done))
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+            self._task.add_done_callback(_consume)
+        else:
+            idle = self._idle
+            if idle is not None and not idle.done():
+                idle.set_result(None)
+        return await done
+
+    def close(self) -> None:
+        """The stream is over: the writer ends once what is queued is written."""
+        self._closed = True
+        idle = self._idle
+        if idle is not None and not idle.done():
+            idle.set_result(None)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        queue = self._queue
+        while True:
+            while queue:
+                reply, done = queue.popleft()
+                try:
+                    result = await self._write(reply)
+                except BaseException as exc:  # noqa: BLE001 - handed to its caller, which raises it
+                    if not done.done():  # else its caller has gone, and with it the stream: nothing to tell
+                        done.set_exception(exc)
+                        done.exception()  # retrieved: a caller cancelled meanwhile is not reported as unread
+                else:
+                    if not done.done():
+                        done.set_result(result)
+            if self._closed:
+                return
+            idle = self._idle = loop.create_future()
+            await idle
+            self._idle = None

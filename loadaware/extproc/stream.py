@@ -21,10 +21,10 @@ from google.protobuf.message import DecodeError
 
 from loadaware.admission.controller import AdmissionController
 from loadaware.extproc.buffered import BufferedConversation
-from loadaware.extproc.conversation import StreamOptions, StreamState
+from loadaware.extproc.conversation import StreamOptions, StreamState, Write
 from loadaware.extproc.duplex import DuplexConversation
 from loadaware.extproc.replies import Replies
-from loadaware.extproc.shielded import ShieldedReads, shielded
+from loadaware.extproc.shielded import ShieldedReads, ShieldedWrites
 from loadaware.extproc.stream_end import end_at_eof, reset_by_client
 from loadaware.extproc.traced import Tracer, trace_unreplied, traced_writes
 from loadaware.lifecycle import RequestLifecycle
@@ -97,7 +97,8 @@ class ExtProcServicer:
     async def _converse(self, context: grpc.aio.ServicerContext, stream: StreamState) -> None:
         # Shielded: a read or write that the stream's cancellation interrupted would leak its gRPC batch
         # (shielded.py).
-        read, write = ShieldedReads(context.read), shielded(context.write)
+        read, writes = ShieldedReads(context.read), ShieldedWrites(context.write)
+        write: Write = writes
         if self.tracer is not None:
             write = traced_writes(write, stream, self.tracer)
         try:
@@ -112,3 +113,4 @@ class ExtProcServicer:
                 await self.buffered.run(first, read, write, stream)
         finally:
             read.close()
+            writes.close()

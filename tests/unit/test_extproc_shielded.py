@@ -1,5 +1,6 @@
 """extproc/shielded.py: an operation outlives its caller's cancellation, and its failure is not left unread; a
-stream's reads run in one task that reads at most one message ahead and ends with the stream."""
+stream's reads run in one task that reads at most one message ahead and ends with the stream, and its writes
+in another, in order."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
-from loadaware.extproc.shielded import ShieldedReads, shielded
+from loadaware.extproc.shielded import ShieldedReads, ShieldedWrites, shielded
 
 
 async def test_a_cancelled_caller_leaves_the_operation_running_to_its_end() -> None:
@@ -143,3 +144,48 @@ async def test_a_read_failure_reaches_the_handler() -> None:
     await asyncio.wait_for(reads._task, 1)  # a failure ends the reads
     with pytest.raises(RuntimeError):
         await reads()
+
+
+class Writes:
+    """A stream's writes: each waits until released; records what was written, in order."""
+
+    def __init__(self) -> None:
+        self.written: list[Any] = []
+        self.release = asyncio.Event()
+
+    async def write(self, reply: Any) -> None:
+        await self.release.wait()
+        if isinstance(reply, BaseException):
+            raise reply
+        self.written.append(reply)
+
+
+async def test_writes_run_in_order_and_a_cancelled_writer_leaves_its_write_to_finish() -> None:
+    sink = Writes()
+    writes = ShieldedWrites(sink.write)
+    first = asyncio.ensure_future(writes("headers"))
+    await asyncio.sleep(0)
+    first.cancel()  # the handler is cancelled while its write waits ...
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    sink.release.set()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert sink.written == ["headers"]  # ... and the write still completes
+    assert await writes("body") is None and sink.written == ["headers", "body"]
+    writes.close()
+    assert writes._task is not None
+    await asyncio.wait_for(writes._task, 1)  # the stream is over: the writer ends
+    with pytest.raises(RuntimeError):
+        await writes("late")
+
+
+async def test_a_write_failure_reaches_its_caller_and_later_writes_go_on() -> None:
+    sink = Writes()
+    sink.release.set()
+    writes = ShieldedWrites(sink.write)
+    with pytest.raises(ValueError, match="reset"):
+        await writes(ValueError("reset"))
+    await writes("next")
+    assert sink.written == ["next"]
+    writes.close()
