@@ -11,8 +11,7 @@ Cost: a stream's reads run in one task for the whole stream (`ShieldedReads`), w
 soon as the handler has taken the last one and hands it over through a future; its writes run in another
 (`ShieldedWrites`), in order, each one's end handed over through a future. Each takes the handler about one
 event-loop turn more than a plain await; a task and an asyncio.shield per operation took about three (a
-streamed response's chunk is a read and a write: `python -m bench.extproc_inprocess`). `shielded` wraps any
-one operation the same way, in a task of its own.
+streamed response's chunk is a read and a write: `python -m bench.extproc_inprocess`).
 """
 
 from __future__ import annotations
@@ -20,11 +19,10 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
-P = ParamSpec("P")
 T = TypeVar("T")
 
 
@@ -45,19 +43,6 @@ def _hand_over(task: asyncio.Future[T], waiter: asyncio.Future[T]) -> None:
         waiter.set_exception(exc)
     else:
         waiter.set_result(task.result())
-
-
-def shielded(op: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
-    """`op`, each call run in a task of its own that the caller's cancellation does not cancel."""
-
-    async def call(*args: P.args, **kwargs: P.kwargs) -> T:
-        loop = asyncio.get_running_loop()
-        task = asyncio.ensure_future(op(*args, **kwargs))
-        waiter: asyncio.Future[T] = loop.create_future()
-        task.add_done_callback(lambda done: _hand_over(done, waiter))
-        return await waiter
-
-    return call
 
 
 class ShieldedReads:
