@@ -1,0 +1,15 @@
+"""The benchmarks name only policies the sidecar offers: a policy that left the product must not leave a
+benchmark that fails at start (bench.signals_cost named `predictive` and `lane` after both were gone)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import extproc_inprocess, signals_cost
+from loadaware.policies import POLICIES
+from loadaware.policies.auto import AUTO
+
+
+@pytest.mark.parametrize("name", [*signals_cost.POLICIES, *extproc_inprocess.COMPARED])
+def test_every_benchmarked_policy_is_offered(name: str) -> None:
+    assert name == AUTO or name in POLICIES
