@@ -2,13 +2,14 @@
 long each holds the event loop.
 
     python -m bench.fleet_size [--quick] [--json] [--sizes 100,1000,10000] [--baseline GIT_REF] [--policy P]
-                               [--learned]
+                               [--learned] [--full-scan]
 
 `--policy` (default `loadaware`): the policy deciding. `loadaware`, `kvaware` and `leastload` score only a large
 pool's prefix holders and least-loaded endpoints; `lane-spread` scans the pool by load until its cost floor
 passes the best costs found (routing/pruning.py). `--learned`: every endpoint first learns its TTFT prices from
 a few first chunks, within 20% of the prior's (as on the response path; a BUFFERED sidecar keeps the prior's),
-which lowers lane-spread's floor. `--baseline` measures the other commit with `loadaware`.
+which lowers lane-spread's floor. `--full-scan`: the decider scores every endpoint (its load order off), what
+the pruning saves. `--baseline` measures the other commit with `loadaware`.
 
 One sidecar per size, in this process, on static endpoints that are never contacted (the engines are not
 there: the scraper and the models poller are replaced by idle tasks, and every engine is recorded as
@@ -269,8 +270,8 @@ def teach_prices(app: Sidecar, rng: random.Random, spread: float = LEARNED_SPREA
         signals.clock = real
 
 
-async def measure_size(n: int, reps: dict[str, int], policy: str = "loadaware", learned: bool = False
-                       ) -> dict[str, Any]:
+async def measure_size(n: int, reps: dict[str, int], policy: str = "loadaware", learned: bool = False,
+                       full_scan: bool = False) -> dict[str, Any]:
     flags = ["--endpoints", ",".join(fleet(n)), "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
              "--metrics-listen", "127.0.0.1:0", "--admin-http-listen", "127.0.0.1:0",
              "--prefix-source", "approx", "--policy", policy, "--log-level", "warning"]
@@ -291,6 +292,8 @@ async def measure_size(n: int, reps: dict[str, int], policy: str = "loadaware", 
     try:
         if learned:
             teach_prices(app, rng)
+        if full_scan:
+            app.decider.ranking = None  # every endpoint scored
         # Warm the approximate index and leave requests open so loads differ.
         kept = []
         for i in range(OPEN_REQUESTS + 200):
@@ -378,13 +381,14 @@ async def measure_size(n: int, reps: dict[str, int], policy: str = "loadaware", 
     return out
 
 
-def run(quick: bool = False, sizes: Sequence[int] = SIZES, policy: str = "loadaware", learned: bool = False
-        ) -> dict[str, Any]:
+def run(quick: bool = False, sizes: Sequence[int] = SIZES, policy: str = "loadaware", learned: bool = False,
+        full_scan: bool = False) -> dict[str, Any]:
     reps = {"decide": 50, "grpc_decide": 30, "explain": 5, "metrics": 2, "debug": 2, "full_gc": 2} if quick else \
         {"decide": 300, "grpc_decide": 200, "explain": 20, "metrics": 5, "debug": 5, "full_gc": 5}
     import loadaware
     return {"tree": str(Path(loadaware.__file__).resolve().parents[1]), "reps": reps, "policy": policy,
-            "learned": learned, "sizes": [asyncio.run(measure_size(n, reps, policy, learned)) for n in sizes]}
+            "learned": learned, "full_scan": full_scan,
+            "sizes": [asyncio.run(measure_size(n, reps, policy, learned, full_scan)) for n in sizes]}
 
 
 def run_baseline(ref: str, quick: bool, sizes: Sequence[int]) -> dict[str, Any]:
@@ -439,12 +443,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="comma list of fleet sizes")
     p.add_argument("--baseline", default=None, help="a git ref to measure too, side by side ('before')")
     p.add_argument("--policy", default="loadaware", help="the policy deciding (default loadaware: pruned)")
+    p.add_argument("--full-scan", action="store_true", help="score every endpoint (the pruning off)")
     p.add_argument("--learned", action="store_true",
                    help=f"every endpoint learns its prices first (within +-{LEARNED_SPREAD:.0%} of the prior's)")
     args = p.parse_args(argv)
     sizes = tuple(int(s) for s in args.sizes.split(",") if s.strip())
     baseline = run_baseline(args.baseline, args.quick, sizes) if args.baseline else None
-    result = run(args.quick, sizes, args.policy, args.learned)
+    result = run(args.quick, sizes, args.policy, args.learned, args.full_scan)
     if args.json:
         print(json.dumps({**result, "baseline": baseline} if baseline else result, indent=2))
     else:
