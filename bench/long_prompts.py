@@ -289,14 +289,20 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
     if args.quick:
-        sizes, conc, requests = [8, 32], [8], 24
+        result = run_case(Path(args.out), quick=True)
     else:
-        sizes = [int(x) for x in args.sizes_kb.split(",")]
-        conc = [int(x) for x in args.concurrency.split(",")]
-        requests = args.requests
-    result = run(Path(args.out), sizes, conc, requests)
+        result = run(Path(args.out), [int(x) for x in args.sizes_kb.split(",")],
+                     [int(x) for x in args.concurrency.split(",")], args.requests)
     print(table(result))
     return 0
+
+
+def run_case(out_dir: Path, quick: bool = False) -> dict[str, Any]:
+    """`make bench`'s case `long_prompts`: the full form (50, 220 and 500 KB x 50 and 150, 300 requests), or with
+    `quick` the smoke test's small one (8 and 32 KB x 8, 24 requests)."""
+    if quick:
+        return run(out_dir, [8, 32], [8], 24)
+    return run(out_dir, [50, 220, 500], [50, 150], 300)
 
 
 if __name__ == "__main__":

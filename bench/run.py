@@ -24,6 +24,7 @@ from . import extproc_fuzz as fuzz_bench
 from . import extproc_inprocess as extproc_bench
 from . import fleet_size as fleet_size_bench
 from . import kv_events as kv_events_bench
+from . import long_prompts as long_prompts_bench
 from . import scrape_parse as scrape_parse_bench
 from .cases import BenchConfig, CaseResults, as_dict, run_decision, run_transport
 from .picker import PROMPTS as PICKER_PROMPTS
@@ -37,7 +38,7 @@ from .transport_floor import floor_table, run_floor
 
 REPO = Path(__file__).resolve().parents[1]
 CASES = ("transport", "decision", "steps", "kv_events", "scrape_parse", "extproc_inprocess", "picker", "table",
-         "floor", "fuzz", "fleet_size", "admission")
+         "floor", "fuzz", "fleet_size", "admission", "long_prompts")
 # Asked for by name only (`--cases soak`): the soak runs for half an hour by default.
 EXTRA_CASES = ("soak",)
 
@@ -153,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     floor_rows: list[dict[str, Any]] | None = None
     fleet_result: dict[str, Any] | None = None
     admission_result: dict[str, Any] | None = None
+    long_result: dict[str, Any] | None = None
     soak_cfg = soak_config(args, cfg) if "soak" in cfg.cases else None
     soak_result = None
     try:
@@ -178,6 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             fleet_result = fleet_size_bench.run(args.quick)
         if "admission" in cfg.cases:  # a shared fleet past its capacity: priorities, fairness, 429s
             admission_result = admission_bench.run(cfg.out_dir / "admission", args.quick)
+        if "long_prompts" in cfg.cases:  # 50-500 KB prompts through both Envoys against the engines direct
+            long_result = long_prompts_bench.run_case(cfg.out_dir / "long_prompts", args.quick)
         if soak_cfg is not None:  # steady load for a long time: the sidecar's RSS curve
             soak_result = run_soak(soak_cfg)
     except Exception as exc:  # still print and save what was measured
@@ -192,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
            "table": None if table_rows is None else {
                "config": table_config(cfg, arms_by_name(cfg.table_arms)), "rows": table_rows},
            "floor": floor_rows, "fuzz": fuzz_result, "fleet_size": fleet_result, "admission": admission_result,
-           "soak": None if soak_result is None else soak_result.to_dict()}
+           "long_prompts": long_result, "soak": None if soak_result is None else soak_result.to_dict()}
     out_json = cfg.out_dir / "results.json"
     out_json.write_text(json.dumps(doc, indent=2, default=str))
 
@@ -227,6 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parts.append(fleet_size_bench.table(fleet_result))
     if admission_result is not None:
         parts.append(admission_bench.table(admission_result))
+    if long_result is not None:
+        parts.append(long_prompts_bench.table(long_result))
     if soak_cfg is not None and soak_result is not None:
         parts.append(soak_table(soak_cfg, soak_result))
     parts.append(summary_table(summ, cfg.rate))

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_the_long_prompt_case_answers_every_request_and_prints_its_figures(tmp_path: Path) -> None:
-    result = long_prompts.run(tmp_path, sizes_kb=[8, 32], concurrency=[8], requests=24)
+    result = long_prompts.run_case(tmp_path, quick=True)
     print("\n" + long_prompts.table(result))
     assert [(c["size_kb"], c["concurrency"]) for c in result["cells"]] == [(8, 8), (32, 8)]
     for cell in result["cells"]:
