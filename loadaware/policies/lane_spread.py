@@ -28,7 +28,7 @@ here); no constant is tuned per workload: the thresholds are the fleet's capacit
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -81,16 +81,14 @@ class LaneSpread(Lane):
         """A lower bound on the cost of an endpoint that holds nothing of the prompt, carries `load` and prices
         a request at no less than `prices` (base, per token, per running): its wait, decode batch and queue are
         at least 0."""
-        return self.floor_at(prompt_tokens, load, spread)(prices)
+        w = self.floor_weights(prompt_tokens, load, spread)
+        return prices[0] * w[0] + prices[1] * w[1] + prices[2] * w[2]
 
-    def floor_at(self, prompt_tokens: int, load: float, spread: bool) -> Callable[[Prices], float]:
-        """`floor` at one prompt and load, as a function of the prices (a scan calls it once per endpoint)."""
+    def floor_weights(self, prompt_tokens: int, load: float, spread: bool) -> Prices:
+        """`floor` is linear in the prices: these are its weights at one prompt and load (a scan weighs each
+        endpoint's own prices with them)."""
         factor = load + 1 if spread else 1.0
-
-        def at(prices: Prices) -> float:
-            return (prices[0] + prices[1] * prompt_tokens + prices[2] * load) * factor
-
-        return at
+        return factor, prompt_tokens * factor, load * factor
 
 
 def in_flight_costs(lane: Lane, prompt_tokens: int, candidates: Sequence[Candidate]) -> list[float]:

@@ -84,7 +84,7 @@ class Floored(Protocol):
 
     def floor(self, prompt_tokens: int, load: float, prices: Prices, spread: bool) -> float: ...
 
-    def floor_at(self, prompt_tokens: int, load: float, spread: bool) -> Callable[[Prices], float]: ...
+    def floor_weights(self, prompt_tokens: int, load: float, spread: bool) -> Prices: ...
 
 
 class Decider:
@@ -421,9 +421,17 @@ class Decider:
         def floor(load: float) -> float:  # any endpoint's, at the lowest prices
             return policy.floor(n_tokens, load, lowest, spread) + guard(load)
 
-        def bound(load: float) -> Callable[[str], float]:  # an endpoint's at this load, at its own prices
-            at, extra = policy.floor_at(n_tokens, load, spread), guard(load)
-            return lambda ep: at(read(ep) or prior) + extra
+        def bound(load: float) -> Callable[[Sequence[str], float], list[tuple[float, str]]]:
+            """Of endpoints at this load, (their floor at their own prices, the endpoint) where it is at most
+            `kth`."""
+            w0, w1, w2 = policy.floor_weights(n_tokens, load, spread)
+            extra = guard(load)
+
+            def within(eps: Sequence[str], kth: float) -> list[tuple[float, str]]:
+                return [(b, ep) for ep in eps
+                        if (b := (p := read(ep) or prior)[0] * w0 + p[1] * w1 + p[2] * w2 + extra) <= kth]
+
+            return within
 
         scored_costs = [cost(c) for c in scored]
         rest, rest_costs = floored_candidates(

@@ -14,6 +14,7 @@ so ties closer than the policies' float tolerance resolve as they do over the fu
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Callable, Collection, Mapping, Sequence
 
@@ -22,6 +23,8 @@ from loadaware.policies import Candidate
 
 # Below this many endpoints scoring them all costs less than choosing which to score.
 MIN_POOL = 64
+# A floored scan's endpoints of one load taken in the order's order before it weighs the rest by their bounds.
+IN_ORDER_FIRST = 16
 
 
 def pruned_candidates(order: LoadOrder, pool: tuple[str, ...], members: Collection[str], whole_fleet: bool,
@@ -68,53 +71,77 @@ def pool_load(order: LoadOrder, pool: tuple[str, ...], whole_fleet: bool, exclud
 def floored_candidates(order: LoadOrder, leave: Collection[str], members: Collection[str],
                        excluded: Collection[str], scored: Sequence[Candidate], scored_costs: Sequence[float],
                        limit: int, build: Callable[[str, float], Candidate], cost: Callable[[Candidate], float],
-                       floor: Callable[[float], float], bound: Callable[[float], Callable[[str], float]] | None = None
-                       ) -> tuple[list[Candidate], list[float]]:
+                       floor: Callable[[float], float],
+                       bound: Callable[[float], Callable[[Sequence[str], float], list[tuple[float, str]]]] | None
+                       = None) -> tuple[list[Candidate], list[float]]:
     """The endpoints a floored policy (Needs.floored) must score beside `scored` (its holders and the few it
-    always scores, whose costs are `scored_costs`), least loaded first: each one of `members` not in `leave`
-    (the scored) nor in `excluded`, until `floor(load)` reaches the `limit`-th lowest cost found among the
-    scanned and the scored holders (matched tokens > 0); on the way, an endpoint whose own bound
-    (`bound(load)(endpoint)`) already reaches it is passed over unbuilt. Returns the scanned and their costs.
+    always scores, whose costs are `scored_costs`): of `members`, not in `leave` (the scored) nor in
+    `excluded`, least loaded first. Candidates rank by (cost, -matched tokens, load, endpoint), as the policies'
+    choice and fallbacks do; the scan keeps the `limit` best keys so far and stops at a load whose `floor`
+    puts every endpoint there after the `limit`-th. Within a load, once `limit` keys are known, the rest are
+    taken in the order's (endpoint) order while (floor, load, endpoint) ranks before the `limit`-th key: all of
+    them without `bound`, else IN_ORDER_FIRST of them, and then the rest are weighed by their own bound
+    (`bound(load)(endpoints, kth cost)`: the bounds at most the `limit`-th cost) and built in (bound, endpoint)
+    order while that pair, at this load, ranks before the `limit`-th key. Returns the scanned and their costs.
 
     Why nothing left out can be among the choice and its `limit - 1` fallbacks: an endpoint left out holds
-    nothing, so its cost is at least its bound, which is at least floor(its load) (the policy's bounds), and
-    floor never falls as the load rises, so it is at least that `limit`-th cost; at equal cost it ranks after
-    each of those `limit` (a holder by its longer match, a scanned endpoint by its lower load or, at equal
-    load, its lexically smaller name: the order's). `cost`, `floor` and `bound` include the pile-up guard's
-    price. `build(endpoint, load)`: its candidate."""
-    worst: list[float] = []  # the `limit` lowest costs so far, negated (a max-heap)
+    nothing, and its cost is at least its bound, which is at least floor(its load) (the policy's bounds), so
+    its key is at least (its bound, 0, its load, its name); floor never falls as the load rises, and the
+    `limit`-th key only falls as the scan goes on; the scan stops only where every remaining key is at least
+    the `limit`-th. Costs are compared exactly (the policies treat costs within 1e-9 as tied). `cost`, `floor`
+    and `bound` include the pile-up guard's price. `build(endpoint, load)`: its candidate."""
+    best: list[tuple[float, int, float, str]] = []  # the `limit` best keys so far, ascending
+
+    def keep(c: Candidate, x: float) -> None:
+        key = (x, -c.matched_tokens, c.load, c.endpoint)
+        if len(best) < limit:
+            bisect.insort(best, key)
+        elif key < best[-1]:
+            bisect.insort(best, key)
+            best.pop()
+
     for c, x in zip(scored, scored_costs):
-        if c.matched_tokens > 0:
-            _keep_lowest(worst, x, limit)
+        keep(c, x)
     out: list[Candidate] = []
     costs: list[float] = []
+
+    def take(ep: str, load: float) -> None:
+        c = build(ep, load)
+        x = cost(c)
+        out.append(c)
+        costs.append(x)
+        keep(c, x)
+
     for load, bucket in order.by_load():
         lowest = floor(load)
-        if len(worst) >= limit and lowest >= -worst[0]:
+        i, n = 0, len(bucket)
+        while i < n and len(best) < limit:  # until `limit` keys are known, in the order's order
+            ep = bucket[i]
+            i += 1
+            if ep not in leave and ep in members and ep not in excluded:
+                take(ep, load)
+        if i >= n:
+            continue
+        if (lowest, 0, load) > best[-1][:3]:
             break
-        own = bound(load) if bound is not None else None
-        for ep in bucket:
-            if ep in leave or ep not in members or ep in excluded:
-                continue
-            if len(worst) >= limit:
-                kth = -worst[0]
-                if lowest >= kth:
-                    return out, costs
-                if own is not None and own(ep) >= kth:
-                    continue
-            c = build(ep, load)
-            x = cost(c)
-            out.append(c)
-            costs.append(x)
-            _keep_lowest(worst, x, limit)
+        # A few more in the order's order first: at the prior's prices the first idle endpoint settles the load.
+        first = n if bound is None else min(n, i + IN_ORDER_FIRST)
+        while i < first:
+            ep = bucket[i]
+            if (lowest, 0, load, ep) >= best[-1]:
+                return out, costs
+            i += 1
+            if ep not in leave and ep in members and ep not in excluded:
+                take(ep, load)
+        if i >= n or bound is None:
+            continue
+        weighed = bound(load)(bucket[i:], best[-1][0])
+        heapq.heapify(weighed)
+        while weighed and (weighed[0][0], 0, load, weighed[0][1]) < best[-1]:
+            ep = heapq.heappop(weighed)[1]
+            if ep not in leave and ep in members and ep not in excluded:
+                take(ep, load)
     return out, costs
-
-
-def _keep_lowest(worst: list[float], x: float, limit: int) -> None:
-    if len(worst) < limit:
-        heapq.heappush(worst, -x)
-    elif x < -worst[0]:
-        heapq.heapreplace(worst, -x)
 
 
 def round_robin_candidates(order: LoadOrder, pick: str, limit: int, position: Callable[[str], int]

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable, Sequence
+
+import pytest
 
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import Decision, RequestLifecycle
@@ -237,3 +240,41 @@ def test_the_price_floor_is_the_lowest_read_and_rises_after_a_refresh() -> None:
     now[0] += 31.0
     bases = [read(ep).idle_ttft_base_s for ep in ("a", "b")]
     assert signals.price_floor(prior.prices())[0] == min(prior.base_s, *(b for b in bases if b is not None)) > floor[0]
+
+
+def scan_case(rng: random.Random, with_bounds: bool) -> tuple[set[str], set[str]]:
+    """One synthetic pool: (the `limit` best endpoints by (cost, load, name), the endpoints the scan built)."""
+    n = rng.randrange(2, 120)
+    eps = [f"e{i:03d}" for i in range(n)]
+    load = {ep: float(rng.choice((0, 0, 0, 1, 2))) for ep in eps}
+    own = {ep: rng.choice((1.0, 1.0, 1.0005, 1.2, 2.0)) + load[ep] for ep in eps}  # its floor
+    true = {ep: own[ep] + rng.choice((0.0, 0.0, 0.0003, 0.5)) for ep in eps}  # its cost
+    order = LoadOrder()
+    for ep in eps:
+        order.set(ep, load[ep])
+    limit = rng.randrange(1, 4)
+
+    def floor(at_load: float) -> float:
+        return min((own[ep] for ep in eps if load[ep] >= at_load), default=99.0)
+
+    def bound(at_load: float) -> Callable[[Sequence[str], float], list[tuple[float, str]]]:
+        return lambda names, kth: [(own[ep], ep) for ep in names if own[ep] <= kth]
+
+    def build(ep: str, at_load: float) -> Candidate:
+        return Candidate(ep, 0, at_load)
+
+    rest, costs = floored_candidates(order, (), eps, (), [], [], limit, build, lambda c: true[c.endpoint], floor,
+                                     bound if with_bounds else None)
+    assert costs == [true[c.endpoint] for c in rest]
+    ranking = sorted(eps, key=lambda ep: (true[ep], load[ep], ep))
+    return set(ranking[:limit]), {c.endpoint for c in rest}
+
+
+@pytest.mark.parametrize("with_bounds", [False, True])
+def test_the_scan_keeps_every_endpoint_that_ranks(with_bounds: bool) -> None:
+    """Synthetic costs with many ties and near-ties: whatever the scan leaves out ranks after the `limit` best
+    (by cost, then load, then name), for the in-order stop and for the bound-weighed one."""
+    rng = random.Random(f"keys-{with_bounds}")
+    for case in range(300):
+        best, built = scan_case(rng, with_bounds)
+        assert best <= built, f"case {case}"
