@@ -5,6 +5,7 @@ counts the blocks requests hold, not the prefix cache (what the simulator's sim/
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from pathlib import Path
 
@@ -43,10 +44,12 @@ def test_running_requests_show_in_the_scraped_gauges(pair: tuple[VllmEngine, Vll
     stop = threading.Event()
 
     def long_request(seed: int) -> None:
+        # Requests back to back until the check has seen them run: one that ended early (or failed on a loaded
+        # machine) is replaced, so the engine keeps three to report.
         while not stop.is_set():
-            b.post("/v1/completions", {"model": b.served_name, "prompt": token_prompt(seed, 50), "max_tokens": 400,
-                                       "ignore_eos": True, "temperature": 0})
-            return
+            with contextlib.suppress(Exception):
+                b.post("/v1/completions", {"model": b.served_name, "prompt": token_prompt(seed, 50),
+                                           "max_tokens": 400, "ignore_eos": True, "temperature": 0})
 
     workers = [threading.Thread(target=long_request, args=(900 + i,)) for i in range(3)]
     for w in workers:
