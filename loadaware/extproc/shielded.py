@@ -33,6 +33,19 @@ def _consume(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
+def _wake(future: asyncio.Future[None] | None) -> None:
+    """Resolve a future one side of a stream waits on, if it still waits."""
+    if future is not None and not future.done():
+        future.set_result(None)
+
+
+def _started(run: Awaitable[None]) -> asyncio.Task[None]:
+    """The stream's task of its own; its outcome read when it ends, whoever awaits it."""
+    task = asyncio.ensure_future(run)
+    task.add_done_callback(_consume)
+    return task
+
+
 def _hand_over(task: asyncio.Future[T], waiter: asyncio.Future[T]) -> None:
     """The operation's outcome to the caller's future, unless the caller has gone (then it is only read)."""
     if waiter.done():
@@ -61,14 +74,12 @@ class ShieldedReads:
 
     async def __call__(self) -> Any:
         if self._task is None:
-            self._task = asyncio.ensure_future(self._run())
-            self._task.add_done_callback(_consume)
+            self._task = _started(self._run())
         ready = self._ready
         if ready is not None:
             self._ready = None
             taken, self._taken = self._taken, None
-            if taken is not None and not taken.done():
-                taken.set_result(None)
+            _wake(taken)
             return ready.result()
         if self._closed or self._task.done():
             raise RuntimeError("the stream's reads have ended")
@@ -81,9 +92,7 @@ class ShieldedReads:
     def close(self) -> None:
         """The stream is over: the reader ends once its read in progress completes, and reads nothing more."""
         self._closed = True
-        taken = self._taken
-        if taken is not None and not taken.done():
-            taken.set_result(None)
+        _wake(self._taken)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -131,20 +140,15 @@ class ShieldedWrites:
         done: asyncio.Future[Any] = loop.create_future()
         self._queue.append((reply, done))
         if self._task is None:
-            self._task = asyncio.ensure_future(self._run())
-            self._task.add_done_callback(_consume)
+            self._task = _started(self._run())
         else:
-            idle = self._idle
-            if idle is not None and not idle.done():
-                idle.set_result(None)
+            _wake(self._idle)
         return await done
 
     def close(self) -> None:
         """The stream is over: the writer ends once what is queued is written."""
         self._closed = True
-        idle = self._idle
-        if idle is not None and not idle.done():
-            idle.set_result(None)
+        _wake(self._idle)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -56,4 +56,9 @@ def priced_out(costs: list[float], candidates: Sequence[Candidate], cap: int | N
     """`costs` with the candidates past `cap` (a pool's load_cap; None: unbounded) priced out."""
     if cap is None or max(x.load for x in candidates) + 1 <= cap:
         return costs
-    return [x if c.load + 1 <= cap else x + PRICED_OUT for x, c in zip(costs, candidates)]
+    return [x + past_cap(c.load, cap) for x, c in zip(costs, candidates)]
+
+
+def past_cap(load: float, cap: int | None) -> float:
+    """What the guard adds to the cost of an endpoint carrying `load`: PRICED_OUT past `cap`, else 0."""
+    return PRICED_OUT if cap is not None and load + 1 > cap else 0.0

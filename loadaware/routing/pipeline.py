@@ -24,7 +24,7 @@ from loadaware.load.order import LoadOrder
 from loadaware.load.signals import SignalTracker
 from loadaware.policies import Candidate, Choice, Needs, Policy, ranked
 from loadaware.policies.base import lowest_cost
-from loadaware.policies.bounded import PRICED_OUT, pool_cap
+from loadaware.policies.bounded import past_cap, pool_cap
 from loadaware.policies.ttft_model import Prices, TtftPrior
 from loadaware.prefix.queued import QueuedPrefixes
 from loadaware.prefix.source import PrefixSource, PrefixUnavailable, PromptTokens
@@ -412,20 +412,17 @@ class Decider:
         lowest = signals.price_floor(prior)
         read = signals.read_prices
 
-        def guard(load: float) -> float:
-            return PRICED_OUT if cap is not None and load + 1 > cap else 0.0
-
         def cost(c: Candidate) -> float:
-            return policy.cost_in(n_tokens, c, spread) + guard(c.load)
+            return policy.cost_in(n_tokens, c, spread) + past_cap(c.load, cap)
 
         def floor(load: float) -> float:  # any endpoint's, at the lowest prices
-            return policy.floor(n_tokens, load, lowest, spread) + guard(load)
+            return policy.floor(n_tokens, load, lowest, spread) + past_cap(load, cap)
 
         def bound(load: float) -> Callable[[Sequence[str], float], list[tuple[float, str]]]:
             """Of endpoints at this load, (their floor at their own prices, the endpoint) where it is at most
             `kth`."""
             w0, w1, w2 = policy.floor_weights(n_tokens, load, spread)
-            extra = guard(load)
+            extra = past_cap(load, cap)
 
             def within(eps: Sequence[str], kth: float) -> list[tuple[float, str]]:
                 return [(b, ep) for ep in eps

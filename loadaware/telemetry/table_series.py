@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -52,6 +53,21 @@ class _Table(Collector):
     def __len__(self) -> int:
         return len(self._values)
 
+    def _family(self) -> GaugeMetricFamily | CounterMetricFamily:
+        raise NotImplementedError
+
+    def _add(self, family: Any, key: tuple[str, ...], value: float) -> None:
+        family.add_metric(key, value)
+
+    def describe(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        yield self._family()
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        family = self._family()
+        for key, value in list(self._values.items()):
+            self._add(family, key, value)
+        yield family
+
 
 class _GaugeSeries:
     """What `TableGauge.labels(...)` returns: the series to set (it holds no state of its own)."""
@@ -72,15 +88,6 @@ class TableGauge(_Table):
 
     def _family(self) -> GaugeMetricFamily:
         return GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
-
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        yield self._family()
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = self._family()
-        for key, value in list(self._values.items()):
-            family.add_metric(key, value)
-        yield family
 
 
 class _CounterSeries:
@@ -128,12 +135,5 @@ class TableCounter(_Table):
     def _family(self) -> CounterMetricFamily:
         return CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
 
-    def describe(self) -> Iterator[CounterMetricFamily]:
-        yield self._family()
-
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        family = self._family()
-        created = self._created
-        for key, value in list(self._values.items()):
-            family.add_metric(key, value, created=created.get(key))
-        yield family
+    def _add(self, family: Any, key: tuple[str, ...], value: float) -> None:
+        family.add_metric(key, value, created=self._created.get(key))

@@ -47,14 +47,20 @@ async def test_reads_hand_over_in_order_and_read_at_most_one_ahead() -> None:
     assert source.started == 3  # nothing is read after EOF
 
 
-async def test_a_cancelled_reader_leaves_its_read_running_and_close_ends_it() -> None:
+async def reader_cancelled_while_reading() -> tuple[Reads, ShieldedReads]:
+    """A stream whose handler was cancelled while it waited for a message (it ends at once)."""
     source = Reads()
     reads = ShieldedReads(source.read)
     handler = asyncio.ensure_future(reads())
     await asyncio.sleep(0)
     handler.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await handler  # the handler ends at once ...
+        await handler
+    return source, reads
+
+
+async def test_a_cancelled_reader_leaves_its_read_running_and_close_ends_it() -> None:
+    source, reads = await reader_cancelled_while_reading()  # the handler ended at once ...
     assert reads._task is not None and not reads._task.done()  # ... while its read waits on
     source.queue.put_nowait("late")  # the read completes ...
     for _ in range(5):
@@ -67,13 +73,7 @@ async def test_a_cancelled_reader_leaves_its_read_running_and_close_ends_it() ->
 
 
 async def test_close_during_a_read_ends_the_reader_when_the_read_completes() -> None:
-    source = Reads()
-    reads = ShieldedReads(source.read)
-    handler = asyncio.ensure_future(reads())
-    await asyncio.sleep(0)
-    handler.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await handler
+    source, reads = await reader_cancelled_while_reading()
     reads.close()
     assert reads._task is not None and not reads._task.done()  # its read runs to its end ...
     source.queue.put_nowait(RuntimeError("the call is gone"))
