@@ -379,6 +379,46 @@ class LaneSpreadColdSpread(LaneSpread):
         return super().costs(prompt_tokens, candidates)
 
 
+
+@dataclass
+class LaneSpreadWithoutAllQueueing(LaneSpread):
+    """lane-spread before its all-queueing rule: its own cost even while every endpoint queues."""
+
+    name: str = "lane-spread-without-all-queueing"
+
+    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate], mean_load: float | None = None
+               ) -> Choice | None:
+        return self.cheapest(prompt_tokens, candidates) if candidates else None
+
+
+@dataclass
+class LaneSpreadQueuedLoad(LaneSpreadWithoutAllQueueing):
+    """lane-spread (before the all-queueing rule) whose decode factor counts every request in flight on an endpoint
+    that queues (waiting > 0): the decode batch is at the engine's cap on every saturated engine and hides the
+    queue's length. Tried for the all-queueing rule and not adopted (docs/findings.md)."""
+
+    name: str = "lane-spread-queued-load"
+
+    def cost_in(self, prompt_tokens: int, c: Candidate, spread: bool) -> float:
+        if spread or c.waiting <= 0:
+            return super().cost_in(prompt_tokens, c, spread)
+        own = self.own_prefill_s(prompt_tokens, c)
+        return self._ttft_after(own, c) * (max(c.load, c.decode_batch) + 1) ** DECODE_EXPONENT + own * c.waiting
+
+
+@dataclass
+class LaneSpreadAnyQueueLoadaware(LaneSpreadWithoutAllQueueing):
+    """lane-spread that chooses as the seed's loadaware while any candidate queues (waiting > 0), not only while
+    all do. Tried for the all-queueing rule and not adopted (docs/findings.md)."""
+
+    name: str = "lane-spread-anyq-loadaware"
+
+    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate], mean_load: float | None = None
+               ) -> Choice | None:
+        if any(c.waiting > 0 for c in candidates):
+            return LoadAware().choose(prompt_tokens, candidates, mean_load)
+        return super().choose(prompt_tokens, candidates, mean_load)
+
 # Classes or partials of them, not closures: the grid pickles arms into its worker processes.
 VARIANTS: dict[str, Callable[[], Policy]] = {
     "predictive-crowd-clamped": PredictiveClampedCrowd,
@@ -406,6 +446,9 @@ VARIANTS: dict[str, Callable[[], Policy]] = {
     "lane-spread-prior": LaneSpreadPrior,
     "lane-spread-cold-loadaware": LaneSpreadColdLoadaware,
     "lane-spread-cold-spread": LaneSpreadColdSpread,
+    "lane-spread-without-all-queueing": LaneSpreadWithoutAllQueueing,
+    "lane-spread-queued-load": LaneSpreadQueuedLoad,
+    "lane-spread-anyq-loadaware": LaneSpreadAnyQueueLoadaware,
 }
 
 

@@ -72,6 +72,7 @@ class Decision:
     status: int | None = None  # the response's HTTP status, once its headers came back
     model: str | None = None  # the request body's `model`, when it names one
     policy: str = ""  # the policy that decided (its name; `auto` shows what it resolved to)
+    rule: str = ""  # which of its rules chose, for a policy with more than one ("": its usual one; Choice.rule)
     # Admission (loadaware/admission): the request's objective and fairness id as its headers named them, the
     # priority its objective has, and the seconds it was held before this decision.
     objective: str = ""

@@ -30,9 +30,9 @@ APPROX_BYTES_PER_BLOCK = 190
 # are int objects of their own) plus its share of the piece's text (measured 48.5 B).
 PIECE_CACHE_BYTES_PER_TOKEN = 50
 # Recent-decisions ring (telemetry/decisions.py): one decision, plus one of the ranked head's candidates (at most
-# RING_CANDIDATES; a Candidate with its optional token-signal and working-set fields), measured 641 B and 285 B
+# RING_CANDIDATES; a Candidate with its optional token-signal and working-set fields), measured 721 B and 285 B
 # with tracemalloc.
-RECENT_DECISION_BYTES = 720
+RECENT_DECISION_BYTES = 760
 RECENT_CANDIDATE_BYTES = 300
 # The prefix working set (prefix/working_set.py): one sampled key or prompt head in its LRU (a 62-bit int key and
 # an OrderedDict slot), measured 177 B; it holds at most 2 x MAX_ENTRIES of them whatever the fleet's size.

@@ -122,7 +122,8 @@ def explanation(decision: Decision, policy: Policy, beta: float, kind: str,
         outcome=decision.outcome, endpoint=decision.endpoint or "", reasons=list(decision.reasons),
         policy=policy.name, beta=beta if policy.name == "loadaware" else 0.0, formula=policy.formula, kind=kind,
         prompt_tokens=decision.prompt_tokens, mean_load=mean, model=model or "",
-        stages_ms={k: round(v * 1e3, 3) for k, v in decision.stages.items()}, excluded=list(excluded))
+        stages_ms={k: round(v * 1e3, 3) for k, v in decision.stages.items()}, excluded=list(excluded),
+        rule=decision.rule)
     for c, score, r in zip(candidates, decision.scores, rel):
         out.endpoints.append(pb.EndpointScore(
             endpoint=c.endpoint, lmcache_instance_id=instance_for(c.endpoint) or "",

@@ -48,6 +48,7 @@ class Candidate:
 class Choice:
     index: int  # into the candidate sequence
     scores: tuple[float, ...]  # one per candidate, higher is better (for explanations)
+    rule: str = ""  # which of the policy's rules chose, for a policy with more than one ("": its usual one)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,8 +19,16 @@ requests routed there while it queued hold of the prompt (Needs.queued_prefixes,
 they are prefilled before this one is scheduled, so a later request for a new or evicted prefix follows the
 first one into the same queue instead of computing the prefix again on another engine.
 
+While every endpoint queues (scraped waiting > 0 on each), the choice is the seed's `loadaware` (beta 1) over
+the same candidates, queued credit included (rule `all_queueing`). There a request's first token waits mostly
+for a batch slot to free, and lane's price does not see that wait: the decode batch is at the engines' limit on
+every one of them, and the prefill clock counts routed prefill, not the admission queue ahead of it; so a hit
+went to its holder whatever that holder's queue, and the queues drifted apart. Balancing requests in flight,
+with the match as a bonus of at most one mean load, keeps the queues even (docs/findings.md).
+
 Over a large pool the pipeline scores the holders and then the rest by load only until `floor` (a lower bound on
-a non-holder's cost) passes the best costs found (Needs.floored, routing/pruning.py).
+a non-holder's cost) passes the best costs found (Needs.floored, routing/pruning.py); while the whole pool
+queues it scores them and the least loaded, as loadaware's pruning does.
 
 How it fares against `lane` and the peers is in docs/findings.md and docs/results.md (figures live there, not
 here); no constant is tuned per workload: the thresholds are the fleet's capacity (1) and its size.
@@ -28,14 +36,17 @@ here); no constant is tuned per workload: the thresholds are the fleet's capacit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from loadaware.policies.base import Candidate, Choice, Needs, lowest_cost
 from loadaware.policies.bounded import MAX_SHARE, load_cap, priced_out
 from loadaware.policies.lane import Lane
+from loadaware.policies.loadaware import LoadAware
 from loadaware.policies.ttft_model import Prices
+
+ALL_QUEUEING = "all_queueing"  # the rule that chose while every candidate queued (Choice.rule)
 
 
 def spreading(candidates: Sequence[Candidate], pool_size: int | None = None) -> bool:
@@ -49,6 +60,11 @@ def spreading(candidates: Sequence[Candidate], pool_size: int | None = None) -> 
     return demand is not None and demand < 1.0 and first.prefix_routes >= size
 
 
+def all_queueing(candidates: Sequence[Candidate]) -> bool:
+    """Does every candidate have an admission queue (scraped waiting > 0)?"""
+    return bool(candidates) and all(c.waiting > 0 for c in candidates)
+
+
 @dataclass
 class LaneSpread(Lane):
     name: str = "lane-spread"
@@ -58,14 +74,25 @@ class LaneSpread(Lane):
         "caches (cache_demand < 1) and the prompt's held prefix was routed at least once per candidate "
         "lately (prefix_routes); lane's cost otherwise; a queueing endpoint's matched tokens include what the "
         "requests routed there while it queued hold of the prompt; lowest wins among the endpoints that carry "
-        f"less than {MAX_SHARE:g} of the pool's load (pools of 3 or more)")
+        f"less than {MAX_SHARE:g} of the pool's load (pools of 3 or more); while every endpoint queues (scraped "
+        "waiting > 0), loadaware (beta 1) chooses instead")
     needs: ClassVar[Needs] = Needs(signals=True, working_set=True, queued_prefixes=True, floored=True)
     max_share: float = MAX_SHARE  # the pile-up guard (loadaware/policies/bounded.py); 1: off
+    when_all_queue: LoadAware = field(default_factory=LoadAware)  # the seed's policy, beta 1
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate], mean_load: float | None = None
                ) -> Choice | None:
         if not candidates:
             return None
+        if all_queueing(candidates):
+            balanced = self.when_all_queue.choose(prompt_tokens, candidates, mean_load)
+            assert balanced is not None  # it has candidates
+            return Choice(balanced.index, balanced.scores, ALL_QUEUEING)
+        return self.cheapest(prompt_tokens, candidates)
+
+    def cheapest(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> Choice:
+        """The lowest cost among the candidates within the pile-up guard (the rule while some endpoint has a free
+        slot)."""
         costs = self.costs(prompt_tokens, candidates)
         return lowest_cost(priced_out(costs, candidates, load_cap(candidates, self.max_share)), candidates)
 
@@ -80,15 +107,20 @@ class LaneSpread(Lane):
     def floor(self, prompt_tokens: int, load: float, prices: Prices, spread: bool) -> float:
         """A lower bound on the cost of an endpoint that holds nothing of the prompt, carries `load` and prices
         a request at no less than `prices` (base, per token, per running): its wait, decode batch and queue are
-        at least 0."""
-        w = self.floor_weights(prompt_tokens, load, spread)
-        return prices[0] * w[0] + prices[1] * w[1] + prices[2] * w[2]
+        at least 0. Summed in the cost's own order, so rounding cannot lift it above that cost."""
+        base, per_token, per_running = prices
+        return (per_token * prompt_tokens + base + per_running * load) * (load + 1 if spread else 1.0)
 
-    def floor_weights(self, prompt_tokens: int, load: float, spread: bool) -> Prices:
-        """`floor` is linear in the prices: these are its weights at one prompt and load (a scan weighs each
-        endpoint's own prices with them)."""
+    def bounds(self, prompt_tokens: int, load: float, spread: bool, endpoints: Sequence[str],
+               prices_of: Callable[[str], Prices | None], prior: Prices, kth: float, extra: float = 0.0
+               ) -> list[tuple[float, str]]:
+        """Of `endpoints` (each carrying `load`), (its `floor` at its own prices + `extra`, the endpoint) where
+        that is at most `kth`; `prices_of(endpoint)`: its prices (None: the prior's). `floor` inlined: a large
+        pool's scan weighs thousands at once (routing/pruning.py)."""
         factor = load + 1 if spread else 1.0
-        return factor, prompt_tokens * factor, load * factor
+        return [(b, ep) for ep in endpoints
+                if (b := ((p := prices_of(ep) or prior)[1] * prompt_tokens + p[0] + p[2] * load) * factor + extra)
+                <= kth]
 
 
 def in_flight_costs(lane: Lane, prompt_tokens: int, candidates: Sequence[Candidate]) -> list[float]:

@@ -84,7 +84,9 @@ class Floored(Protocol):
 
     def floor(self, prompt_tokens: int, load: float, prices: Prices, spread: bool) -> float: ...
 
-    def floor_weights(self, prompt_tokens: int, load: float, spread: bool) -> Prices: ...
+    def bounds(self, prompt_tokens: int, load: float, spread: bool, endpoints: Sequence[str],
+               prices_of: Callable[[str], Prices | None], prior: Prices, kth: float, extra: float = 0.0
+               ) -> list[tuple[float, str]]: ...
 
 
 class Decider:
@@ -326,7 +328,7 @@ class Decider:
         # Failing engines left out is news, not a lost helper: the decision still used every signal.
         outcome = "fallback_load_only" if reasons and reasons != [ALL_FAILING] else "routed"
         return self._finish(request_id, order, outcome, reasons, n_tokens, candidates, choice.scores, stages,
-                            started, count, tokens, model, pool_size, mean, session, affinity)
+                            started, count, tokens, model, pool_size, mean, session, affinity, choice.rule)
 
     def _last_resort(self, request_id: str, reasons: list[str], count: bool) -> Decision:
         """The first endpoint of the fleet, named when something unforeseen failed mid-decision."""
@@ -399,13 +401,25 @@ class Decider:
                 must.setdefault(ep, 0)
         now = signals.clock()
         load_of = order.load
+        size = len(endpoints) - len(excluded)
+        total = pool_load(order, endpoints, whole, excluded)
+        if self._pool_queues(order, in_pool):
+            # The policy chooses as loadaware (LaneSpread.choose): its holders and the least loaded of the rest
+            # are all that can rank (routing/pruning.py), each of them queueing.
+            least = order.least(1 + self.fallbacks, lambda ep: ep in must or not in_pool(ep))
+            candidates = tuple(self.signalled(ep, must.get(ep, 0), load_of(ep) or 0.0, now)
+                               for ep in sorted((*must, *least), key=self.registry.position))
+            if self.queued is not None and tokens:
+                self._credit_queued(candidates, tokens, count, reasons)
+            if sampled is not None:
+                self._fill_working_set(candidates, sampled, reasons)
+            choice = self.policy.choose(n_tokens, candidates, total / size)
+            return (candidates, choice, total / size) if choice is not None else None
         scored = [self.signalled(ep, matched, load_of(ep) or 0.0, now) for ep, matched in must.items()]
         signals.read(scored)
         if self.queued is not None and tokens:
             self._credit_queued(tuple(scored), tokens, count, reasons)
         demand, routes = self._working_view(scored, sampled, reasons)
-        size = len(endpoints) - len(excluded)
-        total = pool_load(order, endpoints, whole, excluded)
         spread = demand is not None and demand < 1.0 and routes >= size
         cap = pool_cap(total, size, policy.max_share)
         prior = policy.prior.prices()
@@ -421,14 +435,8 @@ class Decider:
         def bound(load: float) -> Callable[[Sequence[str], float], list[tuple[float, str]]]:
             """Of endpoints at this load, (their floor at their own prices, the endpoint) where it is at most
             `kth`."""
-            w0, w1, w2 = policy.floor_weights(n_tokens, load, spread)
             extra = past_cap(load, cap)
-
-            def within(eps: Sequence[str], kth: float) -> list[tuple[float, str]]:
-                return [(b, ep) for ep in eps
-                        if (b := (p := read(ep) or prior)[0] * w0 + p[1] * w1 + p[2] * w2 + extra) <= kth]
-
-            return within
+            return lambda eps, kth: policy.bounds(n_tokens, load, spread, eps, read, prior, kth, extra)
 
         scored_costs = [cost(c) for c in scored]
         rest, rest_costs = floored_candidates(
@@ -443,6 +451,21 @@ class Decider:
             for c in candidates:
                 c.cache_demand, c.prefix_routes = demand, routes
         return candidates, lowest_cost([x for _, x in pairs], candidates), total / size
+
+    def _pool_queues(self, order: LoadOrder, in_pool: Callable[[str], bool]) -> bool:
+        """Does every endpoint of the pool queue (a fresh scrape with waiting > 0, as its candidate would show)?
+        Asked in load order, so a pool with an idle endpoint answers at its first few."""
+        fresh = self._fresh_stats
+        if fresh is None:
+            return False
+        seen = False
+        for _, ep in order.ascending():
+            if in_pool(ep):
+                stats = fresh(ep)
+                if stats is None or stats.waiting <= 0:
+                    return False
+                seen = True
+        return seen
 
     def _sticky(self, session: str, reasons: list[str]) -> str | None:
         """The endpoint the session is bound to (None: affinity off, no binding, or the store failed)."""
@@ -467,7 +490,7 @@ class Decider:
             total = sum(c.load for c in candidates) if mean is None else mean * pool_size
             if saturated(candidates[index], candidates, pool_cap(total, pool_size), self._waiting):
                 return choice
-            return Choice(index, choice.scores)
+            return Choice(index, choice.scores, choice.rule)
         except Exception as exc:  # noqa: BLE001 - affinity is advice: the policy's choice stands
             _degraded(reasons, "affinity_error", exc)
             return choice
@@ -592,12 +615,12 @@ class Decider:
     def _finish(self, request_id: str, order: tuple[str, ...], outcome: str, reasons: list[str], n_tokens: int,
                 candidates: tuple[Candidate, ...], scores: tuple[float, ...], stages: dict[str, float],
                 started: float, count: bool, tokens: list[int] | None = None, model: str | None = None,
-                pool_size: int = 0, mean_load: float | None = None, session: str = "", affinity: str = ""
-                ) -> Decision:
+                pool_size: int = 0, mean_load: float | None = None, session: str = "", affinity: str = "",
+                rule: str = "") -> Decision:
         decision = Decision(request_id, order[0] if order else None, outcome, tuple(reasons), n_tokens, candidates,
                             scores, stages, time.perf_counter() - started, tokens=tokens or None, ranked=order,
                             model=model, pool_size=pool_size or len(candidates), mean_load=mean_load,
-                            policy=self.policy.name, session=session, affinity=affinity)
+                            policy=self.policy.name, rule=rule, session=session, affinity=affinity)
         if count:  # Explain decides without counting: nothing hears about it
             self.lifecycle.decided(decision)
         return decision

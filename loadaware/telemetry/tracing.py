@@ -274,6 +274,8 @@ def span_attributes(decision: Decision) -> dict[str, Any]:
         "loadaware.priority": decision.priority,
         "loadaware.fairness_id": decision.fairness_id,
     }
+    if decision.rule:
+        attributes["loadaware.rule"] = decision.rule  # the policy's other rule chose (lane-spread: all_queueing)
     if decision.served is not None and decision.served != chosen:
         attributes["loadaware.served"] = decision.served  # a retry walked the ranked list
     if decision.status is not None:

@@ -11,6 +11,7 @@ from experiment.candidates import ResearchCandidate
 from experiment.predictive import Predictive
 from loadaware.policies import Candidate, KvAware, LeastLoad, LoadAware, RoundRobin, make_policy
 from loadaware.policies.lane import Lane
+from loadaware.policies.lane_spread import ALL_QUEUEING, LaneSpread, all_queueing
 from loadaware.policies.loadaware import benefit, loadaware_scores, relative_loads
 from loadaware.policies.ttft_model import TtftPrior
 
@@ -275,3 +276,22 @@ def test_lane_keeps_a_saturated_fleet_s_prefixes_where_they_are_cached() -> None
     assert chosen(p, 1578, [holder, other]) == "a"
     own_b = TtftPrior().per_token_s * 1578
     assert Lane().costs(1578, [holder, other])[1] == pytest.approx(Lane().ttft(1578, other) * 65 ** 0.75 + own_b * 9.0)
+
+
+def test_lane_spread_chooses_as_loadaware_while_every_endpoint_queues() -> None:
+    p = LaneSpread()
+    # Both engines queue for admission; a's decode batch is at the engine's cap and its queue is long, b's short.
+    holder = Candidate("a", 1536, 120.0, decode_batch=64.0, waiting=56.0)
+    other = Candidate("b", 0, 40.0, decode_batch=40.0, waiting=1.0)
+    costs = p.costs(1578, [holder, other])
+    assert costs[0] < costs[1]  # lane's price sends the hit to its holder, whatever the queue ahead of it
+    choice = p.choose(1578, [holder, other])
+    balanced = LoadAware().choose(1578, [holder, other])
+    assert choice is not None and balanced is not None
+    assert (choice.index, choice.scores, choice.rule) == (1, balanced.scores, ALL_QUEUEING)
+    # An engine with no admission queue: lane-spread's own rule again (scores are its negated costs).
+    other.waiting = 0.0
+    choice = p.choose(1578, [holder, other])
+    assert choice is not None and choice.rule == ""
+    assert choice.scores == pytest.approx(tuple(-x for x in p.costs(1578, [holder, other])))
+    assert not all_queueing([]) and all_queueing([holder])

@@ -146,6 +146,8 @@ def test_attributes_of_a_decision_without_an_endpoint_and_of_a_retry() -> None:
     retried.served = "10.0.0.3:8000"
     assert span_attributes(retried)["loadaware.served"] == "10.0.0.3:8000"
     assert span_attributes(decision())["loadaware.admission_wait_s"] == 0.0
+    assert "loadaware.rule" not in span_attributes(decision())  # the policy's usual rule chose
+    assert span_attributes(decision(rule="all_queueing"))["loadaware.rule"] == "all_queueing"
 
 
 # ---- sampling: parent-based, the ratio for new traces ----

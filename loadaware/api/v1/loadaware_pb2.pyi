@@ -132,7 +132,7 @@ class EndpointScore(_message.Message):
     def __init__(self, endpoint: _Optional[str] = ..., lmcache_instance_id: _Optional[str] = ..., matched_tokens: _Optional[int] = ..., benefit: _Optional[float] = ..., inflight: _Optional[int] = ..., scraped: _Optional[_Union[ScrapedLoad, _Mapping]] = ..., load: _Optional[float] = ..., relative_load: _Optional[float] = ..., score: _Optional[float] = ..., chosen: _Optional[bool] = ..., models: _Optional[_Iterable[str]] = ..., routing_state: _Optional[str] = ..., signals: _Optional[_Union[TokenSignals, _Mapping]] = ..., queued_tokens: _Optional[int] = ...) -> None: ...
 
 class ExplainResponse(_message.Message):
-    __slots__ = ("outcome", "endpoint", "reasons", "policy", "beta", "formula", "kind", "prompt_tokens", "mean_load", "endpoints", "stages_ms", "message", "model", "excluded", "working_set", "admission")
+    __slots__ = ("outcome", "endpoint", "reasons", "policy", "beta", "formula", "kind", "prompt_tokens", "mean_load", "endpoints", "stages_ms", "message", "model", "excluded", "working_set", "admission", "rule")
     class StagesMsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +156,7 @@ class ExplainResponse(_message.Message):
     EXCLUDED_FIELD_NUMBER: _ClassVar[int]
     WORKING_SET_FIELD_NUMBER: _ClassVar[int]
     ADMISSION_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
     outcome: str
     endpoint: str
     reasons: _containers.RepeatedScalarFieldContainer[str]
@@ -172,7 +173,8 @@ class ExplainResponse(_message.Message):
     excluded: _containers.RepeatedScalarFieldContainer[str]
     working_set: WorkingSetView
     admission: AdmissionView
-    def __init__(self, outcome: _Optional[str] = ..., endpoint: _Optional[str] = ..., reasons: _Optional[_Iterable[str]] = ..., policy: _Optional[str] = ..., beta: _Optional[float] = ..., formula: _Optional[str] = ..., kind: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., mean_load: _Optional[float] = ..., endpoints: _Optional[_Iterable[_Union[EndpointScore, _Mapping]]] = ..., stages_ms: _Optional[_Mapping[str, float]] = ..., message: _Optional[str] = ..., model: _Optional[str] = ..., excluded: _Optional[_Iterable[str]] = ..., working_set: _Optional[_Union[WorkingSetView, _Mapping]] = ..., admission: _Optional[_Union[AdmissionView, _Mapping]] = ...) -> None: ...
+    rule: str
+    def __init__(self, outcome: _Optional[str] = ..., endpoint: _Optional[str] = ..., reasons: _Optional[_Iterable[str]] = ..., policy: _Optional[str] = ..., beta: _Optional[float] = ..., formula: _Optional[str] = ..., kind: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., mean_load: _Optional[float] = ..., endpoints: _Optional[_Iterable[_Union[EndpointScore, _Mapping]]] = ..., stages_ms: _Optional[_Mapping[str, float]] = ..., message: _Optional[str] = ..., model: _Optional[str] = ..., excluded: _Optional[_Iterable[str]] = ..., working_set: _Optional[_Union[WorkingSetView, _Mapping]] = ..., admission: _Optional[_Union[AdmissionView, _Mapping]] = ..., rule: _Optional[str] = ...) -> None: ...
 
 class ListEndpointsRequest(_message.Message):
     __slots__ = ()
