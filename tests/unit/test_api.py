@@ -307,3 +307,19 @@ async def test_explain_shows_what_prompts_queued_at_an_endpoint_credit() -> None
     full = first.prompt_tokens // 64 * 64  # held keys stand for 4 blocks of 16 tokens
     assert by[FLEET[0]].queued_tokens == by[FLEET[0]].matched_tokens == full
     assert by[FLEET[1]].queued_tokens == 0 == by[FLEET[1]].matched_tokens
+    assert reply.rule == ""  # some engines have free slots: lane-spread's own cost chose
+
+
+async def test_explain_says_when_every_engine_queues_and_lane_spread_chose_as_loadaware() -> None:
+    servicer, parts = build("lane-spread", answer={FLEET[0]: 1_000})
+    parts.decider.signals = SignalTracker(clock=parts.clock)
+    for ep, waiting in zip(FLEET, (30, 2, 2)):
+        parts.loads.record(ep, EngineStats(64, waiting, None, parts.clock.now))
+    reply = await servicer.Explain(struct_request({"prompt": PROMPT * 4}), None)
+    assert reply.rule == "all_queueing" and reply.policy == "lane-spread"
+    # The scores are loadaware's: the match's share of the prompt less the relative load.
+    by = {e.endpoint: e for e in reply.endpoints}
+    for e in by.values():
+        assert e.score == pytest.approx(e.benefit - e.relative_load)
+    parts.loads.record(FLEET[2], EngineStats(3, 0, None, parts.clock.now))  # one engine has free slots again
+    assert (await servicer.Explain(struct_request({"prompt": PROMPT * 4}), None)).rule == ""
