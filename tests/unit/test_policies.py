@@ -295,3 +295,21 @@ def test_lane_spread_chooses_as_loadaware_while_every_endpoint_queues() -> None:
     assert choice is not None and choice.rule == ""
     assert choice.scores == pytest.approx(tuple(-x for x in p.costs(1578, [holder, other])))
     assert not all_queueing([]) and all_queueing([holder])
+
+
+def test_while_every_endpoint_queues_a_holder_stays_within_one_mean_load_of_the_least_loaded() -> None:
+    """lane-spread's guard is off then (loadaware chooses): loadaware's own bound holds instead. A full match is
+    worth one mean load, so the holder of a hot prefix takes requests only while it carries less than one
+    mean load more than the least loaded: in a pool of three, at most 5/9 of the requests in flight."""
+    p = LaneSpread()
+    loads = {"a": 10.0, "b": 10.0, "c": 10.0}
+    for _ in range(200):  # every request holds a's prefix; each one routed stays in flight
+        candidates = [Candidate(ep, 1536 if ep == "a" else 0, load, decode_batch=64.0, waiting=5.0)
+                      for ep, load in loads.items()]
+        choice = p.choose(1536, candidates)
+        assert choice is not None and choice.rule == ALL_QUEUEING
+        loads[candidates[choice.index].endpoint] += 1
+        mean = sum(loads.values()) / 3
+        assert loads["a"] - min(loads["b"], loads["c"]) <= mean + 1
+    total = sum(loads.values())
+    assert 0.5 * total < loads["a"] <= 5 / 9 * total + 1  # past half, never past 5/9 (and the request at the edge)
