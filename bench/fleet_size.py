@@ -2,14 +2,16 @@
 long each holds the event loop.
 
     python -m bench.fleet_size [--quick] [--json] [--sizes 100,1000,10000] [--baseline GIT_REF] [--policy P]
-                               [--learned] [--full-scan]
+                               [--learned] [--full-scan] [--all-queueing]
 
 `--policy` (default `loadaware`): the policy deciding. `loadaware`, `kvaware` and `leastload` score only a large
 pool's prefix holders and least-loaded endpoints; `lane-spread` scans the pool by load until its cost floor
 passes the best costs found (routing/pruning.py). `--learned`: every endpoint first learns its TTFT prices from
 a few first chunks, within 20% of the prior's (as on the response path; a BUFFERED sidecar keeps the prior's),
 which lowers lane-spread's floor. `--full-scan`: the decider scores every endpoint (its load order off), what
-the pruning saves. `--baseline` measures the other commit with `loadaware`.
+the pruning saves. `--all-queueing`: every engine's scrape shows an admission queue, so lane-spread chooses as
+loadaware after checking that every endpoint of the pool queues (its worst case). `--baseline` measures the
+other commit with `loadaware`.
 
 One sidecar per size, in this process, on static endpoints that are never contacted (the engines are not
 there: the scraper and the models poller are replaced by idle tasks, and every engine is recorded as
@@ -70,6 +72,7 @@ from loadaware.cli import settle_heap
 from loadaware.config import from_args
 from loadaware.fleet.models import ServedModels
 from loadaware.lifecycle import Decision
+from loadaware.load.tracker import EngineStats
 from loadaware.policies import Candidate
 from loadaware.policies.ttft_model import TtftPrior
 from loadaware.routing.request import parse_body
@@ -271,7 +274,7 @@ def teach_prices(app: Sidecar, rng: random.Random, spread: float = LEARNED_SPREA
 
 
 async def measure_size(n: int, reps: dict[str, int], policy: str = "loadaware", learned: bool = False,
-                       full_scan: bool = False) -> dict[str, Any]:
+                       full_scan: bool = False, all_queueing: bool = False) -> dict[str, Any]:
     flags = ["--endpoints", ",".join(fleet(n)), "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
              "--metrics-listen", "127.0.0.1:0", "--admin-http-listen", "127.0.0.1:0",
              "--prefix-source", "approx", "--policy", policy, "--log-level", "warning"]
@@ -294,6 +297,9 @@ async def measure_size(n: int, reps: dict[str, int], policy: str = "loadaware", 
             teach_prices(app, rng)
         if full_scan:
             app.decider.ranking = None  # every endpoint scored
+        if all_queueing:  # fresh scrapes with a queue on every engine (the bench runs well within --scrape-stale-s)
+            for endpoint in app.registry.snapshot():
+                app.loads.record(endpoint, EngineStats(64, 2, None, time.monotonic()))
         # Warm the approximate index and leave requests open so loads differ.
         kept = []
         for i in range(OPEN_REQUESTS + 200):
@@ -382,13 +388,13 @@ async def measure_size(n: int, reps: dict[str, int], policy: str = "loadaware", 
 
 
 def run(quick: bool = False, sizes: Sequence[int] = SIZES, policy: str = "loadaware", learned: bool = False,
-        full_scan: bool = False) -> dict[str, Any]:
+        full_scan: bool = False, all_queueing: bool = False) -> dict[str, Any]:
     reps = {"decide": 50, "grpc_decide": 30, "explain": 5, "metrics": 2, "debug": 2, "full_gc": 2} if quick else \
         {"decide": 300, "grpc_decide": 200, "explain": 20, "metrics": 5, "debug": 5, "full_gc": 5}
     import loadaware
     return {"tree": str(Path(loadaware.__file__).resolve().parents[1]), "reps": reps, "policy": policy,
-            "learned": learned, "full_scan": full_scan,
-            "sizes": [asyncio.run(measure_size(n, reps, policy, learned, full_scan)) for n in sizes]}
+            "learned": learned, "full_scan": full_scan, "all_queueing": all_queueing,
+            "sizes": [asyncio.run(measure_size(n, reps, policy, learned, full_scan, all_queueing)) for n in sizes]}
 
 
 def run_baseline(ref: str, quick: bool, sizes: Sequence[int]) -> dict[str, Any]:
@@ -412,6 +418,7 @@ def table(result: dict[str, Any], baseline: dict[str, Any] | None = None) -> str
     title = ("### Fleet size: per call wall time (mean, max; in-process decisions also CPU), the event loop's lag "
              "while it runs (max, p99) and the longest the sidecar's code held the loop (CPU, max, p99)\n")
     rows = [title, f"Tree: {result['tree']}; policy {result.get('policy', 'loadaware')}"
+            + ("; every engine queues" if result.get("all_queueing") else "")
             + (f"; before = {baseline['ref']}" if baseline else ""), "",
             "| endpoints | call | " + ("before: p50 / mean / max ms | before: lag max / p99 | before: held max / p99 "
                                      "| before: full GCs (max ms) | " if baseline else "")
@@ -444,12 +451,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--baseline", default=None, help="a git ref to measure too, side by side ('before')")
     p.add_argument("--policy", default="loadaware", help="the policy deciding (default loadaware: pruned)")
     p.add_argument("--full-scan", action="store_true", help="score every endpoint (the pruning off)")
+    p.add_argument("--all-queueing", action="store_true", help="every engine's scrape shows an admission queue")
     p.add_argument("--learned", action="store_true",
                    help=f"every endpoint learns its prices first (within +-{LEARNED_SPREAD:.0%} of the prior's)")
     args = p.parse_args(argv)
     sizes = tuple(int(s) for s in args.sizes.split(",") if s.strip())
     baseline = run_baseline(args.baseline, args.quick, sizes) if args.baseline else None
-    result = run(args.quick, sizes, args.policy, args.learned, args.full_scan)
+    result = run(args.quick, sizes, args.policy, args.learned, args.full_scan, args.all_queueing)
     if args.json:
         print(json.dumps({**result, "baseline": baseline} if baseline else result, indent=2))
     else:

@@ -75,6 +75,9 @@ class LoadTracker:
         self._ended_after: dict[str, int] = {}
         self._order = LoadOrder()  # fleet members only (join / drop)
         self._scraped_at: list[tuple[float, str]] = []  # (stats.at, endpoint): when each scrape goes stale
+        # Endpoints whose last scrape, not yet expired, showed an admission queue (waiting > 0): current as of
+        # the last expiry, which `ordered()` runs first. Mutated in place (a decider holds it).
+        self.queueing: set[str] = set()
         self._scrape_listeners: list[Callable[[str, EngineStats], None]] = []
 
     # ---- the request lifecycle ----
@@ -132,6 +135,10 @@ class LoadTracker:
     def record(self, endpoint: str, stats: EngineStats) -> None:
         """A scrape of `endpoint` arrived: it starts a new snapshot epoch for the correction."""
         self._stats[endpoint] = stats
+        if stats.waiting > 0:
+            self.queueing.add(endpoint)
+        else:
+            self.queueing.discard(endpoint)
         if stats.kv_capacity_tokens is not None:
             self._fleet_capacity += stats.kv_capacity_tokens - self._capacity.get(endpoint, 0.0)
             self._capacity[endpoint] = stats.kv_capacity_tokens
@@ -192,6 +199,7 @@ class LoadTracker:
         self._started_after.pop(endpoint, None)
         self._ended_after.pop(endpoint, None)
         self._stats.pop(endpoint, None)
+        self.queueing.discard(endpoint)
         self._snapshot_epoch.pop(endpoint, None)
         self._generation.pop(endpoint, None)  # outstanding leases carry a number it will never have again
         self._order.discard(endpoint)
@@ -227,4 +235,5 @@ class LoadTracker:
             at, endpoint = heapq.heappop(heap)
             stats = self._stats.get(endpoint)
             if stats is not None and stats.at == at:  # not refreshed since: its load is its own count now
+                self.queueing.discard(endpoint)
                 self._reorder(endpoint)

@@ -112,6 +112,7 @@ class Decider:
         self.signals = signals  # per-endpoint token signals (load/signals.py); None: candidates carry none
         self._fresh_stats = getattr(loads, "fresh_stats", None)  # bound once: the candidates are the hot path
         self._correction = getattr(loads, "snapshot_correction", None)
+        self._queueing: set[str] | None = getattr(loads, "queueing", None)  # fresh scrapes with a queue
         self.health = health  # engines failing their requests are left out (fleet/health.py)
         self.models = models  # which engines serve which model (None: model awareness off)
         self.fallbacks = fallbacks  # next-best endpoints named after the choice, for the proxy's retries
@@ -403,7 +404,7 @@ class Decider:
         load_of = order.load
         size = len(endpoints) - len(excluded)
         total = pool_load(order, endpoints, whole, excluded)
-        if self._pool_queues(order, in_pool):
+        if self._pool_queues(members, excluded):
             # The policy chooses as loadaware (LaneSpread.choose): its holders and the least loaded of the rest
             # are all that can rank (routing/pruning.py), each of them queueing.
             least = order.least(1 + self.fallbacks, lambda ep: ep in must or not in_pool(ep))
@@ -452,20 +453,15 @@ class Decider:
                 c.cache_demand, c.prefix_routes = demand, routes
         return candidates, lowest_cost([x for _, x in pairs], candidates), total / size
 
-    def _pool_queues(self, order: LoadOrder, in_pool: Callable[[str], bool]) -> bool:
-        """Does every endpoint of the pool queue (a fresh scrape with waiting > 0, as its candidate would show)?
-        Asked in load order, so a pool with an idle endpoint answers at its first few."""
-        fresh = self._fresh_stats
-        if fresh is None:
+    def _pool_queues(self, members: frozenset[str], excluded: frozenset[str]) -> bool:
+        """Does every endpoint of the pool (`members` less `excluded`) queue: a fresh scrape with waiting > 0, as
+        its candidate would show (the load tracker's set, current once `ordered()` expired the stale)? A pool
+        with fewer queueing endpoints than members answers at once."""
+        queueing = self._queueing
+        if queueing is None or len(queueing) < len(members) - len(excluded):
             return False
-        seen = False
-        for _, ep in order.ascending():
-            if in_pool(ep):
-                stats = fresh(ep)
-                if stats is None or stats.waiting <= 0:
-                    return False
-                seen = True
-        return seen
+        return any(ep not in excluded for ep in members) and \
+            all(ep in queueing for ep in members if ep not in excluded)
 
     def _sticky(self, session: str, reasons: list[str]) -> str | None:
         """The endpoint the session is bound to (None: affinity off, no binding, or the store failed)."""

@@ -119,3 +119,24 @@ def test_scrape_listeners_hear_every_recorded_scrape_and_a_failing_one_costs_not
     assert heard[0] == ("e1", stats) and len(heard) == 29
     assert tracker.load("e1", clock.now) == 5  # the scrape counted all the same
     assert len(caplog.records) == 1  # one traceback per listener per interval, not one per scrape
+
+
+def test_the_queueing_set_follows_fresh_scrapes_with_a_queue() -> None:
+    now = [100.0]
+    t = LoadTracker(stale_s=2.0, clock=lambda: now[0])
+    for ep in ("a", "b", "c"):
+        t.join(ep)
+    t.record("a", EngineStats(64, 3, None, now[0]))
+    t.record("b", EngineStats(64, 1, None, now[0]))
+    t.record("c", EngineStats(10, 0, None, now[0]))
+    assert t.queueing == {"a", "b"}
+    t.record("b", EngineStats(60, 0, None, now[0]))  # its queue drained
+    assert t.queueing == {"a"}
+    now[0] += 1.5
+    t.record("c", EngineStats(64, 2, None, now[0]))
+    assert t.queueing == {"a", "c"}
+    now[0] += 1.0  # a's scrape is 2.5 s old: stale once the order is asked for
+    t.ordered()
+    assert t.queueing == {"c"} and t.fresh_stats("a") is None
+    t.drop("c")
+    assert t.queueing == set()
