@@ -109,6 +109,7 @@ class Decision:
             **({"fairness_id": self.fairness_id} if self.fairness_id else {}),
             **({"admission_wait_ms": round(self.admission_wait_s * 1e3, 3)} if self.admission_wait_s else {}),
             **({"affinity": self.affinity} if self.affinity else {}),
+            **({"rule": self.rule} if self.rule else {}),
         }
 
 

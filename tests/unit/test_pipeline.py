@@ -176,6 +176,9 @@ def test_debug_rendering_shows_the_signals_a_candidate_carried() -> None:
         {"endpoint": "a", "matched_tokens": 1536, "load": 3.0, "prefill_tokens": 42.0, "decode_batch": 2.0,
          "waiting": 1.0, "kv_usage": 0.5, "idle_ttft_per_token_s": 2.5e-4, "score": -0.1},
         {"endpoint": "b", "matched_tokens": 0, "load": 1.0, "score": -0.4}]
+    assert "rule" not in rendered  # the policy's usual rule chose
+    assert Decision("r", "a", "routed", (), 1, (plain,), (0.0,), {}, 0.0, rule="all_queueing").as_dict()["rule"] == \
+        "all_queueing"
 
 
 async def test_a_failing_listener_does_not_leak_the_count() -> None:
