@@ -194,10 +194,21 @@ async def test_with_room_a_request_is_admitted_at_once() -> None:
     assert verdict.admitted and verdict.outcome == "admitted" and verdict.priority == 10 and not verdict.held
 
 
+async def settle() -> None:
+    """Let the loop run what is ready, and what that makes ready, a few hops deep (the pump, a released waiter's
+    wake-ups through its wait_for and shield): loop turns, not a timer, so a slow or collecting machine cannot
+    end the wait before the chain does."""
+    for _ in range(SETTLE_TURNS):
+        await asyncio.sleep(0)
+
+
+SETTLE_TURNS = 20
+
+
 async def room_appears(admission: AdmissionController, pool: Room, n: int) -> None:
     pool.free = n
     admission.on_ended(None)  # type: ignore[arg-type]
-    await asyncio.sleep(0.005)  # the pump, then the released waiters' wake-ups
+    await settle()  # the pump, then the released waiters' wake-ups
 
 
 async def test_held_requests_are_released_by_priority_within_the_room_that_appears() -> None:
@@ -209,7 +220,7 @@ async def test_held_requests_are_released_by_priority_within_the_room_that_appea
 
     tasks = {name: asyncio.create_task(admission.admit(name, "t", 10, name, on_hold))
              for name in ("batch", "standard", "critical")}
-    await asyncio.sleep(0.01)
+    await settle()
     assert len(admission.queue) == 3 and holds == [30.0] * 3
     await room_appears(admission, pool, 1)
     assert tasks["critical"].done() and not tasks["standard"].done()
