@@ -23,7 +23,7 @@ from testkit import vllm
 from testkit.metrics_text import metric_sum
 from testkit.procs import ProcError
 from testkit.vllm import VllmEngine
-from testkit.vllm_gateway import VllmGateway, patiently
+from testkit.vllm_gateway import PAGE_READ_S, VllmGateway, patiently
 
 PROMPT_TOKENS_SUM = "vllm:request_prompt_tokens_sum"  # prompt tokens of finished requests (a histogram's sum)
 BUSY_S = 8.0  # a request from elsewhere is ended by its client after this long (plus its stagger), then sent again
@@ -121,7 +121,7 @@ class RealVllmStep:
         for attempt in range(1, BUSY_ATTEMPTS + 1):
             with BusyTraffic(self.g.engines[holder]) as traffic:
                 self.stage = f"waiting for the sidecar's scrape to show {self.name(holder)} busy"
-                seen = wait_for(lambda: metric_sum(patiently(self.g.sidecar.metrics_text),
+                seen = wait_for(lambda: metric_sum(patiently(lambda: self.g.sidecar.metrics_text(PAGE_READ_S)),
                                                    "loadaware_engine_running", {"endpoint": holder}) >= BUSY_SEEN, 90)
                 if not self.check(seen, f"the sidecar's scrape of vllm:num_requests_running shows "
                                         f"{self.name(holder)} busy"):
