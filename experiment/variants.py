@@ -30,7 +30,6 @@ from experiment.predictive import Predictive
 from loadaware.policies.base import Candidate, Choice, Needs, Policy, lowest_cost, own_uncached
 from loadaware.policies.lane import DECODE_EXPONENT, Lane
 from loadaware.policies.lane_spread import LaneSpread, in_flight_costs
-from loadaware.policies.loadaware import LoadAware
 from sim.service_model import ServiceModel
 
 if TYPE_CHECKING:
@@ -363,7 +362,7 @@ class LaneSpreadColdLoadaware(LaneSpread):
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate], mean_load: float | None = None
                ) -> Choice | None:
         if candidates and candidates[0].cache_demand is None:
-            return LoadAware().choose(prompt_tokens, candidates, mean_load)
+            return self.when_all_queue.choose(prompt_tokens, candidates, mean_load)
         return super().choose(prompt_tokens, candidates, mean_load)
 
 
@@ -377,7 +376,6 @@ class LaneSpreadColdSpread(LaneSpread):
         if candidates and candidates[0].cache_demand is None:
             return in_flight_costs(self, prompt_tokens, candidates)
         return super().costs(prompt_tokens, candidates)
-
 
 
 @dataclass
@@ -416,8 +414,9 @@ class LaneSpreadAnyQueueLoadaware(LaneSpreadWithoutAllQueueing):
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate], mean_load: float | None = None
                ) -> Choice | None:
         if any(c.waiting > 0 for c in candidates):
-            return LoadAware().choose(prompt_tokens, candidates, mean_load)
+            return self.when_all_queue.choose(prompt_tokens, candidates, mean_load)
         return super().choose(prompt_tokens, candidates, mean_load)
+
 
 # Classes or partials of them, not closures: the grid pickles arms into its worker processes.
 VARIANTS: dict[str, Callable[[], Policy]] = {
