@@ -27,6 +27,7 @@ from experiment.calibration import CALIBRATED
 from experiment.candidates import research
 from experiment.des import Arm, arm_by_name
 from experiment.predictive import Predictive
+from loadaware.policies.banded import Banded
 from loadaware.policies.base import Candidate, Choice, Needs, Policy, lowest_cost, own_uncached
 from loadaware.policies.lane import DECODE_EXPONENT, Lane
 from loadaware.policies.lane_spread import LaneSpread, in_flight_costs
@@ -448,6 +449,10 @@ VARIANTS: dict[str, Callable[[], Policy]] = {
     "lane-spread-without-all-queueing": LaneSpreadWithoutAllQueueing,
     "lane-spread-queued-load": LaneSpreadQueuedLoad,
     "lane-spread-anyq-loadaware": LaneSpreadAnyQueueLoadaware,
+    # banded at other widths of its band (loadaware/policies/banded.py; the design draws chose among them)
+    "banded-0.1": partial(Banded, 0.1, name="banded-0.1"),
+    "banded-0.5": partial(Banded, 0.5, name="banded-0.5"),
+    "banded-1": partial(Banded, 1.0, name="banded-1"),
 }
 
 

@@ -39,8 +39,9 @@ from sim.tokenization import SimTokenizer
 DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "sim" / "assets" / "tiny-model"
 
 Api = Literal["completions", "chat"]
-Arrival = Literal["poisson", "gamma", "mmpp"]
+Arrival = Literal["poisson", "gamma", "mmpp", "ramp"]
 
+RAMP_FROM, RAMP_TO = 0.5, 1.5  # "ramp" arrivals: the rate's multiples at the first and the last request
 # Independent random streams per purpose: np.random.default_rng([seed, STREAM]) (see module docstring).
 _STREAM_PREFIX, _STREAM_ARRIVAL, _STREAM_SUFFIX, _STREAM_WARMUP = 1, 2, 3, 4
 
@@ -160,6 +161,10 @@ def arrival_times(spec: WorkloadSpec, n: int, rng: np.random.Generator, rate: fl
         gaps = rng.gamma(shape, 1.0 / (rate * shape), n)
     elif spec.arrival == "mmpp":
         return _mmpp_times(spec, n, rng, rate)
+    elif spec.arrival == "ramp":
+        # A rising load: the k-th gap at rate x (RAMP_FROM + (RAMP_TO - RAMP_FROM) x k / n), the mean rate's
+        # multiples from 0.5 to 1.5 (arrivals speed up across the run, as traffic does into a peak).
+        gaps = rng.exponential(1.0, n) / (rate * (RAMP_FROM + (RAMP_TO - RAMP_FROM) * np.arange(n) / max(1, n)))
     else:
         raise ValueError(f"unknown arrival process {spec.arrival!r}")
     times = np.cumsum(gaps)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from loadaware.policies.banded import Banded
 from loadaware.policies.base import Candidate, Choice, Needs, Policy, ranked
 from loadaware.policies.kvaware import KvAware
 from loadaware.policies.lane_spread import LaneSpread
@@ -15,6 +16,7 @@ from loadaware.policies.roundrobin import RoundRobin
 
 # name -> the policy, from loadaware's beta (the one parameter a flag sets; the others ignore it)
 POLICIES: dict[str, Callable[[float], Policy]] = {
+    "banded": lambda beta: Banded(),
     "lane-spread": lambda beta: LaneSpread(),
     "loadaware": lambda beta: LoadAware(beta=beta),
     "kvaware": lambda beta: KvAware(),
@@ -34,6 +36,7 @@ def make_policy(name: str, beta: float = 1.0) -> Policy:
 __all__ = [
     "POLICIES",
     "POLICY_NAMES",
+    "Banded",
     "Candidate",
     "Choice",
     "KvAware",

@@ -369,8 +369,12 @@ class Decider:
             if len(order) == len(fleet):  # the order holds exactly the fleet (joined and dropped with it)
                 whole = endpoints is fleet
                 members = self.registry.members() if whole else frozenset(endpoints)
-                return pruned_candidates(order, endpoints, members, whole, matches, n_tokens, 1 + self.fallbacks,
-                                         self.registry.position, excluded, keep)
+                pruned, mean = pruned_candidates(order, endpoints, members, whole, matches, n_tokens,
+                                                 1 + self.fallbacks, self.registry.position, excluded, keep)
+                if self.signals is not None and self.needs.signals:  # a pruned policy that reads them (banded)
+                    now = self.signals.clock()
+                    pruned = tuple(self.signalled(c.endpoint, c.matched_tokens, c.load, now) for c in pruned)
+                return pruned, mean
         return self._plain(endpoints, excluded, matches, n_tokens, reasons), None
 
     def _floored(self, endpoints: tuple[str, ...], excluded: frozenset[str], matches: dict[str, int], n_tokens: int,
