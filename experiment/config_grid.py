@@ -7,8 +7,10 @@
 A configuration is what the sidecar is deployed with, and so what it can see (experiment.des.FleetConfig):
 
 - prefix source: `lmcache` (stock LMCache 0.5.6: each 256-token chunk credited to its first registered holder,
-  the walk stopping at a gap), `lmcache-multi` (a multi-holder lookup, as the reference ran: every CPU-store
-  holder, evicted GPU prefixes included), `kv-events` (every engine's GPU blocks, exactly), `approx` (the
+  the walk stopping at a gap; with the sidecar's own record of where it sent each prefix beside it, as the
+  sidecar's default with `--lmcache-url` and a tokenizer combines them, loadaware/prefix/combined.py),
+  `lmcache-multi` (a multi-holder lookup, as the reference ran: every CPU-store holder, evicted GPU prefixes
+  included), `kv-events` (every engine's GPU blocks, exactly), `approx` (the
   sidecar's own approximate index of what it routed, the product's code);
 - response path: `seen` (the InferencePool picker's full duplex: first response chunks pass the sidecar) or
   `buffered` (the shipped BUFFERED Envoy: no response body, the prefill retired by the sidecar's estimate);
@@ -72,7 +74,7 @@ class Configuration:
     def applied(self, gp: GridPoint) -> GridPoint:
         p = gp.point
         fleet = replace(p.fleet, credit=self.credit, response_seen=self.response_seen, tokenizer=self.tokenizer,
-                        router_scrape_interval_s=SCRAPE_INTERVAL_S)
+                        router_scrape_interval_s=SCRAPE_INTERVAL_S, approx_beside=self.source == "lmcache")
         spec = replace(p.spec, n_requests=self.requests or (WARM_REQUESTS if self.warm else COLD_REQUESTS),
                        warmup_passes=p.spec.warmup_passes if self.warm else 0)
         return replace(gp, point=replace(p, fleet=fleet, spec=spec))

@@ -125,6 +125,9 @@ class FleetConfig:
     # with their space, and a unit is 4 bytes)?
     response_seen: bool = True
     tokenizer: bool = True
+    # The sidecar's own record of where it sent each prefix beside an exact source that names one holder per
+    # chunk (stock LMCache, credit "single"): the sidecar's default with --lmcache-url and a tokenizer.
+    approx_beside: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.engines <= 4096:
@@ -272,7 +275,8 @@ class Simulation:
             decides = TwoArgPolicy(self.policy, self._peer_signals)
         elif reads_ttft:
             decides = TwoArgPolicy(self.policy, lambda cs: with_ttft_models(cs, self.router.signals))
-        source = "approx" if config.credit == "approx" else "exact" if config.tokenizer else "none"
+        source = "approx" if config.credit == "approx" else "none" if not config.tokenizer else \
+            "exact+approx" if config.approx_beside and config.credit == "single" else "exact"
         self.router = ProductRouter(decides, self.endpoints, lambda: self.now, source, ttft_model=reads_ttft)
         self.loads = self.router.loads
         self._decision: Decision | None = None  # the last decision, for _arrive to give its request
@@ -363,7 +367,7 @@ class Simulation:
         """The sidecar's decision (experiment.product_router): its pipeline, policy and lifecycle listeners, on
         the prefix source's answer of this moment."""
         router = self.router
-        if self.policy.needs.prefix and router.approx is None and self.config.tokenizer:
+        if self.policy.needs.prefix and self.config.credit != "approx" and self.config.tokenizer:
             router.exact.answer = self._matches(s)
         decision = router.decide(self._tokens(s))
         self._decision = decision

@@ -23,6 +23,7 @@ from loadaware.load.signals import SignalTracker
 from loadaware.load.tracker import EngineStats, LoadTracker
 from loadaware.policies.base import Candidate, Choice, Needs, Policy
 from loadaware.prefix.approx import ApproxIndex, ApproxPrefixSource
+from loadaware.prefix.combined import CombinedPrefixSource, Member
 from loadaware.prefix.source import PrefixSource
 from loadaware.prefix.wiring import APPROX_TOKEN_BLOCK
 from loadaware.routing.pipeline import Decider
@@ -84,7 +85,8 @@ def _run(coro: Coroutine[Any, Any, Decision]) -> Decision:
 
 class ProductRouter:
     """One sidecar: `source` is "exact" (the simulator sets `exact.answer`), "approx" (the product's own
-    approximate index) or "none" (no prefix source: without a tokenizer the exact sources see no tokens)."""
+    approximate index), "exact+approx" (both, combined as the sidecar combines LMCache with its record) or "none"
+    (no prefix source: without a tokenizer the exact sources see no tokens)."""
 
     def __init__(self, policy: Policy, endpoints: Sequence[str], clock: Callable[[], float], source: str,
                  ttft_model: bool = False) -> None:
@@ -95,13 +97,18 @@ class ProductRouter:
         self.exact = FixedAnswer()
         self.approx: ApproxPrefixSource | None = None
         prefix: PrefixSource | None = None
-        if source == "exact":
-            prefix = self.exact
-        elif source == "approx":
+        if source in ("approx", "exact+approx"):
             index = ApproxIndex(max(1, APPROX_CAPACITY_TOKENS // APPROX_TOKEN_BLOCK), APPROX_TOKEN_BLOCK,
                                 APPROX_TTL_S)
             self.approx = prefix = ApproxPrefixSource(index, Metrics(policy.name), clock)
-        elif source != "none":
+        if source == "exact":
+            prefix = self.exact
+        elif source == "exact+approx":
+            # Stock LMCache with the sidecar's record beside it, as the sidecar's default combines them
+            # (loadaware/prefix/combined.py): LMCache names one holder per chunk, the record adds the others.
+            assert self.approx is not None
+            prefix = CombinedPrefixSource([Member(self.exact, set, complete=False)], self.approx)
+        elif source not in ("approx", "none"):
             raise ValueError(f"unknown source {source!r}")
         self.decider = Decider(policy, self.registry, self.loads, self.lifecycle, None, prefix,
                                signals=self.signals)

@@ -320,9 +320,9 @@ class Sidecar:
             tasks.append(("gc-full", self.full_collections.run))
         self.supervisor.start([TaskSpec(name, run, required=is_required(name)) for name, run in tasks])
         log.info("serving ext_proc on %s (port %s), debug API on %s, policy=%s (%s) beta=%s endpoints=%s lmcache=%s "
-                 "tokenizer=%s", s.listen, self.bound_port, s.admin_listen or "off", s.effective_policy,
-                 s.policy_reason, s.loadaware_beta,
-                 ",".join(self.registry.snapshot()) or "none", s.lmcache_url or "off", s.tokenizer or "off")
+                 "tokenizer=%s prefix-source=%s (%s)", s.listen, self.bound_port, s.admin_listen or "off",
+                 s.effective_policy, s.policy_reason, s.loadaware_beta, ",".join(self.registry.snapshot()) or "none",
+                 s.lmcache_url or "off", s.tokenizer or "off", ",".join(s.prefix_sources), s.prefix_reason)
 
     async def _start_admin(self, s: Settings) -> None:
         """The debug API, reflection and health on --admin-listen; /debug/* on --admin-http-listen."""

@@ -262,8 +262,8 @@ class Settings:
     inference_pool: str = setting("", parse_name,
             "inference-pool discovery: the InferencePool whose pods are the engines (in --k8s-namespace)")
     policy: str = setting(AUTO, parse_policy,
-            "auto | lane-spread | loadaware | kvaware | roundrobin | leastload (auto: lane-spread with --tokenizer, "
-            "else loadaware; docs/policies.md)", strict=True)
+            "auto | banded | lane-spread | loadaware | kvaware | roundrobin | leastload (auto: banded; "
+            "docs/policies.md)", strict=True)
     loadaware_beta: float = setting(1.0, parse_beta,
             "exchange rate between prefix benefit and relative load (>= 0)", env='LOADAWARE_BETA')
     lmcache_url: str = setting("", parse_url,
@@ -373,8 +373,8 @@ class Settings:
     tls_client_ca: str = setting("", parse_path,
             "PEM CA bundle: require and verify client certificates (mutual TLS)", strict=True)
     prefix_source: tuple[str, ...] = setting((), parse_prefix_sources,
-            "lmcache | kv-events | approx, or a comma combination (default: lmcache with --lmcache-url, "
-            "else approx)", strict=True)
+            "lmcache | kv-events | approx, or a comma combination (default: lmcache,approx with --lmcache-url "
+            "and --tokenizer, else approx)", strict=True)
     kv_events_port: int = setting(5557, parse_port,
             "port of each engine's vLLM KV-event PUB socket, on the endpoint's host (0 = explicit map only)")
     kv_events_replay_port: int = setting(5558, parse_port,
@@ -428,8 +428,24 @@ class Settings:
 
     @property
     def prefix_sources(self) -> tuple[str, ...]:
-        """The prefix sources in effect: the flag's, else LMCache when its URL is set, else approximate."""
-        return self.prefix_source or (("lmcache",) if self.lmcache_url else ("approx",))
+        """The prefix sources in effect: the flag's; else, with a tokenizer and --lmcache-url, LMCache and the
+        sidecar's own record beside it (LMCache names one holder per chunk: the record adds the others); else
+        the record alone (LMCache is asked by token ids, so without a tokenizer it could not be asked)."""
+        if self.prefix_source:
+            return self.prefix_source
+        return ("lmcache", "approx") if self.lmcache_url and self.tokenizer else ("approx",)
+
+    @property
+    def prefix_reason(self) -> str:
+        """Why the prefix sources in effect are the ones: the operator's flag, or the default's reason."""
+        if self.prefix_source:
+            return "--prefix-source"
+        if self.lmcache_url and self.tokenizer:
+            return ("default: LMCache credits one holder per chunk, so the sidecar's record of where it sent each "
+                    "prefix adds the other holders")
+        if self.lmcache_url:
+            return "default: no tokenizer, so LMCache cannot be asked; the sidecar's record guesses from text"
+        return "default: no exact source configured; the sidecar's record of where it sent each prefix"
 
     @property
     def effective_policy(self) -> str:
@@ -464,6 +480,8 @@ class Settings:
                 value = self.discovery_mode  # what "not given" amounts to
             if s.name == "policy" and value == AUTO:
                 value = f"{self.effective_policy} ({self.policy_reason})"
+            if s.name == "prefix_source" and not value:
+                value = f"{','.join(self.prefix_sources)} ({self.prefix_reason})"
             out.append({"name": s.name, "flag": s.flag, "env": s.env, "value": value,
                         "origin": self.origins.get(s.name, "default")})
         return out

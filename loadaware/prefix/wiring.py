@@ -52,7 +52,7 @@ class PrefixWiring:
         exact: list[Member] = []
         lookups = SourceLookups(metrics.registry)  # each source's answers counted apart (its match fraction)
         if "lmcache" in self.names and lmcache is not None:
-            exact.append(Member(lookups.wrap(lmcache), lmcache_covered or (lambda eps: set(eps))))
+            exact.append(Member(lookups.wrap(lmcache), lmcache_covered or (lambda eps: set(eps)), complete=False))
         if "kv-events" in self.names:
             index = BlockIndex(o.kv_events_max_blocks)
             # With a bind address the engines connect to us: only explicitly mapped engines are dialled.

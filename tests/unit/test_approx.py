@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -152,10 +153,28 @@ async def test_combined_takes_the_best_exact_answer_and_guesses_only_for_uncover
         await alone.matches(P1, (A, B, C))
 
 
+async def test_the_record_adds_the_holders_lmcache_leaves_out_but_never_overrides_kv_events() -> None:
+    """LMCache credits each chunk to its first registered holder only: the sidecar's record of where it sent the
+    prefix adds the others (the best of both per endpoint); KV events name every holder, so their endpoints keep
+    their own answer."""
+    lm = Fixed("lmcache", {A: 512})  # A and B both hold the prefix; LMCache names A only
+    approx = Fixed("approx", {A: 480, B: 480, C: 96})
+    combined = CombinedPrefixSource([Member(lm, lambda eps: set(eps), complete=False)], approx)
+    assert await combined.matches(P1, (A, B, C)) == {A: 512, B: 480, C: 96}
+    kv = Fixed("kv-events", {A: 512})  # complete: B and C hold nothing as far as the engines say
+    with_kv = CombinedPrefixSource([Member(lm, lambda eps: set(eps), complete=False),
+                                    Member(kv, lambda eps: set(eps))], approx)
+    assert await with_kv.matches(P1, (A, B, C)) == {A: 512}
+
+
 def test_flag_selects_the_sources() -> None:
+    tokenizer = str(Path(__file__).resolve().parents[2] / "sim" / "assets" / "tiny-model")
     cases = {
         (): ("approx",),
-        ("--lmcache-url", "http://127.0.0.1:1"): ("lmcache",),
+        # LMCache is asked by token ids: without a tokenizer the record alone; with one, the record beside it
+        ("--lmcache-url", "http://127.0.0.1:1"): ("approx",),
+        ("--lmcache-url", "http://127.0.0.1:1", "--tokenizer", tokenizer): ("lmcache", "approx"),
+        ("--lmcache-url", "http://127.0.0.1:1", "--prefix-source", "lmcache"): ("lmcache",),
         ("--prefix-source", "kv-events"): ("kv-events",),
         ("--prefix-source", "approx,kv-events"): ("kv-events", "approx"),
     }
@@ -167,7 +186,7 @@ def test_flag_selects_the_sources() -> None:
         assert wiring.names == expected and wiring.source is not None
         # the approximate index hears of each routed request through the lifecycle, only when in use
         assert (wiring.approx in app.lifecycle._listeners) == ("approx" in expected)
-        # text bytes stand in for tokens only for the approximate source alone
+        # text bytes stand in for tokens only for the approximate source alone without a tokenizer
         assert isinstance(app.decider.tokenizer, TextUnits) == (expected == ("approx",))
         asyncio.run(app.prefixes.close())
         if app.lmcache is not None:

@@ -67,11 +67,17 @@ def test_endpoints_and_maps_parse() -> None:
 def test_defaults_match_the_contract() -> None:
     s = from_args([], environ={})
     assert s.listen == "127.0.0.1:9002"
-    assert s.policy == "auto" and s.effective_policy == "loadaware"  # no tokenizer: loadaware (policies/auto.py)
+    assert s.policy == "auto" and s.effective_policy == "banded"  # policies/auto.py
+    assert "no tokenizer" in s.policy_reason
     with_tokenizer = from_args(["--tokenizer", "/models/tokenizer.json"], environ={})
-    assert with_tokenizer.effective_policy == "lane-spread" and "tokenizer" in with_tokenizer.policy_reason
+    assert with_tokenizer.effective_policy == "banded" and "a tokenizer" in with_tokenizer.policy_reason
     shown = {d["name"]: d["value"] for d in with_tokenizer.describe()}["policy"]
-    assert shown.startswith("lane-spread (auto: ")  # GetConfig says what auto chose and why
+    assert shown.startswith("banded (auto: ")  # GetConfig says what auto chose and why
+    # ... and which prefix sources the default uses, and why: with LMCache and a tokenizer, the record beside it
+    lmc = from_args(["--tokenizer", "/models/tokenizer.json", "--lmcache-url", "http://127.0.0.1:1"], environ={})
+    sources = {d["name"]: d["value"] for d in lmc.describe()}["prefix_source"]
+    assert sources.startswith("lmcache,approx (default: ") and "holder" in sources
+    assert {d["name"]: d["value"] for d in s.describe()}["prefix_source"].startswith("approx (default: ")
     chosen = from_args(["--tokenizer", "/models/tokenizer.json", "--policy", "loadaware"], environ={})
     assert chosen.effective_policy == "loadaware" and chosen.policy_reason == "--policy loadaware"
     assert s.destination_header == "x-gateway-destination-endpoint"
