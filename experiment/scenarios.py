@@ -182,13 +182,23 @@ def applied(config: Configuration, d: Draw, smoke: bool = False) -> GridPoint:
 def run(configs: Sequence[Configuration], ds: Sequence[Draw], arms: Sequence[Arm], seeds: Sequence[int], jobs: int,
         cache: Path | None, smoke: bool = False) -> Results:
     tasks = [(c, d, s) for d in ds for c in configs for s in seeds]
-    # The costly draws first, so two workers end together.
     jobs_in = [(applied(c, d, smoke), tuple(arms), s, cache) for c, d, s in tasks]
+    done: list[list[SeedMetrics]] = []
+    t0 = time.perf_counter()
+
+    def progress() -> None:
+        if len(done) % max(1, len(jobs_in) // 20) == 0 or len(done) == len(jobs_in):
+            print(f"  {len(done)}/{len(jobs_in)} runs, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            done = list(pool.map(_task, jobs_in, chunksize=1))
+            for row in pool.map(_task, jobs_in, chunksize=1):
+                done.append(row)
+                progress()
     else:
-        done = [_task(j) for j in jobs_in]
+        for j in jobs_in:
+            done.append(_task(j))
+            progress()
     out: Results = {}
     for (c, d, _), row in zip(tasks, done):
         cell = out.setdefault(c.name, {}).setdefault(d.name, {a.name: [] for a in arms})

@@ -16,7 +16,7 @@ from typing import Literal
 from loadaware.policies import POLICY_NAMES
 
 Kind = Literal["sidecar", "peer"]
-PrefixSource = Literal["lmcache", "kv-events"]
+PrefixSource = Literal["lmcache", "kv-events", "default"]  # default: no --prefix-source (LMCache and the record)
 Peer = Literal["sglang-router", "vllm-router"]
 
 
@@ -40,8 +40,8 @@ class RealArm:
     def sidecar_args(self) -> list[str]:
         if self.kind != "sidecar":
             raise ValueError(f"{self.name} is not a sidecar arm")
-        return ["--policy", self.policy, "--loadaware-beta", f"{self.beta:g}", "--prefix-source",
-                self.prefix_source]
+        source = [] if self.prefix_source == "default" else ["--prefix-source", self.prefix_source]
+        return ["--policy", self.policy, "--loadaware-beta", f"{self.beta:g}", *source]
 
 
 def _beta_name(beta: float) -> str:
@@ -59,7 +59,11 @@ ARMS: tuple[RealArm, ...] = (
     sidecar_loadaware(0.0), sidecar_loadaware(0.5), sidecar_loadaware(1.0), sidecar_loadaware(2.0),
     RealArm("roundrobin", "sidecar", "roundrobin"),
     RealArm("leastload", "sidecar", "leastload"),
-    RealArm("lane-spread", "sidecar", "lane-spread"),  # the default with a tokenizer (auto)
+    RealArm("lane-spread", "sidecar", "lane-spread"),
+    # The sidecar as the README tells an LMCache user to run it: --policy auto and no --prefix-source (with
+    # --lmcache-url and --tokenizer: LMCache and the sidecar's record beside it); and auto with KV events.
+    RealArm("default", "sidecar", "auto", prefix_source="default"),
+    RealArm("default-kvev", "sidecar", "auto", prefix_source="kv-events"),
     sidecar_loadaware(0.5, "kv-events"), sidecar_loadaware(1.0, "kv-events"),
     RealArm("kvaware-kvev", "sidecar", "kvaware", prefix_source="kv-events"),
     # Peers with their default thresholds (the comparison is with them as shipped): only --policy cache_aware
@@ -71,7 +75,7 @@ ARMS_BY_NAME = {a.name: a for a in ARMS}
 
 # What `make experiment` runs by default: every arm the issue asks for (kvaware-kvev and lane-spread are optional
 # context).
-DEFAULT_ARMS = tuple(a.name for a in ARMS if a.name not in ("kvaware-kvev", "lane-spread"))
+DEFAULT_ARMS = tuple(a.name for a in ARMS if a.name not in ("kvaware-kvev", "lane-spread", "default", "default-kvev"))
 # `make experiment-quick`: the arms the targets are judged on, within its 15-minute budget.
 QUICK_ARMS = ("kvaware", "loadaware-b0.5", "loadaware-b0.5-kvev", "roundrobin", "sglang-router", "vllm-router")
 

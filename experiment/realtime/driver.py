@@ -98,7 +98,7 @@ class DriverConfig:
 
     @property
     def needs_lmcache(self) -> bool:
-        return any(a.kind == "sidecar" and a.prefix_source == "lmcache" for a in self.arms)
+        return any(a.kind == "sidecar" and a.prefix_source in ("lmcache", "default") for a in self.arms)
 
     @property
     def needs_kv_events(self) -> bool:
