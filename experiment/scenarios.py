@@ -21,7 +21,8 @@ The space (each draw independently):
 - load: 0.3-1.3 of the fleet's estimated capacity (`capacity`: an engine's request time from the service model
   at the hit rate the fleet's caches allow, summed over engines at their speeds);
 - sharing: 1-512 prefixes (log-uniform), Zipf exponent 0-1.4, prefix 100-12,000 tokens and unique suffix
-  20-3,000 tokens (log-uniform each, prompts capped at 16k tokens): from one hot document to nothing shared;
+  20-3,000 tokens (log-uniform each; prefix and suffix scaled down so that a prompt's text stays under 16k
+  tokens, the replies a multi-turn history carries aside): from one hot document to nothing shared;
 - outputs: short (16-128 tokens) in 2 of 3 draws, long (256-1,024) otherwise;
 - multi-turn chat sessions in 1 draw of 4 (2-8 turns, each resending the history).
 
@@ -95,13 +96,15 @@ def slowed(svc: ServiceModel, factor: float) -> ServiceModel:
 
 def capacity(spec: WorkloadSpec, services: Sequence[ServiceModel]) -> float:
     """The fleet's estimated sustainable rate (requests/s): per engine, 1 / (the request's prefill at the hit rate
-    the fleet's GPU caches allow + its decode steps' share of a full batch), summed over the engines. An estimate
-    to scale load by, not a measurement: it ignores queueing, imbalance and the first-token steps."""
+    the fleet's GPU caches allow if the prefixes were partitioned over them + its decode steps' share of a full
+    batch), summed over the engines. An estimate to scale load by, not a measurement: it ignores queueing,
+    imbalance and the first-token steps (for the reference fleet it gives 14.6 req/s where the best arms sustain
+    16.2-16.8, experiment.grid's "overload")."""
     history = (spec.turns - 1) / 2 * (spec.suffix_tokens + spec.max_tokens) if spec.turns > 1 else 0.0
     prompt = spec.shared_tokens + spec.suffix_tokens + history
     cacheable = spec.shared_tokens + history
     fleet_kv = sum(s.kv_capacity_tokens for s in services)
-    fits = min(1.0, 0.5 * fleet_kv / max(1.0, spec.n_prefixes * spec.shared_tokens))
+    fits = min(1.0, fleet_kv / max(1.0, spec.n_prefixes * spec.shared_tokens))
     uncached = prompt - cacheable * fits
     rate = 0.0
     for s in services:
