@@ -2,8 +2,10 @@
 worked in the formula of the policy that decided (the record names it):
 
     loadaware:   score(i) = min(1, matched(i) / prompt) - beta * (load(i) - mean_load) / max(1, mean_load)
-    cost policies (lane-spread, the default with a tokenizer): score(i) = -cost(i), the predicted time to
-    first token weighed by the batch it joins (docs/policies.md); lowest cost wins
+    cost policies (lane-spread): score(i) = -cost(i), the predicted time to first token weighed by the batch
+    it joins (docs/policies.md); lowest cost wins
+    banded (the default): lane-spread's cost, only among the engines whose loadaware score (beta 1) is within
+    BAND of the best; the table shows that score beside the cost
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from loadaware.policies.banded import BAND
 from loadaware.policies.bounded import PRICED_OUT
 
 EngineName = Callable[[str | None], str]  # endpoint ip:port -> engine name
 SCORE_POLICY = "loadaware"  # the one policy explained by its score; the others by their cost
+BANDED = "banded"  # a cost policy inside loadaware's band: its table shows both
 
 
 def explain(d: dict[str, Any], served_by: str, status: int, name: EngineName, beta: float) -> None:
@@ -46,15 +50,31 @@ def _score_table(d: dict[str, Any], name: EngineName, beta: float) -> None:
 
 def _cost_table(d: dict[str, Any], name: EngineName) -> None:
     prompt = int(d["prompt_tokens"])
+    banded = d.get("policy") == BANDED
+    la = loadaware_scores(d) if banded else {}
     print(f"      {'engine':<10} {'endpoint':<15} {'matched/prompt':>15} {'load':>6} {'decode':>7} {'waiting':>8} "
-          f"{'clock (s)':>9} {'cost (s)':>9}", flush=True)
+          f"{'clock (s)':>9} {'cost (s)':>9}" + (f" {'la score':>9}" if banded else ""), flush=True)
     for c in d["candidates"]:
         cost, out = cost_of(c)
+        note = (" out of band" if banded else " priced out") if out else ""
+        band = f" {la[c['endpoint']]:>+9.3f}" if banded else ""
         print(f"      {name(c['endpoint']):<10} {c['endpoint']:<15} {c['matched_tokens']:>7}/{prompt:<7} "
               f"{float(c['load']):>6.1f} {float(c.get('decode_batch', 0)):>7.1f} {float(c.get('waiting', 0)):>8.1f} "
-              f"{float(c.get('lane_wait_s', 0)):>9.3f} {cost:>9.3f}{' priced out' if out else ''}{_mark(d, c)}",
-              flush=True)
+              f"{float(c.get('lane_wait_s', 0)):>9.3f} {cost:>9.3f}{band}{note}{_mark(d, c)}", flush=True)
     print(f"      why: {why_cost(d, name)}", flush=True)
+
+
+def loadaware_scores(d: dict[str, Any]) -> dict[str, float]:
+    """The seed's loadaware score (beta 1) of each candidate of decision d: banded's band is within BAND of the
+    best (loadaware/policies/banded.py). The decision's own mean load when it was pruned, else its candidates'."""
+    cands = d["candidates"]
+    prompt = int(d["prompt_tokens"])
+    loads = [float(c["load"]) for c in cands]
+    mean = d.get("mean_load")
+    mean = float(mean) if mean is not None else (sum(loads) / len(loads) if loads else 0.0)
+    scale = max(1.0, mean)
+    return {c["endpoint"]: (min(1.0, c["matched_tokens"] / prompt) if prompt > 0 else 0.0) - (load - mean) / scale
+            for c, load in zip(cands, loads)}
 
 
 def cost_of(c: dict[str, Any]) -> tuple[float, bool]:
@@ -102,6 +122,10 @@ def why_cost(d: dict[str, Any], name: EngineName) -> str:
     held, out = cost_of(best_match)
     holder = (f"holder {name(best_match['endpoint'])} ({best_match['matched_tokens']}/{prompt} tokens, decode batch "
               f"{float(best_match.get('decode_batch', 0)):g}, load {float(best_match['load']):g})")
+    if out and d.get("policy") == BANDED:
+        return (f"{holder} is busy enough that loadaware (beta 1) scores it more than {BAND:g} below its own "
+                f"choice, outside the band (its own cost {held:.3f} s); {name(chosen['endpoint'])} costs {cost:.3f} s "
+                "-> load outweighs the cached prefix")
     if out:
         return (f"{holder} carries more than half of the pool's load, so the pile-up guard priced it out (its own "
                 f"cost {held:.3f} s); {name(chosen['endpoint'])} costs {cost:.3f} s -> load outweighs the cached "
