@@ -60,7 +60,8 @@ async def test_a_backlog_that_cannot_start_an_encode_in_time_refuses_it_at_once(
         raise AssertionError("expected TokenizerBusy")
     except TokenizerBusy:
         pass
-    assert asyncio.get_running_loop().time() - started < 0.05 and tok.busy == 1
+    # Refused before the 0.2 s time-box could run out (0.05 s failed once beside a busy run of both cores: 59 ms).
+    assert asyncio.get_running_loop().time() - started < 0.15 and tok.busy == 1
 
 
 async def test_the_decision_counts_the_whole_prompt_and_names_a_busy_tokenizer() -> None:
