@@ -33,7 +33,7 @@ from loadaware.app import Sidecar
 from loadaware.policies import Candidate
 from loadaware.routing.request import parse_body
 
-POLICIES = ("leastload", "loadaware", "lane-spread")  # the selectable policies of each kind
+POLICIES = ("leastload", "loadaware", "lane-spread", "banded")  # the selectable policies of each kind
 
 
 @dataclass(frozen=True, slots=True)
