@@ -7,6 +7,10 @@
   `experiment.calibration.QUEUEING_*` (4 engines at 40 req/s, 10 per engine against 8 at the reference
   point), the DES's second point, so both modes run the same point.
 - `tiny`: 2 engines, a few seconds of traffic: the CI test and smoke runs.
+- `h015`: a workload no policy was designed on, the scenario generator's held-out draw h015
+  (`experiment.scenarios`): 6 equal engines, bursty (gamma, CV 3) arrivals at 0.77 of the estimated capacity,
+  111 prefixes at Zipf 0.20, 1,779-token prefixes and 1,092-token unique suffixes, 38 output tokens; 500
+  measured requests.
 
 The service model is whatever `experiment.calibration` states (one place for the fitted numbers); if that
 module is absent (an old checkout) the simulator's defaults are used and the run says so in its config.
@@ -73,7 +77,19 @@ def tiny_point() -> OperatingPoint:
     return OperatingPoint("tiny", 2, wl, ServiceModel(), "sim.service_model defaults (tiny CI point)")
 
 
-POINTS = {"reference": reference_point, "queueing": queueing_point, "tiny": tiny_point}
+def held_out_point(index: int = 15) -> OperatingPoint:
+    """A held-out draw of the scenario generator with equal engines (the real-time fleet runs one service model)."""
+    from experiment.scenarios import draw
+
+    d = draw("held-out", index)
+    fleet = d.point.point.fleet
+    if any(fleet.service_of(i) != fleet.service for i in range(fleet.engines)):
+        raise ValueError(f"{d.name}: mixed engine speeds; the real-time fleet runs one service model")
+    spec = replace(d.point.point.spec, n_requests=500)
+    return OperatingPoint(d.name, fleet.engines, spec, fleet.service, f"experiment.scenarios draw {d.name}")
+
+
+POINTS = {"reference": reference_point, "queueing": queueing_point, "tiny": tiny_point, "h015": held_out_point}
 
 
 def point_by_name(name: str, **workload_overrides: Any) -> OperatingPoint:
