@@ -286,8 +286,9 @@ def report(results: Results, ds: Sequence[Draw], ours: str, seeds: Sequence[int]
     lines = [START, f"## Fleets and workloads drawn at random (`experiment.scenarios`, {role} draws)", "",
              f"{len(ds)} {role} draws ({ds[0].name}-{ds[-1].name}) x {len(results)} configurations, "
              f"{len(seeds)} paired seeds ({seeds[0]}-{seeds[-1]}), every arm through the sidecar's own pipeline; "
-             "per draw and configuration, the ratio of medians over the seeds of TTFT p95. Ours is `--policy "
-             "auto` as the sidecar resolves it in each configuration.", "",
+             "per draw and configuration, the ratio of medians over the seeds of TTFT p95. Ours is "
+             + ("`--policy auto` as the sidecar resolves it in each configuration." if ours == AUTO else f"`{ours}`.")
+             + " The seed's `loadaware` (beta 1) and the peers run on the same prefix sources.", "",
              f"- Floor: within {FLOOR - 1:.0%} of `loadaware` in **{v.floor_within} of {v.cells}** "
              f"({v.floor_within / max(1, v.cells):.1%}; target {FLOOR_SHARE:.0%}); worst "
              f"**{v.floor_worst.vs_loadaware:.3f}x** "
@@ -401,7 +402,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("out/experiment/scenarios"))
     ap.add_argument("--doc", type=Path, default=None)
     ap.add_argument("--cache", type=Path, default=Path("out/experiment/scenario-workloads"))
+    ap.add_argument("--from-csv", type=Path, default=None,
+                    help="report on an earlier run's per_seed.csv (its draws and seeds) instead of running")
+    ap.add_argument("--command", default="", help="with --from-csv: the command that made the run")
+    ap.add_argument("--wall-min", type=float, default=0.0, help="with --from-csv: the run's wall time")
     args = ap.parse_args(argv)
+    if args.from_csv is not None:
+        return _from_csv(args)
     count, n_seeds = (2, 1) if args.smoke else (args.draws, args.seeds)
     ds = draws(args.role, count)
     if args.list:
@@ -426,6 +433,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     draw_picture(results, args.ours, picture)
     command = "python -m experiment.scenarios " + " ".join(argv if argv is not None else sys.argv[1:])
     section = report(results, ds, args.ours, seeds, command.strip(), wall, args.jobs, picture.name)
+    (args.out / "report.md").write_text(section + "\n")
+    if args.doc is not None:
+        write_doc(args.doc, section)
+    print(section)
+    return 0
+
+
+def _from_csv(args: argparse.Namespace) -> int:
+    """The report, picture and doc section of an earlier run, from its per_seed.csv."""
+    from experiment.config_grid import read_per_seed
+
+    results = read_per_seed([args.from_csv])
+    names = sorted({name for by in results.values() for name in by})
+    role = next(r for r in ROLES if r[0] == names[0][0])
+    ds = tuple(d for d in draws(role, max(int(n[1:]) for n in names)) if d.name in names)
+    seeds = sorted({m.seed for by in results.values() for res in by.values() for ms in res.values() for m in ms})
+    picture = args.doc.parent / "scenarios.png" if args.doc is not None else args.out / "scenarios.png"
+    args.out.mkdir(parents=True, exist_ok=True)
+    draw_picture(results, args.ours, picture)
+    section = report(results, ds, args.ours, seeds, args.command or f"from {args.from_csv}", args.wall_min * 60,
+                     args.jobs, picture.name)
     (args.out / "report.md").write_text(section + "\n")
     if args.doc is not None:
         write_doc(args.doc, section)
