@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import re
 import sys
 import time
 from collections.abc import Sequence
@@ -42,6 +41,7 @@ from experiment.des import Arm, Credit, simulate
 from experiment.grid import POINTS, POINTS_BY_NAME, GridPoint, prepared
 from experiment.grid_blocks import PEERS, best_peer, median_over_seeds
 from experiment.metrics import DEFAULT_SLO_S, SeedMetrics, seed_metrics
+from experiment.report import replace_section
 from experiment.stats import PairedComparison, paired_comparison
 from experiment.variants import arm as arm_named
 from loadaware.policies.auto import AUTO, auto_policy
@@ -271,14 +271,8 @@ def read_per_seed(paths: Sequence[Path]) -> Results:
 
 
 def write_doc(doc: Path, section: str) -> None:
-    text = doc.read_text() if doc.exists() else ""
-    if START in text and END in text:
-        text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: section, text, flags=re.S)
-    elif "<!-- grid:start -->" in text:  # before the single-configuration grid it supersedes
-        text = text.replace("<!-- grid:start -->", section + "\n\n<!-- grid:start -->", 1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    doc.write_text(text)
+    """Replace the configuration grid's section (or put it before the single-configuration grid it supersedes)."""
+    replace_section(doc, START, END, section, "<!-- grid:start -->")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

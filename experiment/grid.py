@@ -34,7 +34,6 @@ import csv
 import hashlib
 import os
 import pickle
-import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -47,6 +46,7 @@ from experiment.des import Arm, Credit, FleetConfig, Prepared, prepare, simulate
 from experiment.des_run import Point
 from experiment.grid_blocks import PEERS, best_peer, block_table, median_over_seeds
 from experiment.metrics import DEFAULT_SLO_S, SeedMetrics, seed_metrics
+from experiment.report import replace_section
 from experiment.stats import PairedComparison, paired_comparison
 from experiment.variants import arm as arm_named
 from experiment.workload import WorkloadSpec, build
@@ -261,14 +261,7 @@ def report(results: Mapping[str, Mapping[str, Sequence[SeedMetrics]]], ours: str
 
 def write_doc(doc: Path, section: str) -> None:
     """Replace the grid section of `doc` (or insert it before the hand-written findings, else at the end)."""
-    text = doc.read_text() if doc.exists() else ""
-    if GRID_START in text and GRID_END in text:
-        text = re.sub(re.escape(GRID_START) + r".*?" + re.escape(GRID_END), lambda _: section, text, flags=re.S)
-    elif "## Hand-written findings" in text:
-        text = text.replace("## Hand-written findings", section + "\n\n## Hand-written findings", 1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    doc.write_text(text)
+    replace_section(doc, GRID_START, GRID_END, section, "## Hand-written findings")
 
 
 def write_per_seed(path: Path, results: Mapping[str, Mapping[str, Sequence[SeedMetrics]]]) -> None:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -232,3 +233,16 @@ def plot_running(series: Mapping[str, tuple[list[float], dict[str, list[float]]]
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def replace_section(doc: Path, start: str, end: str, section: str, before: str | None = None) -> None:
+    """Put `section` (which opens with `start` and closes with `end`) into `doc`: in place of the text between
+    those markers, else just before the first `before` in it, else at the end."""
+    text = doc.read_text() if doc.exists() else ""
+    if start in text and end in text:
+        text = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: section, text, flags=re.S)
+    elif before is not None and before in text:
+        text = text.replace(before, section + "\n\n" + before, 1)
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    doc.write_text(text)

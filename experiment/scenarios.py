@@ -37,10 +37,8 @@ medians over the seeds of TTFT p95: ours (`--policy auto` as the sidecar resolve
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import os
-import re
 import sys
 import time
 from collections.abc import Sequence
@@ -51,12 +49,13 @@ from pathlib import Path
 import numpy as np
 
 from experiment.calibration import CALIBRATED
-from experiment.config_grid import CONFIGS_BY_NAME, Configuration, _task, arm_of
+from experiment.config_grid import CONFIGS_BY_NAME, Configuration, _task, arm_of, write_per_seed
 from experiment.des import Arm, FleetConfig
 from experiment.des_run import Point
 from experiment.grid import GridPoint
 from experiment.grid_blocks import PEERS, best_peer, median_over_seeds
 from experiment.metrics import SeedMetrics
+from experiment.report import replace_section
 from experiment.variants import arm as arm_named
 from experiment.workload import WorkloadSpec
 from loadaware.policies.auto import AUTO
@@ -356,23 +355,9 @@ def draw_picture(results: Results, ours: str, path: Path) -> None:
     plt.close(fig)
 
 
-def write_per_seed(path: Path, results: Results) -> None:
-    rows = [{"config": c, "point": p, **m.row()} for c, by in results.items() for p, res in by.items()
-            for ms in res.values() for m in ms]
-    if rows:
-        with path.open("w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-
-
 def write_doc(doc: Path, section: str) -> None:
-    text = doc.read_text() if doc.exists() else ""
-    if START in text and END in text:
-        text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: section, text, flags=re.S)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    doc.write_text(text)
+    """Replace the scenarios' section of `doc` (or put it before the configuration grid's)."""
+    replace_section(doc, START, END, section, "<!-- config-grid:start -->")
 
 
 def summary(results: Results, ours: str) -> str:
