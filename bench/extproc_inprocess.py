@@ -10,8 +10,9 @@ leaves out (grpcio's per-message cost, Envoy) is what the end-to-end cases of `m
 Times are process CPU (all threads, so the tokenizer's too).
 
 Rows: `leastload` on a tiny prompt (the floor), and on a 1,300-word prompt with a tokenizer and the
-approximate index the seed's `loadaware` and the default (`auto`, which resolves to `banded`). Those two are measured in alternating rounds on the same body, so a busy machine slows both alike;
-the table gives the default's cost minus loadaware's (the placement issue's bound: at most +10 µs).
+approximate index the seed's `loadaware` and the default (`auto`, which resolves to `banded`). Those two are
+measured in alternating rounds on the same body, so a busy machine slows both alike; the table gives the
+default's cost minus loadaware's (the placement issue's bound: at most +10 µs).
 """
 
 from __future__ import annotations
