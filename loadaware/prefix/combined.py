@@ -19,7 +19,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from loadaware.prefix.source import PrefixSource, PrefixUnavailable
+from loadaware.prefix.source import PartlyUnavailable, PrefixSource, PrefixUnavailable
 
 Covered = Callable[[Sequence[str]], set[str]]
 
@@ -74,4 +74,6 @@ class CombinedPrefixSource:
         elif all_failed:
             assert failure is not None
             raise failure
+        if isinstance(failure, PrefixUnavailable):  # a lost source is named even where the others answered
+            raise PartlyUnavailable(failure.reason, merged)
         return merged

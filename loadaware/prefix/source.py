@@ -25,6 +25,15 @@ class PrefixUnavailable(Exception):
         self.reason = reason  # a short metric label, e.g. lmcache_timeout
 
 
+class PartlyUnavailable(PrefixUnavailable):
+    """One of several combined sources could not answer; the others did (`answer`). The decision uses their
+    answer and still names the lost source's reason (prefix/combined.py)."""
+
+    def __init__(self, reason: str, answer: dict[str, int]) -> None:
+        super().__init__(reason, "the other prefix sources answered")
+        self.answer = answer
+
+
 class PromptTokens(list[int]):
     """A decision's prompt token ids with what travels with them: the request's cache salt (what the engine's
     prefix cache really keys on besides the tokens) and the block-key chains computed from them, one per

@@ -27,7 +27,7 @@ from loadaware.policies.base import lowest_cost
 from loadaware.policies.bounded import past_cap, pool_cap
 from loadaware.policies.ttft_model import Prices, TtftPrior
 from loadaware.prefix.queued import QueuedPrefixes
-from loadaware.prefix.source import PrefixSource, PrefixUnavailable, PromptTokens
+from loadaware.prefix.source import PartlyUnavailable, PrefixSource, PrefixUnavailable, PromptTokens
 from loadaware.prefix.working_set import BLOCK_TOKENS, WorkingSet, sampled_keys, working_view
 from loadaware.routing.affinity import SessionAffinity, saturated
 from loadaware.routing.pruning import MIN_POOL, floored_candidates, pool_load, pruned_candidates, round_robin_candidates
@@ -216,7 +216,8 @@ class Decider:
             return await self.prefix_source.matches(tokens, endpoints, salt)
         except PrefixUnavailable as exc:
             reasons.append(exc.reason)
-            return {}
+            # A combined source that lost one member still has the others' answer (prefix/combined.py).
+            return exc.answer if isinstance(exc, PartlyUnavailable) else {}
         except Exception as exc:  # noqa: BLE001 - a broken source degrades to the load term, never fails
             _degraded(reasons, "prefix_error", exc)
             return {}

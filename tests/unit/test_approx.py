@@ -17,7 +17,7 @@ from loadaware.policies import make_policy
 from loadaware.prefix.approx import ApproxIndex, ApproxPrefixSource
 from loadaware.prefix.blocks import block_keys
 from loadaware.prefix.combined import CombinedPrefixSource, Member
-from loadaware.prefix.source import PrefixUnavailable
+from loadaware.prefix.source import PartlyUnavailable, PrefixUnavailable
 from loadaware.routing.pipeline import Decider
 from loadaware.routing.request import InferenceRequest
 from loadaware.telemetry.metrics import Metrics
@@ -146,7 +146,9 @@ async def test_combined_takes_the_best_exact_answer_and_guesses_only_for_uncover
     assert combined.name == "lmcache,kv-events,approx"
     assert await combined.matches(P1, (A, B, C)) == {A: 300, B: 300, C: 320}
     lm.error = "lmcache_timeout"
-    assert await combined.matches(P1, (A, B, C)) == {A: 300, B: 300, C: 320}  # one failure: the rest answer
+    with pytest.raises(PartlyUnavailable) as lost:  # one failure: the rest answer, and the loss is named
+        await combined.matches(P1, (A, B, C))
+    assert lost.value.reason == "lmcache_timeout" and lost.value.answer == {A: 300, B: 300, C: 320}
     kv.error = "boom"
     alone = CombinedPrefixSource([Member(lm, lambda eps: set()), Member(kv, lambda eps: set())])
     with pytest.raises(PrefixUnavailable):
@@ -165,6 +167,19 @@ async def test_the_record_adds_the_holders_lmcache_leaves_out_but_never_override
     with_kv = CombinedPrefixSource([Member(lm, lambda eps: set(eps), complete=False),
                                     Member(kv, lambda eps: set(eps))], approx)
     assert await with_kv.matches(P1, (A, B, C)) == {A: 512}
+
+
+async def test_a_decision_that_lost_lmcache_names_it_and_still_uses_the_record() -> None:
+    lm = Fixed("lmcache", error="lmcache_error")
+    approx = Fixed("approx", {B: 320})
+    source = CombinedPrefixSource([Member(lm, lambda eps: set(eps), complete=False)], approx)
+    tracker = LoadTracker(stale_s=5)
+    lifecycle = RequestLifecycle()
+    lifecycle.subscribe(tracker)
+    decider = Decider(make_policy("loadaware", 1.0), EndpointRegistry((A, B, C)), tracker, lifecycle, None, source)
+    d = await decider.decide(InferenceRequest("completions", prompt=list(P1)), "r")
+    assert d.reasons == ("lmcache_error",) and d.outcome == "fallback_load_only"  # a helper was lost, and said
+    assert d.endpoint == B and {c.endpoint: c.matched_tokens for c in d.candidates}[B] == 320  # the record spoke
 
 
 def test_flag_selects_the_sources() -> None:

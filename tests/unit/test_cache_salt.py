@@ -27,7 +27,7 @@ from loadaware.prefix.kvevents.sync import apply_batch
 from loadaware.prefix.lmcache.bridge import InstanceBridge
 from loadaware.prefix.lmcache.client import LMCacheClient
 from loadaware.prefix.lmcache.source import LMCachePrefixSource
-from loadaware.prefix.source import PrefixUnavailable, PromptTokens, salt_of
+from loadaware.prefix.source import PartlyUnavailable, PrefixUnavailable, PromptTokens, salt_of
 from loadaware.routing.pipeline import Decider
 from loadaware.routing.request import InferenceRequest, parse_body
 from loadaware.telemetry.decisions import DecisionMetrics
@@ -205,10 +205,12 @@ async def test_combined_lmcache_declines_salted_and_the_others_answer(salted_fle
                                      Member(salted_fleet, lambda eps: {A} & set(eps))], approx)
     # unsalted: LMCache credits A (256 > kv-events' nothing for A); B has no guess under no salt
     assert await combined.matches(PROMPT * 2, (A, B)) == {A: 256}
-    # salted: LMCache declines; kv-events credits A under SALT_A; the guess speaks for B (LMCache covered it)
-    assert await combined.matches(PROMPT, (A, B), SALT_A) == {A: 160, B: 160}
-    assert await combined.matches(PROMPT, (A, B), SALT_B) == {B: 160}  # B's own KV events, under SALT_B
-    assert await combined.matches(PROMPT, (A, B), "tenant-z") == {}
+    # salted: LMCache declines (named: lmcache_salted); kv-events credits A under SALT_A; the guess speaks for B
+    # (LMCache covered it, but it names one holder per chunk: the record speaks beside it)
+    for salt, answer in ((SALT_A, {A: 160, B: 160}), (SALT_B, {B: 160}), ("tenant-z", {})):
+        with pytest.raises(PartlyUnavailable) as declined:
+            await combined.matches(PROMPT, (A, B), salt)
+        assert declined.value.reason == "lmcache_salted" and declined.value.answer == answer, salt
 
 
 # ---- the approximate guess -----------------------------------------------------------------------------
