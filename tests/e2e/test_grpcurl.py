@@ -142,7 +142,9 @@ def test_explain_on_a_warm_prefix_shows_the_holder_and_the_formula(stack: FreeSt
     rows = {e["endpoint"]: e for e in reply["endpoints"]}
     n = reply["prompt_tokens"]
     assert reply["outcome"] == "routed" and reply["policy"] == "loadaware" and reply["beta"] == 1
-    assert rows[holder]["matched_tokens"] == (n // 256) * 256  # every full 256-token chunk of the prompt
+    # LMCache credits every full 256-token chunk of the prompt; the sidecar's record beside it (the default with
+    # --lmcache-url and a tokenizer) every full 16-token block it sent there: the best of the two
+    assert rows[holder]["matched_tokens"] == max((n // 256) * 256, (n // 16) * 16)
     assert rows[holder]["lmcache_instance_id"] == headers["x-served-by"]
     assert all(r["matched_tokens"] == 0 for ep, r in rows.items() if ep != holder)
     mean = reply["mean_load"]
@@ -222,6 +224,9 @@ def test_get_config_shows_origins(grpcurl: Grpcurl) -> None:
     assert rows["policy"]["origin"] == "flag" and rows["policy"]["value"] == "loadaware"
     assert rows["discovery"]["origin"] == "default"
     assert rows["discovery"]["value"] == "static"
+    # the prefix sources the default chose, and why: LMCache with the sidecar's record beside it
+    assert rows["prefix_source"]["origin"] == "default"
+    assert rows["prefix_source"]["value"].startswith("lmcache,approx (default: LMCache credits one holder")
 
 
 def test_health_serving_and_not_serving(stack: FreeStack, grpcurl: Grpcurl, tmp_path: Path) -> None:
