@@ -4,8 +4,8 @@ long each holds the event loop.
     python -m bench.fleet_size [--quick] [--json] [--sizes 100,1000,10000] [--baseline GIT_REF] [--policy P]
                                [--learned] [--full-scan] [--all-queueing]
 
-`--policy` (default `loadaware`): the policy deciding. `loadaware`, `kvaware`, `leastload` and `banded` (the
-default, with its candidates' token signals) score only a large pool's prefix holders and least-loaded
+`--policy` (default `loadaware`, the default policy): the policy deciding. `loadaware`, `kvaware`, `leastload`
+and `banded` (with its candidates' token signals) score only a large pool's prefix holders and least-loaded
 endpoints; `lane-spread` scans the pool by load until its cost floor
 passes the best costs found (routing/pruning.py). `--learned`: every endpoint first learns its TTFT prices from
 a few first chunks, within 20% of the prior's (as on the response path; a BUFFERED sidecar keeps the prior's),

@@ -4,7 +4,7 @@ worked in the formula of the policy that decided (the record names it):
     loadaware:   score(i) = min(1, matched(i) / prompt) - beta * (load(i) - mean_load) / max(1, mean_load)
     cost policies (lane-spread): score(i) = -cost(i), the predicted time to first token weighed by the batch
     it joins (docs/policies.md); lowest cost wins
-    banded (the default): lane-spread's cost, only among the engines whose loadaware score (beta 1) is within
+    banded: lane-spread's cost, only among the engines whose loadaware score (beta 1) is within
     BAND of the best; the table shows that score beside the cost
 """
 

@@ -121,7 +121,7 @@ def prepared(point: Point, seed: int, cache: Path | None) -> Prepared:
     out = prepare(build(point.spec, seed), point.fleet.service.block_size)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # two workers may build the same workload at once
         with tmp.open("wb") as fh:
             pickle.dump(out, fh)
         tmp.replace(path)

@@ -262,7 +262,7 @@ class Settings:
     inference_pool: str = setting("", parse_name,
             "inference-pool discovery: the InferencePool whose pods are the engines (in --k8s-namespace)")
     policy: str = setting(AUTO, parse_policy,
-            "auto | banded | lane-spread | loadaware | kvaware | roundrobin | leastload (auto: banded; "
+            "auto | banded | lane-spread | loadaware | kvaware | roundrobin | leastload (auto: loadaware; "
             "docs/policies.md)", strict=True)
     loadaware_beta: float = setting(1.0, parse_beta,
             "exchange rate between prefix benefit and relative load (>= 0)", env='LOADAWARE_BETA')

@@ -114,9 +114,10 @@ def test_a_hot_prefix_leaves_its_holder_no_later_than_a_quarter_load_after_loada
     assert bd - la <= BAND * (bd + 4) / 3 + 1
 
 
-def test_banded_is_registered_and_auto_chooses_it() -> None:
+def test_banded_is_registered_and_selectable() -> None:
     from loadaware.policies.auto import auto_policy
 
     assert "banded" in POLICIES
     assert isinstance(make_policy("banded"), Banded)
-    assert auto_policy(True)[0] == "banded"
+    # it missed the floor on the held-out draws (docs/results.md): the default is loadaware, with or without tokenizer
+    assert auto_policy(True)[0] == auto_policy(False)[0] == "loadaware"

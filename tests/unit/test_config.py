@@ -67,12 +67,12 @@ def test_endpoints_and_maps_parse() -> None:
 def test_defaults_match_the_contract() -> None:
     s = from_args([], environ={})
     assert s.listen == "127.0.0.1:9002"
-    assert s.policy == "auto" and s.effective_policy == "banded"  # policies/auto.py
-    assert "no tokenizer" in s.policy_reason
+    assert s.policy == "auto" and s.effective_policy == "loadaware"  # policies/auto.py
+    assert "held-out" in s.policy_reason
     with_tokenizer = from_args(["--tokenizer", "/models/tokenizer.json"], environ={})
-    assert with_tokenizer.effective_policy == "banded" and "a tokenizer" in with_tokenizer.policy_reason
+    assert with_tokenizer.effective_policy == "loadaware"
     shown = {d["name"]: d["value"] for d in with_tokenizer.describe()}["policy"]
-    assert shown.startswith("banded (auto: ")  # GetConfig says what auto chose and why
+    assert shown.startswith("loadaware (auto: ")  # GetConfig says what auto chose and why
     # ... and which prefix sources the default uses, and why: with LMCache and a tokenizer, the record beside it
     lmc = from_args(["--tokenizer", "/models/tokenizer.json", "--lmcache-url", "http://127.0.0.1:1"], environ={})
     sources = {d["name"]: d["value"] for d in lmc.describe()}["prefix_source"]

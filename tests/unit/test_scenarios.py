@@ -92,7 +92,7 @@ def test_the_smoke_run_fills_every_configuration(tmp_path: Path) -> None:
     assert main(["--smoke", "--jobs", "2", "--out", str(out), "--cache", str(tmp_path / "cache"),
                  "--doc", str(doc)]) == 0
     rows = list(csv.DictReader((out / "per_seed.csv").open()))
-    arms = {"banded", "loadaware", *PEERS}  # --policy auto is banded in every configuration
+    arms = {"loadaware", *PEERS}  # --policy auto is loadaware in every configuration
     assert {r["arm"] for r in rows} == arms
     assert {r["config"] for r in rows} == {c.name for c in CONFIGS} and len(CONFIGS) == 16
     assert len(rows) == 16 * 2 * len(arms)  # 2 draws, 1 seed
