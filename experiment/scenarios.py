@@ -220,13 +220,18 @@ class Ratio:
     peer: str
 
 
-def ratios(results: Results, ours: str) -> list[Ratio]:
+def arms_of(results: Results) -> list[str]:
+    """Every arm of a run, in its order."""
+    return list(dict.fromkeys(a for by in results.values() for res in by.values() for a in res))
+
+
+def ratios(results: Results, ours: str, peers: Sequence[str] = PEERS) -> list[Ratio]:
     out = []
     for config, by_draw in results.items():
         arm = arm_of(ours, config)
         for name, res in by_draw.items():
             med = {a: median_over_seeds([m.ttft_p95 for m in ms]) for a, ms in res.items()}
-            peer = best_peer(res, "ttft_p95") if any(p in res for p in PEERS) else ""
+            peer = best_peer(res, "ttft_p95", peers) if any(p in res for p in peers) else ""
             out.append(Ratio(config, name, med[arm], _div(med[arm], med["loadaware"]),
                              _div(med[arm], med[peer]) if peer else float("nan"), peer))
     return out
@@ -316,6 +321,17 @@ def report(results: Results, ds: Sequence[Draw], ours: str, seeds: Sequence[int]
                      f"{wl.vs_loadaware:.3f} ({wl.draw}) | {geomean([r.vs_loadaware for r in row]):.3f} | "
                      + (f"{geomean([r.vs_peer for r in row]):.3f} | {wp.vs_peer:.2f} ({wp.draw}, {wp.peer}) |"
                         if wp is not None else "– | – |"))
+    lines += ["", "Every arm judged as ours is (vs the best peer: the peers other than itself):", "",
+              "| arm | within 5% of loadaware | worst vs loadaware | geomean vs loadaware | lead class: geomean vs "
+              "best peer (worst) | else: geomean vs best peer |", "|---|---|---|---|---|---|"]
+    for arm in arms_of(results):
+        av = verdict(ratios(results, arm, [p for p in PEERS if p != arm]))
+        arm_rs = ratios(results, arm)
+        worst = f"{av.lead_worst.vs_peer:.2f}x" if av.lead_worst is not None else "–"
+        lines.append(f"| `{arm}` | {av.floor_within}/{av.cells} | {av.floor_worst.vs_loadaware:.3f}x "
+                     f"({av.floor_worst.draw}, {av.floor_worst.config}) | "
+                     f"{geomean([r.vs_loadaware for r in arm_rs]):.3f} | {av.lead_geomean:.3f} ({worst}) | "
+                     f"{av.else_geomean:.3f} |")
     misses = sorted((r for r in rs if r.vs_loadaware > FLOOR), key=lambda r: -r.vs_loadaware)
     lines += ["", f"Every cell more than {FLOOR - 1:.0%} worse than `loadaware`: "
               + ("none." if not misses else "; ".join(f"{r.draw} {r.config} {r.vs_loadaware:.3f}x "
@@ -327,29 +343,36 @@ def report(results: Results, ds: Sequence[Draw], ours: str, seeds: Sequence[int]
 
 
 def draw_picture(results: Results, ours: str, path: Path) -> None:
-    """Per configuration, every draw's ratio to loadaware and to the best peer (log scale), the targets drawn."""
+    """Per configuration, every draw's ratio (log scale) to loadaware of each arm that is neither loadaware nor a
+    peer (ours among them, if it is not loadaware), and of ours to the best peer; the targets drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rs = ratios(results, ours)
-    configs = list(dict.fromkeys(r.config for r in rs))
-    fig, axes = plt.subplots(1, 2, figsize=(13, 0.4 * len(configs) + 2), sharey=True)
-    for ax, field, title, line in ((axes[0], "vs_loadaware", "ours / loadaware", FLOOR),
-                                   (axes[1], "vs_peer", "ours / best peer", 1.0)):
-        for i, config in enumerate(configs):
-            vals = [getattr(r, field) for r in rs if r.config == config]
-            vals = [v for v in vals if v == v and 0 < v < float("inf")]
-            jitter = np.linspace(-0.25, 0.25, len(vals)) if len(vals) > 1 else [0.0]
-            ax.scatter(vals, [i + j for j in jitter], s=12, alpha=0.7)
-            if vals:
-                ax.plot([geomean(vals)] * 2, [i - 0.35, i + 0.35], color="black", lw=1.5)
+    own = ratios(results, ours)
+    configs = list(dict.fromkeys(r.config for r in own))
+    mine = [a for a in arms_of(results) if a != "loadaware" and a not in PEERS]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 0.45 * len(configs) + 2), sharey=True)
+    panels = [(axes[0], [(a, ratios(results, a), "vs_loadaware") for a in mine], "arm / loadaware", FLOOR),
+              (axes[1], [(ours, own, "vs_peer")], "ours / best peer", 1.0)]
+    for ax, series, title, line in panels:
+        for k, (arm, rs, field) in enumerate(series):
+            offset = (k - (len(series) - 1) / 2) * 0.8 / max(1, len(series))
+            for i, config in enumerate(configs):
+                vals = [getattr(r, field) for r in rs if r.config == config]
+                vals = [v for v in vals if v == v and 0 < v < float("inf")]
+                ys = [i + offset] * len(vals)
+                ax.scatter(vals, ys, s=10, alpha=0.6, color=f"C{k}", label=arm if i == 0 else None)
+                if vals:
+                    ax.plot([geomean(vals)] * 2, [i + offset - 0.12, i + offset + 0.12], color="black", lw=1.5)
         ax.axvline(line, color="red", lw=0.8, ls="--")
         ax.axvline(1.0, color="grey", lw=0.5)
         ax.set_xscale("log")
-        ax.set_title(title + " (TTFT p95; black: geometric mean)")
+        ax.set_title(title + " (TTFT p95; black: geometric mean)", fontsize=10)
         ax.set_yticks(range(len(configs)), configs, fontsize=8)
+        if len(series) > 1:
+            ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
