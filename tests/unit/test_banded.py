@@ -7,10 +7,11 @@ queues, holders and working set say; the fallbacks rank the band first; at band 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 import pytest
 
-from loadaware.policies import POLICIES, Banded, Candidate, LoadAware, make_policy, ranked
+from loadaware.policies import POLICIES, Banded, Candidate, Choice, LoadAware, Policy, make_policy, ranked
 from loadaware.policies.banded import BAND, in_band
 from loadaware.policies.lane_spread import ALL_QUEUEING
 from loadaware.policies.loadaware import loadaware_scores
@@ -46,17 +47,23 @@ def random_state(rng: random.Random) -> tuple[int, list[Candidate], float | None
     return prompt, out, mean
 
 
+def decided(policy: Policy, rng: random.Random
+            ) -> Iterator[tuple[int, list[Candidate], float | None, Choice, list[float]]]:
+    """STATES random fleet states, each with the policy's choice and loadaware's (beta 1) scores of them."""
+    for _ in range(STATES):
+        prompt, candidates, mean = random_state(rng)
+        choice = policy.choose(prompt, candidates, mean)
+        assert choice is not None
+        yield prompt, candidates, mean, choice, loadaware_scores(prompt, candidates, 1.0, mean)
+
+
 @pytest.mark.parametrize("band", [0.0, 0.1, BAND, 0.5, 2.0])
 def test_the_choice_is_always_within_the_band_of_loadaware_s_choice(band: float) -> None:
     rng = random.Random(40 + int(band * 100))
     policy = Banded(band)
     seed_policy = LoadAware(1.0)
     deviated = 0
-    for _ in range(STATES):
-        prompt, candidates, mean = random_state(rng)
-        choice = policy.choose(prompt, candidates, mean)
-        assert choice is not None
-        la = loadaware_scores(prompt, candidates, 1.0, mean)
+    for prompt, candidates, mean, choice, la in decided(policy, rng):
         best = max(la)
         assert la[choice.index] >= best - band - 1e-9, (la, choice)
         seed = seed_policy.choose(prompt, candidates, mean)
@@ -80,11 +87,7 @@ def test_without_a_band_lane_spread_chooses_outside_loadaware_s_reach() -> None:
     rng = random.Random(7)
     lane = make_policy("lane-spread")
     outside = 0
-    for _ in range(STATES):
-        prompt, candidates, mean = random_state(rng)
-        choice = lane.choose(prompt, candidates, mean)
-        assert choice is not None
-        la = loadaware_scores(prompt, candidates, 1.0, mean)
+    for _prompt, _candidates, _mean, choice, la in decided(lane, rng):
         outside += la[choice.index] < max(la) - BAND - 1e-9
     assert outside > STATES // 20
 
