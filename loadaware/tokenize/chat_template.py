@@ -19,7 +19,9 @@ vLLM renders chat requests with transformers' `apply_chat_template`; this module
 
 vLLM (vllm/entrypoints/chat_utils.py) decides per template whether message content is given as a string or as
 OpenAI parts: a template that loops over a message's `content` gets parts ("openai"), any other gets the text
-parts joined with newlines ("string"). A message reaches the template with its role and content only, plus an
+parts joined with newlines ("string"). Text parts are vLLM's TEXT_PART_TYPES: `text`, `input_text` and
+`output_text` (under "text"), `refusal` and `thinking` (under their type's name), and plain strings; a `text` or
+`refusal` part without its text is skipped. A message reaches the template with its role and content only, plus an
 assistant's tool calls (arguments parsed from JSON strings into objects, an empty list dropped) and reasoning, a
 tool message's tool_call_id, and a string name; a None content is no parts ("" or []). Tools are dumped from
 vLLM's pydantic models: {"type", "function": {"name", "description", "parameters"}}, None where absent. vLLM
@@ -155,21 +157,42 @@ def detect_content_format(ast: jinja2.nodes.Template) -> ContentFormat:
     return "string"
 
 
+# vLLM's text part types (renderers/chat_utils.py TEXT_PART_TYPES) and the key each keeps its text under.
+TEXT_PART_KEYS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal",
+                  "thinking": "thinking"}
+_SKIP_NONE_TYPES = ("text", "refusal")  # vLLM's PART_TYPES_TO_SKIP_NONE_CONTENT (of the text types)
+
+
+def _part(p: Any) -> tuple[str, Any]:
+    """One content part as vLLM parses it: ("text", its text) for a string or a text-type part (the value under the
+    type's key), ("skip", None) for a `text`/`refusal` part without one, else ("other", the part)."""
+    if isinstance(p, str):
+        return "text", p
+    if isinstance(p, dict) and p.get("type") in TEXT_PART_KEYS:
+        value = p.get(TEXT_PART_KEYS[p["type"]])
+        if value is None and p["type"] in _SKIP_NONE_TYPES:
+            return "skip", None
+        return "text", value
+    return "other", p
+
+
 def _content(content: Any, fmt: ContentFormat) -> Any:
     if content is None:  # vLLM: no parts, so "" for a string template and [] for an openai one
         return "" if fmt == "string" else []
     if not isinstance(content, list):
         return content
+    parsed = [_part(p) for p in content]
     if fmt == "string":  # vLLM: the text parts, joined with newlines
-        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
+        texts = [value for kind, value in parsed if kind == "text"]
+        if not all(isinstance(t, str) for t in texts):
+            raise ChatTemplateError("a text content part holds no string")  # vLLM's join fails: no request
+        return "\n".join(texts)
     parts: list[dict[str, Any]] = []
-    for p in content:
-        if isinstance(p, dict) and p.get("type") == "text":
-            parts.append({"type": "text", "text": p.get("text", "")})
-        elif isinstance(p, dict) and isinstance(p.get("type"), str):
-            parts.append({"type": p["type"].removesuffix("_url")})  # image_url -> image: the media stays out
-        elif isinstance(p, str):
-            parts.append({"type": "text", "text": p})
+    for kind, value in parsed:
+        if kind == "text":
+            parts.append({"type": "text", "text": value})
+        elif kind == "other" and isinstance(value, dict) and isinstance(value.get("type"), str):
+            parts.append({"type": value["type"].removesuffix("_url")})  # image_url -> image: the media stay out
     return parts
 
 
@@ -234,6 +257,45 @@ def vllm_tools(tools: Any) -> list[dict[str, Any]] | None:
     return out
 
 
+def requires_system_first(source: str | None) -> bool:
+    """vLLM's Anthropic Messages endpoint (AnthropicServingMessages._detect_merge_inline_system): a template
+    requires system-first ordering when rendering [system, user, system, user] in a PLAIN sandboxed environment
+    (no transformers globals, no generation tag) without a generation prompt raises a TemplateError, or when
+    there is no template. Any other exception would stop vLLM at start; here it counts as no."""
+    if not source:
+        return True
+    try:
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=[jinja2.ext.loopcontrols])
+        env.from_string(source).render(messages=[
+            {"role": "system", "content": "t"}, {"role": "user", "content": "t"},
+            {"role": "system", "content": "t"}, {"role": "user", "content": "t"}], add_generation_prompt=False)
+    except jinja2.TemplateError:
+        return True
+    except Exception:  # noqa: BLE001 - a template is code from the model's repository
+        return False
+    return False
+
+
+def _system_text(content: Any) -> str:
+    """A system message's text as vLLM's Messages endpoint extracts it (a list: its text parts, joined with "")."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p["text"] for p in content if isinstance(p, dict) and p.get("type") == "text"
+                       and isinstance(p.get("text"), str))
+    return ""
+
+
+def merge_inline_system(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Every system message's text joined with "" in order into one leading system message (none when that text
+    is empty), the other messages after it as they were: vLLM's Messages endpoint for a system-first template
+    (the top-level system first, then the inline ones; the router's parser puts the top-level one first)."""
+    text = "".join(_system_text(m.get("content")) for m in messages if m.get("role") == "system")
+    rest = [m for m in messages if m.get("role") != "system"]
+    return [{"role": "system", "content": text}, *rest] if text else rest
+
+
 def _json_copy(value: Any) -> Any:
     """What the template sees is plain JSON data, never the caller's objects."""
     return json.loads(json.dumps(value))
@@ -250,6 +312,7 @@ class ChatTemplate:
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"chat template does not compile: {exc}") from exc
         self.content_format: ContentFormat = detect_content_format(ast)
+        self.requires_system_first = requires_system_first(source)  # vLLM's Messages endpoint merges system text
         self.special_tokens = {k: v for k, v in (special_tokens or {}).items() if isinstance(v, str)}
 
     def render(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None,

@@ -19,7 +19,13 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from loadaware.lifecycle import previewing
-from loadaware.tokenize.chat_template import ChatTemplate, ChatTemplateError, Clock, read_tokenizer_config
+from loadaware.tokenize.chat_template import (
+    ChatTemplate,
+    ChatTemplateError,
+    Clock,
+    merge_inline_system,
+    read_tokenizer_config,
+)
 from loadaware.tokenize.pieces import ChunkedEncoder
 
 log = logging.getLogger(__name__)
@@ -38,6 +44,7 @@ MIN_TIMED_CHARS = 4096  # shorter encodes are dominated by fixed costs: their ti
 SELF_CHECK_EVERY = 64
 
 
+MERGE_INLINE_SYSTEM = "merge_inline_system"  # an option key: the request came to vLLM's Messages endpoint
 PLAIN_MESSAGE_KEYS = frozenset({"role", "content", "name"})
 TOO_MUCH = INLINE_RENDER_CHARS + 1
 
@@ -136,10 +143,14 @@ class PromptTokenizer:
     def render_chat(self, messages: Sequence[Mapping[str, Any]], options: Mapping[str, Any] | None = None) -> str:
         """The chat as the engine renders it; `options`: the request's chat fields (vLLM's defaults when absent:
         a generation prompt, no continuation, no tools or documents; vLLM refuses a continuation with a generation
-        prompt, so does this)."""
+        prompt, so does this). `options[MERGE_INLINE_SYSTEM]` (set for Anthropic Messages requests): with a
+        template that requires system-first ordering, the system messages are merged as vLLM's Messages endpoint
+        merges them; the key never reaches the template."""
         if self.chat_template is None:
             raise ChatTemplateUnavailable("no_chat_template")
         o = dict(options or {})
+        if o.pop(MERGE_INLINE_SYSTEM, False) and self.chat_template.requires_system_first:
+            messages = merge_inline_system(messages)
         kwargs = o.get("chat_template_kwargs")
         kwargs = dict(kwargs) if isinstance(kwargs, Mapping) else {}
         if kwargs.keys() & {"chat_template", "tokenize"}:  # vLLM answers 400
