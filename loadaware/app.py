@@ -37,6 +37,8 @@ from loadaware.fleet.health import EndpointHealth, HealthOptions
 from loadaware.fleet.models import EndpointModels
 from loadaware.fleet.models_poller import ModelsPoller
 from loadaware.fleet.registry import EndpointRegistry, FleetEvents
+from loadaware.fleet.state_holders import StateHolders
+from loadaware.fleet.state_probe import EngineStateProbe
 from loadaware.lifecycle import RequestLifecycle
 from loadaware.load.scraper import MetricsScraper
 from loadaware.load.signals import SignalTracker
@@ -118,8 +120,12 @@ class Sidecar:
         self.decider = Decider(make_policy(s.effective_policy, s.loadaware_beta), self.registry, self.loads,
                                self.lifecycle, encoder, self.prefixes.source, fallbacks=s.fallback_endpoints,
                                health=self.endpoint_health, models=self.models, ranking=self.loads,
+        # Stored responses (Responses API): learned from their responses, found by asking the engines otherwise.
+        self.state_probe = EngineStateProbe(s.state_probe_timeout_s)
+        self.state_holders = StateHolders(self.state_probe, s.state_max_entries, s.state_ttl_s,
+                                          s.state_probe_timeout_s)
                                signals=self.signals, affinity=SessionAffinity(s.session_max_entries, s.session_ttl_s)
-                               if s.session_header else None)
+                               if s.session_header else None, state=self.state_holders)
         # Who hears about each request: counts first (a later listener failing must not leak one).
         self.recent = RecentDecisions()
         self.lifecycle.subscribe(self.loads)
@@ -167,6 +173,7 @@ class Sidecar:
         # --otlp-endpoint: a span per decision (telemetry/tracing.py); without it, not even the SDK is imported.
         self.tracing: Tracing | None = None
         if s.otlp_endpoint:
+        self.metrics.state_holders.set_function(lambda: len(self.state_holders))
             from loadaware.telemetry.tracing import Tracing
             self.tracing = Tracing(s.otlp_endpoint, s.trace_sample_ratio, self.metrics.registry)
             self.lifecycle.subscribe(self.tracing)
@@ -364,6 +371,7 @@ class Sidecar:
         if self.tokenizer is not None:
             self.tokenizer.close()
         leaked = self.loads.total()
+        await self.state_probe.close()
         self.loads.clear()
         log.info("stopped; released %d in-flight counts", leaked)
 

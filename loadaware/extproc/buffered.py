@@ -6,7 +6,9 @@ body    -> (with --admission, while the pool is saturated: held, Envoy's message
            hold; or shed with a 429) decide, reply with the ranked destination (header and `envoy.lb`
            metadata), or none: Envoy's fallback picks
 response headers -> the status and the engine that served (override_host's `selected_host_key`): the
-           request's outcome, for failure-aware routing; continue
+           request's outcome, for failure-aware routing; continue (a Responses request's 200: with a mode
+           override that streams its body by, to read the stored response's id)
+a stored response's own path (GET /v1/responses/{id}, its cancel): placed at the headers on its holder
 then    -> nothing until the stream ends: Envoy keeps it open until the HTTP request finishes.
 """
 
@@ -18,7 +20,7 @@ import grpc
 
 from loadaware.extproc.conversation import Conversation, Read, StreamState, Write, new_request_id, timed_parse
 from loadaware.extproc.metadata import headers_of
-from loadaware.routing.request import inference_kind
+from loadaware.routing.request import STATE_KIND, inference_kind, state_request
 
 
 class BufferedConversation(Conversation):
@@ -36,11 +38,12 @@ class BufferedConversation(Conversation):
                 if kind is None:
                     await write(replies.headers_passthrough)
                     self.metrics.decided("none", "passthrough")
-                elif msg.request_headers.end_of_stream:
-                    # A POST without a body: nothing to score, decide on load alone now. A body sent anyway
-                    # (only a client that is not Envoy would) finds the stream decided.
+                elif kind == STATE_KIND or msg.request_headers.end_of_stream:
+                    # A POST without a body: nothing to score, decide on load alone now; a stored response's
+                    # own path: placed by its state now. A body sent anyway finds the stream decided.
                     stream.decided = True
-                    decision = await self.decide(None, request_id or new_request_id(), stream)
+                    decision = await self.decide(state_request(method, path), request_id or new_request_id(),
+                                                 stream)
                     await write(self.unroutable_reply(decision, picker=False)
                                 or (replies.headers_route(decision.ranked) if decision.ranked
                                     else replies.headers_continue))
@@ -55,8 +58,11 @@ class BufferedConversation(Conversation):
                                                         request_id or new_request_id(), stream, write))
             elif which == "response_headers":  # envoy.yaml asks for them: the request's outcome
                 self.responded(stream, msg)
-                await write(replies.response_headers_continue)
-            elif which == "response_body":
+                # A response that may name stored state: its body streams by the sidecar to read its id.
+                await write(replies.response_headers_continue if stream.reader is None
+                            else replies.response_headers_read_body)
+            elif which == "response_body":  # only a response whose id is sought
+                self.read_state(stream, msg.response_body.body)
                 await write(replies.response_body_continue)
             elif which == "request_trailers":
                 await write(replies.request_trailers_continue)

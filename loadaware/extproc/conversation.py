@@ -13,6 +13,7 @@ from typing import Any
 from loadaware.admission.controller import AdmissionController, Verdict
 from loadaware.extproc.metadata import RequestHeaders, served_endpoint, status_of
 from loadaware.extproc.replies import Replies
+from loadaware.extproc.response_ids import ResponseIdReader
 from loadaware.lifecycle import Decision, RequestLifecycle
 from loadaware.routing.pipeline import Decider
 from loadaware.routing.request import BadRequest, InferenceRequest, parse_body
@@ -55,7 +56,7 @@ NO_HEADERS = RequestHeaders()
 class StreamState:
     """Per-stream state: the request's decision, once made. Shared fleet state lives behind the decider."""
 
-    __slots__ = ("decided", "decision", "headers", "response_done")
+    __slots__ = ("decided", "decision", "headers", "reader", "response_done", "stores")
 
     def __init__(self) -> None:
         self.decision: Decision | None = None
@@ -64,6 +65,8 @@ class StreamState:
         # The response's last part was answered: in full-duplex mode Envoy then often resets the stream
         # instead of closing it, which is the normal end of that request, not an abort.
         self.response_done = False
+        self.stores = False  # a Responses request the engine may store: its response's id names the holder
+        self.reader: ResponseIdReader | None = None  # reading that id from the response body, while it is sought
 
 
 class Conversation:
@@ -125,7 +128,28 @@ class Conversation:
         if served is not None and served != decision.served and served not in decision.ranked and not any(
                 c.endpoint == served for c in decision.candidates):
             served = None
-        self.lifecycle.responded(decision, status_of(msg.response_headers), served)
+        status = status_of(msg.response_headers)
+        self.lifecycle.responded(decision, status, served)
+        if stream.stores and status == 200 and self.decider.state is not None:
+            stream.reader = ResponseIdReader()
+
+    def read_state(self, stream: StreamState, chunk: bytes) -> None:
+        """A response body chunk of a request that may have stored state: once its id is read, the engine that
+        served is its holder (fleet/state_holders.py)."""
+        reader = stream.reader
+        if reader is None:
+            return
+        response_id = reader.feed(chunk)
+        if reader.done:
+            stream.reader = None
+        decision, state = stream.decision, self.decider.state
+        if response_id is not None and decision is not None and decision.served and state is not None:
+            try:
+                state.learn(response_id, decision.served)
+                self.metrics.state_learned.inc()
+            except Exception as exc:  # noqa: BLE001 - a follow-up may then need to ask the engines, nothing more
+                quiet.log(logging.WARNING, "state_learn_error", "learning a response's holder failed: %s",
+                          describe(exc))
 
     async def parse(self, kind: str, body: bytes | bytearray, request_id: str) -> InferenceRequest | bytes:
         """The request, or the 400 reply for a body that cannot be one. A large body is parsed in a worker
@@ -134,8 +158,11 @@ class Conversation:
             return self.rejected(413, "request_too_large", "request body is too large", request_id)
         try:
             if len(body) > INLINE_PARSE_BYTES:
-                return await asyncio.to_thread(parse_body, kind, body)
-            return parse_body(kind, body)
+                parsed = await asyncio.to_thread(parse_body, kind, body)
+            else:
+                parsed = parse_body(kind, body)
+            self.metrics.api_requests.labels(kind).inc()
+            return parsed
         except BadRequest as exc:
             return self.rejected(400, exc.reason, exc.message, request_id)
         except Exception as exc:  # noqa: BLE001 - a parser bug must not fail the stream: route on load alone
@@ -166,6 +193,7 @@ class Conversation:
             if verdict is not None and self.admission is not None:
                 self.admission.settled(verdict, decision)
         stream.decision = decision  # no await between the count and recording it on the stream
+        stream.stores = request is not None and request.stores
         head = stream.headers
         if head.objective or head.fairness_id or verdict is not None:
             decision.objective, decision.fairness_id = head.objective, head.fairness_id

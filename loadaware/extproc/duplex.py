@@ -26,7 +26,7 @@ import grpc
 from loadaware.extproc.conversation import Conversation, Read, StreamState, Write, new_request_id, timed_parse
 from loadaware.extproc.metadata import headers_of, subset_hint
 from loadaware.extproc.replies import streamed_request_body, streamed_response_body
-from loadaware.routing.request import inference_kind
+from loadaware.routing.request import STATE_KIND, inference_kind, state_request
 
 
 class DuplexConversation(Conversation):
@@ -48,6 +48,8 @@ class DuplexConversation(Conversation):
             if which == "response_body":  # the hottest message: one per streamed token chunk
                 chunk = msg.response_body
                 await write(streamed_response_body(chunk.body, chunk.end_of_stream))
+                if stream.reader is not None:  # a Responses request's: the stored response's id names its holder
+                    self.read_state(stream, chunk.body)
                 decision = stream.decision
                 if decision is not None and not decision.first_chunk and chunk.body:
                     self.lifecycle.first_chunk(decision)  # the engine has prefilled: token signals
@@ -58,11 +60,11 @@ class DuplexConversation(Conversation):
                 method, path, request_id = head.method, head.path, head.request_id or new_request_id()
                 subset = subset_hint(msg)
                 kind = inference_kind(method, path)
-                if kind is not None and not msg.request_headers.end_of_stream:
+                if kind is not None and kind != STATE_KIND and not msg.request_headers.end_of_stream:
                     held = True
-                else:  # nothing to read in a body: decide on load alone now
+                else:  # nothing to read in a body: decide on load alone (or a stored response's state) now
                     stream.decided = True
-                    decision = await self.decide(None, request_id, stream, subset=subset)
+                    decision = await self.decide(state_request(method, path), request_id, stream, subset=subset)
                     reply = self.unroutable_reply(decision, picker=True)
                     if reply is not None:
                         await write(reply)

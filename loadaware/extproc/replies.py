@@ -30,6 +30,13 @@ STREAMED_PIECE_BYTES = 64 * 1024
 PASSTHROUGH_MODE = Mode(request_header_mode=Mode.SEND, response_header_mode=Mode.SKIP,
                         request_body_mode=Mode.NONE, response_body_mode=Mode.NONE,
                         request_trailer_mode=Mode.SKIP, response_trailer_mode=Mode.SKIP)
+# For the response of a request that may have stored state (a Responses request): its body, streamed through as it
+# comes (never buffered, never held), so the sidecar reads the response's id and learns which engine holds it.
+# Asked for in the response headers' reply (honoured with allow_mode_override, envoy/envoy.yaml); no other
+# request's response body ever reaches the sidecar in the BUFFERED deployment.
+READ_RESPONSE_BODY_MODE = Mode(request_header_mode=Mode.SEND, response_header_mode=Mode.SEND,
+                               request_body_mode=Mode.BUFFERED, response_body_mode=Mode.STREAMED,
+                               request_trailer_mode=Mode.SKIP, response_trailer_mode=Mode.SKIP)
 
 
 class Replies:
@@ -50,6 +57,8 @@ class Replies:
         self.response_headers_continue = pb.ProcessingResponse(
             response_headers=pb.HeadersResponse()).SerializeToString()
         self.response_body_continue = pb.ProcessingResponse(response_body=pb.BodyResponse()).SerializeToString()
+        self.response_headers_read_body = pb.ProcessingResponse(
+            response_headers=pb.HeadersResponse(), mode_override=READ_RESPONSE_BODY_MODE).SerializeToString()
         self.request_trailers_continue = pb.ProcessingResponse(
             request_trailers=pb.TrailersResponse()).SerializeToString()
         self.response_trailers_continue = pb.ProcessingResponse(

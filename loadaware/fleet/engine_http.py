@@ -21,3 +21,11 @@ async def get_body(session: aiohttp.ClientSession, endpoint: str, path: str, tim
             if resp.status != 200:
                 raise EngineHttpError(f"HTTP {resp.status}")
             return await resp.read()
+
+
+async def get_status(session: aiohttp.ClientSession, endpoint: str, path: str, timeout_s: float) -> int:
+    """The HTTP status of a GET (the body is read and dropped); raises as get_body does but for a non-200."""
+    async with asyncio.timeout(timeout_s):
+        async with session.get(http_url(endpoint, path)) as resp:
+            await resp.read()
+            return resp.status

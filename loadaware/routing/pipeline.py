@@ -66,6 +66,12 @@ class PromptEncoder(Protocol):
                           ) -> list[int]: ...
 
 
+class StateLocator(Protocol):
+    async def locate(self, response_id: str, fleet: tuple[str, ...]) -> tuple[str | None, str]: ...
+
+    def learn(self, response_id: str, endpoint: str) -> None: ...
+
+
 class TakesTurns(Protocol):
     """A policy with Needs.turns: the endpoint whose turn it is, out of n in lexical order (roundrobin)."""
 
@@ -94,8 +100,12 @@ class Decider:
                  tokenizer: PromptEncoder | None = None, prefix_source: PrefixSource | None = None,
                  fallbacks: int = 0, health: Eligibility | None = None, models: ModelPools | None = None,
                  ranking: Ranking | None = None, signals: SignalTracker | None = None,
-                 working_set: WorkingSet | None = None, affinity: SessionAffinity | None = None) -> None:
+                 working_set: WorkingSet | None = None, affinity: SessionAffinity | None = None,
+                 state: StateLocator | None = None) -> None:
         self.policy = policy
+        # Where stored responses live (fleet/state_holders.py): a request naming one goes to its holder, whatever
+        # the policy would say (state beats load). None: no state routing.
+        self.state = state
         needs = policy.needs  # what it reads: the pipeline fills exactly that (policies/base.py)
         # The fleet's prefix working set, for a policy that reads it (policies/lane_spread.py): each routed
         # prompt's sampled keys feed it, the engines' scraped KV capacity sizes it (prefix/working_set.py).
@@ -252,7 +262,9 @@ class Decider:
         endpoints, _ = self._pool(subset, model, reasons)  # who to ask about the prefix (the excluded too: cheaper)
         if not endpoints:
             return self._empty(request_id, subset, 0, stages, started, count, model)
-        if request is None or not request.has_prompt:
+        if request is not None and request.state_id is not None and not request.has_prompt:
+            pass  # a stored response's own path: placed by its state, there is no prompt to miss
+        elif request is None or not request.has_prompt:
             reasons.append(request.unscored or "no_prompt" if request is not None else "no_prompt")
         elif self.needs.prefix:
             t = time.perf_counter()
@@ -277,6 +289,8 @@ class Decider:
                 t = time.perf_counter()
                 matches = await self.prefix_matches(tokens, endpoints, reasons, request.cache_salt)
                 stages["lookup"] = time.perf_counter() - t
+        holder, state = (None, "") if request is None or request.state_id is None else \
+            await self._holder(request.state_id, stages, reasons)
         # Fresh snapshot after the awaits: an endpoint may have left meanwhile. From here on, no await.
         t = time.perf_counter()
         endpoints, excluded = self._pool(subset, model, reasons)
@@ -320,6 +334,9 @@ class Decider:
             if sticky is not None:
                 choice = self._stick(choice, candidates, sticky, None, len(candidates), reasons)
             order = tuple(candidates[i].endpoint for i in ranked(choice, candidates, 1 + self.fallbacks))
+        if holder is not None and holder in self.registry.snapshot():
+            # State beats load: the holder alone (a retry elsewhere would only find no such response).
+            order = (holder,)
         affinity = self._bind(session, sticky, order[0], count, reasons) if session else ""
         if sampled and count and ws is not None:
             try:
@@ -330,7 +347,21 @@ class Decider:
         # Failing engines left out is news, not a lost helper: the decision still used every signal.
         outcome = "fallback_load_only" if reasons and reasons != [ALL_FAILING] else "routed"
         return self._finish(request_id, order, outcome, reasons, n_tokens, candidates, choice.scores, stages,
-                            started, count, tokens, model, pool_size, mean, session, affinity, choice.rule)
+                            started, count, tokens, model, pool_size, mean, session, affinity,
+                            "state" if holder is not None and order == (holder,) else choice.rule, state)
+
+    async def _holder(self, response_id: str, stages: dict[str, float], reasons: list[str]) -> tuple[str | None, str]:
+        """The engine holding a stored response, and how it was found (fleet/state_holders.py)."""
+        if self.state is None:
+            return None, "no_locator"
+        t = time.perf_counter()
+        try:
+            return await self.state.locate(response_id, self.registry.snapshot())
+        except Exception as exc:  # noqa: BLE001 - a failing locator: routed as any request, the engine answers
+            _degraded(reasons, "state_error", exc)
+            return None, "error"
+        finally:
+            stages["state"] = time.perf_counter() - t
 
     def _last_resort(self, request_id: str, reasons: list[str], count: bool) -> Decision:
         """The first endpoint of the fleet, named when something unforeseen failed mid-decision."""
@@ -617,11 +648,11 @@ class Decider:
                 candidates: tuple[Candidate, ...], scores: tuple[float, ...], stages: dict[str, float],
                 started: float, count: bool, tokens: list[int] | None = None, model: str | None = None,
                 pool_size: int = 0, mean_load: float | None = None, session: str = "", affinity: str = "",
-                rule: str = "") -> Decision:
+                rule: str = "", state: str = "") -> Decision:
         decision = Decision(request_id, order[0] if order else None, outcome, tuple(reasons), n_tokens, candidates,
                             scores, stages, time.perf_counter() - started, tokens=tokens or None, ranked=order,
                             model=model, pool_size=pool_size or len(candidates), mean_load=mean_load,
-                            policy=self.policy.name, rule=rule, session=session, affinity=affinity)
+                            policy=self.policy.name, rule=rule, session=session, affinity=affinity, state=state)
         if count:  # Explain decides without counting: nothing hears about it
             self.lifecycle.decided(decision)
         return decision

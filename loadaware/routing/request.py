@@ -5,11 +5,26 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
+
+from loadaware.routing.agentic import MAX_ID_CHARS, messages_chat, previous_response_id, responses_chat
+from loadaware.routing.errors import BadRequest
+
+__all__ = ["STATE_KIND", "BadRequest", "InferenceRequest", "inference_kind", "parse_body", "state_path_id",
+           "state_request"]
 
 # The fields of a chat request that reach the chat template (vllm/entrypoints/openai/serving_chat.py).
 CHAT_OPTIONS = ("tools", "documents", "add_generation_prompt", "continue_final_message", "chat_template_kwargs")
 
-INFERENCE_PATHS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+# The POST paths decided by their prompt: every generation API vLLM serves (docs/architecture.md, "Generation
+# APIs"). The Responses and Messages APIs are rendered as the chat vLLM makes of them (routing/agentic.py).
+INFERENCE_PATHS = {"/v1/completions": "completions", "/v1/chat/completions": "chat", "/v1/responses": "responses",
+                   "/v1/messages": "messages"}
+CHAT_KINDS = frozenset({"chat", "responses", "messages"})
+# A stored response's own paths (GET /v1/responses/{id}, POST /v1/responses/{id}/cancel): placed on the engine that
+# holds it, with no prompt to read.
+RESPONSES_PREFIX = "/v1/responses/"
+STATE_KIND = "response_state"
 
 # Bounds on a body (docs/architecture.md, "Input bounds"). Deeper nesting is refused (400): nothing routing
 # reads is nested that deep, and every recursive walk downstream (the chat template, vLLM's own parsing) stays
@@ -23,7 +38,7 @@ MAX_PROMPT_TOKEN_IDS = 262_144  # a prompt given as token ids (longer than any c
 
 @dataclass(frozen=True, slots=True)
 class InferenceRequest:
-    kind: str  # "completions" | "chat"
+    kind: str  # "completions" | "chat" | "responses" | "messages" | "response_state"
     prompt: str | list[int] | None = None
     messages: list[dict[str, Any]] | None = None
     model: str | None = None
@@ -36,26 +51,53 @@ class InferenceRequest:
 
     # Why the prompt is not scored although the body has one (a bound exceeded); None: nothing withheld.
     unscored: str | None = None
+    # The stored response this request needs (a Responses follow-up's previous_response_id, or the id in a stored
+    # response's own path): it goes to the engine that holds it (routing/pipeline.py). None: no state.
+    state_id: str | None = None
+    # A Responses request the engine may store (`store` not false): the sidecar learns which engine made it from
+    # the response's id (extproc: the response body of these requests only).
+    stores: bool = False
 
     @property
     def has_prompt(self) -> bool:
         return bool(self.prompt) or bool(self.messages)
 
 
-class BadRequest(Exception):
-    """The body cannot be an inference request: answered with a clear 400 instead of being routed."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-
-
 def inference_kind(method: str, path: str) -> str | None:
-    """'completions' or 'chat' for the POST paths we route; None for everything that passes through."""
-    if method != "POST":
+    """The kind of request for the paths we decide (INFERENCE_PATHS' POSTs, a stored response's own paths); None
+    for everything that passes through."""
+    bare = path.split("?", 1)[0]
+    if method == "POST":
+        kind = INFERENCE_PATHS.get(bare)
+        if kind is not None:
+            return kind
+        return STATE_KIND if state_path_id(method, bare) is not None else None
+    if method == "GET" and state_path_id(method, bare) is not None:
+        return STATE_KIND
+    return None
+
+
+def state_path_id(method: str, path: str) -> str | None:
+    """The response id in GET /v1/responses/{id} or POST /v1/responses/{id}/cancel; None for any other path."""
+    bare = path.split("?", 1)[0]
+    if not bare.startswith(RESPONSES_PREFIX):
         return None
-    return INFERENCE_PATHS.get(path.split("?", 1)[0])
+    rest = bare[len(RESPONSES_PREFIX):]
+    if method == "POST":
+        if not rest.endswith("/cancel"):
+            return None
+        rest = rest[:-len("/cancel")]
+    elif method != "GET":
+        return None
+    if not rest or "/" in rest or len(rest) > MAX_ID_CHARS:
+        return None
+    return unquote(rest)
+
+
+def state_request(method: str, path: str) -> InferenceRequest | None:
+    """The request for a stored response's own path (placed on its holder); None for any other path."""
+    response_id = state_path_id(method, path)
+    return None if response_id is None else InferenceRequest(STATE_KIND, state_id=response_id)
 
 
 def _first_prompt(prompt: Any) -> str | list[int] | None:
@@ -132,6 +174,12 @@ def parse_body(kind: str, body: bytes | bytearray) -> InferenceRequest:
             return InferenceRequest(kind, messages=messages, model=model, cache_salt=salt,
                                     chat_options=options or None)
         return InferenceRequest(kind, model=model, cache_salt=salt)
+    if kind == "responses":
+        return _responses(data, model, salt)
+    if kind == "messages":
+        return _messages(data, model, salt)
+    if kind == STATE_KIND:  # a cancel's body carries nothing routing reads: the id is in the path
+        return InferenceRequest(kind, model=model)
     raw = data.get("prompt")
     if isinstance(raw, list) and len(raw) > MAX_BATCH_PROMPTS and not isinstance(raw[0], int):
         return InferenceRequest(kind, model=model, cache_salt=salt, unscored="too_many_prompts")
@@ -139,3 +187,26 @@ def parse_body(kind: str, body: bytes | bytearray) -> InferenceRequest:
     if isinstance(prompt, list) and len(prompt) > MAX_PROMPT_TOKEN_IDS:
         return InferenceRequest(kind, model=model, cache_salt=salt, unscored="prompt_too_long")
     return InferenceRequest(kind, prompt=prompt, model=model, cache_salt=salt)
+
+
+def _too_many(items: Any) -> bool:
+    return isinstance(items, list) and len(items) > MAX_MESSAGES
+
+
+def _responses(data: dict[str, Any], model: str | None, salt: str | None) -> InferenceRequest:
+    state_id = previous_response_id(data)
+    stores = data.get("store", True) is not False  # vLLM's default is to store
+    if _too_many(data.get("input")):
+        return InferenceRequest("responses", model=model, cache_salt=salt, unscored="too_many_messages",
+                                state_id=state_id, stores=stores)
+    messages, options = responses_chat(data)
+    return InferenceRequest("responses", messages=messages or None, model=model, cache_salt=salt,
+                            chat_options=options, state_id=state_id, stores=stores)
+
+
+def _messages(data: dict[str, Any], model: str | None, salt: str | None) -> InferenceRequest:
+    if _too_many(data.get("messages")):
+        return InferenceRequest("messages", model=model, cache_salt=salt, unscored="too_many_messages")
+    messages, options = messages_chat(data)
+    return InferenceRequest("messages", messages=messages or None, model=model, cache_salt=salt,
+                            chat_options=options)

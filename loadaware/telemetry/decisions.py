@@ -29,6 +29,8 @@ class DecisionMetrics:
         for reason in decision.reasons:
             m.fallback(reason)
         m.decision_seconds.observe(decision.total_s)
+        if decision.state:
+            m.state_placements.labels(decision.state).inc()
         for stage, seconds in decision.stages.items():
             m.stage(stage, seconds)
 

@@ -16,7 +16,7 @@ from loadaware.telemetry.table_series import TableCounter, TableGauge
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-STAGES = ("parse", "tokenize", "lookup", "score")
+STAGES = ("parse", "tokenize", "lookup", "state", "score")
 ROUTING_STATES = ("healthy", "ejected", "probing")
 
 
@@ -81,6 +81,16 @@ class Metrics:
                                    "routing state: healthy, ejected (out of rotation), probing (one request at a time)",
                                    ["endpoint", "state"], registry=r)
         self.ejections = TableCounter("loadaware_endpoint_ejections", "Endpoints taken out of rotation, by reason "
+        self.api_requests = Counter("loadaware_api_requests", "Requests decided by their body, by generation API "
+                                    "(completions, chat, responses, messages)", ["api"], registry=r)
+        self.state_placements = Counter("loadaware_state_placements", "Requests naming a stored response, by how "
+                                        "its holder was found (known, probed: sent to the holder; not_found, "
+                                        "probe_failed, no_locator, error: routed as any request)", ["rule"],
+                                        registry=r)
+        self.state_learned = Counter("loadaware_state_learned", "Stored responses whose holder was learned from "
+                                     "the response", registry=r)
+        self.state_holders = Gauge("loadaware_state_holders", "Stored responses whose holder the sidecar knows "
+                                   "(bounded by --state-max-entries)", registry=r)
                                  "(http_5xx, timeout, passed_over, unreachable)", ["endpoint", "reason"],
                                  registry=r)
         # Token-level signals per endpoint (loadaware/load/signals.py), set when /metrics is read.
