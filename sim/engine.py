@@ -1,5 +1,9 @@
 """One simulated vLLM engine served over HTTP (OpenAI API, /tokenize, /metrics, test hooks).
 
+Also vLLM's agentic APIs on the same engine path: the OpenAI Responses API (POST /v1/responses, GET
+/v1/responses/{id}, POST /v1/responses/{id}/cancel; sim/responses_api.py) and the Anthropic Messages API
+(POST /v1/messages; sim/messages_api.py).
+
 Built on aiohttp's low-level `web.Server` with a dict dispatch: no router or middleware per request, as
 many engines share one event loop. `handler_cancellation=True` makes a client disconnect cancel the
 handler, which unwinds the generation and frees its running slot (vLLM aborts such requests too).
@@ -28,9 +32,13 @@ from aiohttp import web
 
 from loadaware.fleet.addresses import format_hostport
 from sim.engine_core import EngineCore, filler_texts
+from sim.generation_path import EngineView
 from sim.lmcache_reporter import ControllerAddress, LMCacheReporter
+from sim.messages_api import MessagesApi
 from sim.models import EngineModels
 from sim.openai_format import StreamFormatter, error_body, full_response, new_request_id
+from sim.response_store import ResponseStore, store_enabled
+from sim.responses_api import ResponsesApi
 from sim.service_model import ServiceModel
 from sim.tokenization import PromptError, SimTokenizer
 
@@ -50,6 +58,8 @@ class EngineConfig:
     service: ServiceModel = field(default_factory=ServiceModel)
     lmcache: ControllerAddress | None = None
     lmcache_worker_port: int = 0  # where the controller's REQ socket connects back; 0 picks a free port
+    # The Responses API store (vLLM: VLLM_ENABLE_RESPONSES_API_STORE=1); None: that env var when set, else on.
+    responses_store: bool | None = None
 
 
 class _BadRequest(Exception):
@@ -77,9 +87,14 @@ class Engine:
         self.port = config.port
         self._runner: web.ServerRunner | None = None
         self._served_by = {"x-served-by": config.name}
+        view = EngineView(self.core, tokenizer, config.model_id, self._servable, self._served_by)
+        self.responses = ResponsesApi(view, ResponseStore(store_enabled(config.responses_store)))
+        self.messages = MessagesApi(view)
         self._routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/completions"): lambda r: self._completions(r, chat=False),
             ("POST", "/v1/chat/completions"): lambda r: self._completions(r, chat=True),
+            ("POST", "/v1/responses"): self.responses.create,  # and /v1/responses/{id}[/cancel]: _dispatch
+            ("POST", "/v1/messages"): self.messages.create,
             ("GET", "/v1/models"): self._models,
             ("GET", "/health"): self._health,
             ("POST", "/tokenize"): self._tokenize,
@@ -140,7 +155,8 @@ class Engine:
 
     # ---- plumbing --------------------------------------------------------------------------------------
     async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
-        handler = self._routes.get((request.method, request.path))
+        handler = self._routes.get((request.method, request.path)) or self.responses.route(request.method,
+                                                                                            request.path)
         if handler is None:
             return self._json(error_body(404, f"no route {request.method} {request.path}"), 404)
         if self.fault != "none" and not request.path.startswith("/sim/"):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,8 +92,10 @@ class EngineCore:
         return {"cleared_blocks": blocks, "evicted_chunks": len(evicted)}
 
     # ---- one request -----------------------------------------------------------------------------------
-    async def generate(self, prompt: Sequence[int], max_tokens: int) -> AsyncGenerator[str, None]:
-        """Yields the output text token by token with the model's timing. Closing it early frees the slot."""
+    async def generate(self, prompt: Sequence[int], max_tokens: int,
+                       on_admit: Callable[[int], None] | None = None) -> AsyncGenerator[str, None]:
+        """Yields the output text token by token with the model's timing. Closing it early frees the slot.
+        `on_admit` hears, at admission, the prompt tokens served from a cache (vLLM's `num_cached_tokens`)."""
         loop = asyncio.get_running_loop()
         arrival = loop.time()
         svc, bs = self.service, self.service.block_size
@@ -106,6 +108,8 @@ class EngineCore:
             gpu_hit = self.prefix_cache.match_keys(keys)
             lm_hit = self.lmcache.match(prompt)
             computed, loaded = split_prompt(n, gpu_hit, lm_hit)
+            if on_admit is not None:
+                on_admit(n - computed)
             self.metrics.prefix_cache_queries += n
             self.metrics.prefix_cache_hits += min(gpu_hit, n - computed)
             # From admission the request references every block of its prompt (vLLM allocates them when it

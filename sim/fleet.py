@@ -4,6 +4,7 @@
         [--lmcache-host 127.0.0.1 --lmcache-pull-port A --lmcache-reply-port B] [--names a,b,c] [model flags]
         [--kv-events [--kv-events-port 5557 --kv-events-replay-port 5558 --kv-events-hash int|bytes]]
         [--models 'model-a;model-a;model-b,b-alias+b-adapter=/loras/b']  (per engine; see sim/models.py)
+        [--no-responses-store]  (the Responses API store; default: env VLLM_ENABLE_RESPONSES_API_STORE, else on)
 
 Engine i is named `engine-<i>` (or the i-th of --names; the name is also its LMCache instance id) and
 listens on base-ip + i (every 127/8 address is bindable on Linux), all on the same port; with an IPv6
@@ -108,9 +109,11 @@ async def start_fleet(
     model_id: str = "tiny-model",
     kv_events: KvEventsOptions | None = None,
     models: Sequence[EngineModels] | None = None,
+    responses_store: bool | None = None,
 ) -> Fleet:
     """Start `engines` engines (port 0: each picks a free port) and register them with LMCache if given.
-    `models`: what each engine serves (its base name replaces `model_id`)."""
+    `models`: what each engine serves (its base name replaces `model_id`). `responses_store`: the Responses
+    API store (None: env VLLM_ENABLE_RESPONSES_API_STORE when set, else on)."""
     if names is not None and len(names) != engines:
         raise ValueError(f"{len(names)} names for {engines} engines")
     if models is not None and len(models) != engines:
@@ -120,7 +123,8 @@ async def start_fleet(
     fleet = Fleet([
         Engine(EngineConfig(name=names[i] if names is not None else f"engine-{i}", ip=ip, port=engine_port,
                             model_id=models[i].base if models else model_id,
-                            models=models[i] if models else None, service=service, lmcache=lmcache), tok)
+                            models=models[i] if models else None, service=service, lmcache=lmcache,
+                            responses_store=responses_store), tok)
         for i, (ip, engine_port) in enumerate(engine_addresses(base_ip, port, engines))
     ])
     # Concurrently: with the controller absent each registration attempt waits out its timeout.
@@ -164,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-events-topic", default="")
     p.add_argument("--kv-events-hash", choices=("int", "bytes"), default="int",
                    help="block hash encoding (newer vLLM versions send bytes)")
+    p.add_argument("--responses-store", action=argparse.BooleanOptionalAction, default=None,
+                   help="store Responses API responses for previous_response_id (default: env "
+                        "VLLM_ENABLE_RESPONSES_API_STORE when set, else on)")
     p.add_argument("--log-level", default="WARNING")
     add_cli_flags(p)
     return p
@@ -189,7 +196,7 @@ async def _amain(args: argparse.Namespace) -> int:
                                 None if args.kv_events_replay_port < 0 else args.kv_events_replay_port,
                                 args.kv_events_topic, args.kv_events_hash) if args.kv_events else None
     fleet = await start_fleet(args.engines, args.base_ip, args.port, args.tokenizer, lmcache,
-                              from_cli_args(args), names, args.model_id, kv_events, models)
+                              from_cli_args(args), names, args.model_id, kv_events, models, args.responses_store)
     sys.stdout.write("READY " + json.dumps(fleet.describe()) + "\n")
     sys.stdout.flush()
     await stop.wait()

@@ -24,6 +24,9 @@ from tokenizers import Tokenizer
 _INLINE_CHARS = 16_384
 
 
+_TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
+
+
 class PromptError(ValueError):
     """The request names no usable prompt (maps to HTTP 400)."""
 
@@ -36,7 +39,9 @@ def _content_text(content: Any) -> str:
     if isinstance(content, list):
         parts = []
         for part in content:
-            if isinstance(part, dict) and part.get("type") == "text":
+            # vLLM parses these part types as text (chat_utils TEXT_PART_TYPES; the Responses API sends
+            # input_text / output_text parts).
+            if isinstance(part, dict) and part.get("type") in _TEXT_PARTS:
                 parts.append(str(part.get("text", "")))
             elif isinstance(part, str):
                 parts.append(part)
@@ -60,7 +65,8 @@ class SimTokenizer:
         # The same environment options transformers' apply_chat_template uses.
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
         env.globals["raise_exception"] = _raise_template_error  # templates call it on bad input, as in HF
-        self._template = env.from_string(config["chat_template"])
+        self.chat_template: str = config["chat_template"]
+        self._template = env.from_string(self.chat_template)
 
     def render_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         if not isinstance(messages, list) or not messages:
