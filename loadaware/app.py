@@ -59,6 +59,7 @@ from loadaware.telemetry.epp import EppMetrics
 from loadaware.telemetry.faults import ListenerFailures
 from loadaware.telemetry.memory_snapshots import MemorySnapshots
 from loadaware.telemetry.metrics import Metrics
+from loadaware.tokenize.conversation import ConversationTokens
 from loadaware.tokenize.text_units import TextUnits
 from loadaware.tokenize.tokenizer import AsyncTokenizer, PromptTokenizer
 
@@ -90,9 +91,11 @@ class Sidecar:
         self.loads = LoadTracker(stale_s=s.scrape_stale_s)
         self.bridge = InstanceBridge(s.lmcache_instance_map)
         self.bridge.set_endpoints(self.registry.snapshot())
-        self.tokenizer = AsyncTokenizer(PromptTokenizer(s.tokenizer), s.tokenizer_timeout_ms / 1e3,
-                                        inline_chars=s.tokenizer_inline_chars, max_chars=s.tokenize_max_chars) \
-            if s.tokenizer else None
+        prompts = PromptTokenizer(s.tokenizer) if s.tokenizer else None
+        self.tokenizer = AsyncTokenizer(prompts, s.tokenizer_timeout_ms / 1e3, inline_chars=s.tokenizer_inline_chars,
+                                        max_chars=s.tokenize_max_chars, conversations=ConversationTokens(
+                                            prompts, s.conversation_cache_mb << 20)
+                                        if s.conversation_cache_mb else None) if prompts else None
         self.lmcache = LMCacheClient(s.lmcache_url, s.lmcache_timeout_ms / 1e3) if s.lmcache_url else None
         self.resolver = InstanceResolver(self.lmcache, self.bridge, s.instance_refresh_s) if self.lmcache else None
         lmcache_source = LMCachePrefixSource(self.lmcache, self.bridge, self.resolver, self.metrics) \

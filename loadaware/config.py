@@ -284,6 +284,10 @@ class Settings:
     tokenizer_inline_chars: int = setting(2048, parse_count,
             "a prompt whose uncached part is at most this many characters is tokenized on the event "
             "loop (cheaper than a thread hop); longer ones in a worker thread (0: always a thread)")
+    conversation_cache_mb: int = setting(32, parse_count,
+            "MiB of token ids of rendered conversations kept at message boundaries, so a chat that extends an "
+            "earlier one encodes only its new text and --tokenize-max-chars counts only that (~4 bytes a token; "
+            "0: off)")
     metrics_listen: str = setting("127.0.0.1:9102", parse_optional_hostport,
             "Prometheus /metrics address, nothing else ('off' to disable)", strict=True)
     # The debug API can tell whether a prompt was recently served: keep it on loopback (kubectl port-forward).

@@ -16,6 +16,7 @@ from loadaware.prefix.queued import BYTES_PER_QUEUED_BLOCK
 from loadaware.prefix.queued import DEFAULT_MAX_BLOCKS as QUEUED_MAX_BLOCKS
 from loadaware.prefix.working_set import MAX_ENTRIES as WORKING_SET_MAX_ENTRIES
 from loadaware.telemetry.decisions import RING_CANDIDATES
+from loadaware.tokenize.conversation import DEFAULT_MB as CONVERSATION_CACHE_DEFAULT_MB
 
 MiB = 1 << 20
 
@@ -29,6 +30,10 @@ APPROX_BYTES_PER_BLOCK = 190
 # Tokenizer piece cache (tokenize/pieces.py): one cached token id of a 151k-token vocabulary (ids above 256
 # are int objects of their own) plus its share of the piece's text (measured 48.5 B).
 PIECE_CACHE_BYTES_PER_TOKEN = 50
+# Conversation cache (tokenize/conversation.py): its bound is in bytes it counts itself (4 B a token id in an
+# array('i'), 256 B an entry); the arrays' growth slack (~1/16 when appended to) makes the resident cost at most
+# ~1.1 times the count (tests/unit/test_conversation_tokens.py measures it with tracemalloc).
+CONVERSATION_CACHE_RESIDENT_PER_COUNTED = 1.1
 # Recent-decisions ring (telemetry/decisions.py): one decision, plus one of the ranked head's candidates (at most
 # RING_CANDIDATES; a Candidate with its optional token-signal and working-set fields), measured 721 B and 285 B
 # with tracemalloc.
@@ -73,6 +78,7 @@ class Bounds:
     piece_cache_tokens: int
     recent_decisions: int
     endpoints: int = BUDGET_ENDPOINTS
+    conversation_cache_bytes: int = CONVERSATION_CACHE_DEFAULT_MB * MiB  # --conversation-cache-mb
 
 
 def worst_case(bounds: Bounds) -> dict[str, int]:
@@ -85,6 +91,7 @@ def worst_case(bounds: Bounds) -> dict[str, int]:
         "kv_events_index": bounds.kv_events_max_blocks * KV_INDEX_BYTES_PER_BLOCK,
         "approx_index": bounds.approx_max_blocks * APPROX_BYTES_PER_BLOCK,
         "piece_cache": bounds.piece_cache_tokens * PIECE_CACHE_BYTES_PER_TOKEN,
+        "conversation_cache": int(bounds.conversation_cache_bytes * CONVERSATION_CACHE_RESIDENT_PER_COUNTED),
         "recent_decisions": bounds.recent_decisions * (
             RECENT_DECISION_BYTES + min(bounds.endpoints, RING_CANDIDATES) * RECENT_CANDIDATE_BYTES),
         "token_signals": bounds.endpoints * TOKEN_SIGNALS_BYTES_PER_ENDPOINT,

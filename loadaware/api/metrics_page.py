@@ -52,6 +52,8 @@ class MetricsPage:
         if self.tokenizer is not None:
             pieces = self.tokenizer.tokenizer.pieces
             self.metrics.tokenizer_pieces_seen(pieces.hits, pieces.misses, pieces.enabled)
+            if self.tokenizer.conversations is not None:
+                self.metrics.tokenizer_conversations_seen(self.tokenizer.conversations.cache.counts())
         self.metrics.fleet_kv_capacity.set(self.loads.kv_capacity_tokens())
         ws = self.working_set
         if ws is not None:  # two int reads: safe from this thread

@@ -8,7 +8,7 @@ garbage collector never walks.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -74,6 +74,10 @@ class Metrics:
         self.tokenizer_pieces = Gauge("loadaware_tokenizer_piece_cache",
                                       "Tokenizer piece cache: hits and misses since start, and whether it is "
                                       "enabled (0 after an exactness self-check failed)", ["what"], registry=r)
+        self.tokenizer_conversations = Gauge("loadaware_tokenizer_conversation_cache",
+                                             "Tokenizer conversation cache (--conversation-cache-mb): hits, misses "
+                                             "and tokens reused since start, entries and bytes held, and disabled (1 "
+                                             "after an exactness check failed)", ["what"], registry=r)
         self.responses = TableCounter("loadaware_responses", "Responses seen on the response path, by the endpoint "
                                  "that served and status class (2xx, 4xx, 5xx, ...)", ["endpoint", "code"],
                                  registry=r)
@@ -301,6 +305,10 @@ class Metrics:
                 self.kv_batches.remove(endpoint, path)
         with contextlib.suppress(KeyError):
             self.kv_gaps.remove(endpoint)
+
+    def tokenizer_conversations_seen(self, counts: Mapping[str, int]) -> None:
+        for what, value in counts.items():
+            self.tokenizer_conversations.labels(what).set(value)
 
     def tokenizer_pieces_seen(self, hits: int, misses: int, enabled: bool) -> None:
         self.tokenizer_pieces.labels("hits").set(hits)

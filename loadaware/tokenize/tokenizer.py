@@ -14,7 +14,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import Tokenizer
 
@@ -27,6 +27,9 @@ from loadaware.tokenize.chat_template import (
     read_tokenizer_config,
 )
 from loadaware.tokenize.pieces import ChunkedEncoder
+
+if TYPE_CHECKING:
+    from loadaware.tokenize.conversation import ConversationTokens
 
 log = logging.getLogger(__name__)
 
@@ -140,12 +143,23 @@ class PromptTokenizer:
             return self._tokenizer.encode(prompt, add_special_tokens=True).ids
         return list(prompt)  # pre-tokenized prompts go to the engine as they are
 
-    def render_chat(self, messages: Sequence[Mapping[str, Any]], options: Mapping[str, Any] | None = None) -> str:
+    @property
+    def backend(self) -> Tokenizer:
+        """The `tokenizers` Tokenizer itself (its added tokens tell where a rendered chat may be cut)."""
+        return self._tokenizer
+
+    def encode_exact(self, text: str) -> list[int]:
+        """`text` encoded whole, as vLLM encodes a rendered chat: no cache, no count (the caches' checks)."""
+        return self._plain(text)
+
+    def render_chat(self, messages: Sequence[Mapping[str, Any]], options: Mapping[str, Any] | None = None,
+                    closed: bool = False) -> str:
         """The chat as the engine renders it; `options`: the request's chat fields (vLLM's defaults when absent:
         a generation prompt, no continuation, no tools or documents; vLLM refuses a continuation with a generation
         prompt, so does this). `options[MERGE_INLINE_SYSTEM]` (set for Anthropic Messages requests): with a
         template that requires system-first ordering, the system messages are merged as vLLM's Messages endpoint
-        merges them; the key never reaches the template."""
+        merges them; the key never reaches the template. `closed`: without a generation prompt or a continuation,
+        whatever the request says (what the next turn's rendering begins with)."""
         if self.chat_template is None:
             raise ChatTemplateUnavailable("no_chat_template")
         o = dict(options or {})
@@ -159,6 +173,8 @@ class PromptTokenizer:
         for key in ("add_generation_prompt", "continue_final_message", "tools", "documents"):
             if key in kwargs:
                 o[key] = kwargs.pop(key)
+        if closed:
+            o["add_generation_prompt"] = o["continue_final_message"] = False
         try:
             return self.chat_template.render(
                 messages, tools=o.get("tools"), documents=o.get("documents"),
@@ -206,8 +222,10 @@ class AsyncTokenizer:
     instead of waiting the whole time box for a time-out."""
 
     def __init__(self, tokenizer: PromptTokenizer, timeout_s: float, threads: int = 2,
-                 inline_chars: int = INLINE_CHARS, max_chars: int = 0) -> None:
+                 inline_chars: int = INLINE_CHARS, max_chars: int = 0,
+                 conversations: ConversationTokens | None = None) -> None:
         self.tokenizer = tokenizer
+        self.conversations = conversations  # the conversation cache (tokenize/conversation.py); None: off
         self.timeout_s = timeout_s
         self.threads = threads
         self.inline_chars = inline_chars  # 0: every encode in a worker thread
@@ -242,6 +260,9 @@ class AsyncTokenizer:
                           ) -> list[int]:
         if self.tokenizer.chat_template is None:  # told once at start; no thread hop to fail again
             raise ChatTemplateUnavailable("no_chat_template")
+        conversations = self.conversations
+        if conversations is not None and conversations.enabled:
+            return await self._encode_conversation(conversations, messages, options)
         if not self.inline_chars or text_chars(messages, options) > INLINE_RENDER_CHARS:
             return await self._run(self.tokenizer.encode_chat, messages, options)
         text = self.tokenizer.render_chat(messages, options)  # a short chat renders in tens of µs
@@ -252,6 +273,28 @@ class AsyncTokenizer:
                 self.inline += 1
             return self.tokenizer.encode_rendered(text)
         return await self._run(self.tokenizer.encode_rendered, text)
+
+    async def _encode_conversation(self, conversations: ConversationTokens, messages: Sequence[Mapping[str, Any]],
+                                   options: Mapping[str, Any] | None) -> list[int]:
+        """Through the conversation cache: only the text after the cached prefix is encoded, on the event loop
+        when it is small (and the chat small enough to render there), else in a worker thread; past `max_chars`
+        of new text, the cached prefix and the new text's head (TokenHead)."""
+        if not self.inline_chars or text_chars(messages, options) > INLINE_RENDER_CHARS:
+            ids = await self._run(conversations.encode, messages, options, self.max_chars)
+        else:
+            prep = conversations.prepare(messages, options)
+            if self.max_chars and prep.new_chars > self.max_chars:
+                ids = await self._run(conversations.head, prep, self.max_chars)
+            elif (prep.hit is None or not prep.hit.check) and \
+                    self.tokenizer.cheap(prep.new_text, chat=True, budget=self.inline_chars):
+                if not previewing():
+                    self.inline += 1
+                return conversations.finish(prep)
+            else:
+                ids = await self._run(conversations.finish, prep)
+        if isinstance(ids, TokenHead) and not previewing():
+            self.heads += 1
+        return ids
 
     async def _run(self, fn: Any, *args: Any) -> list[int]:
         chars = _chars(args)
@@ -287,4 +330,6 @@ class AsyncTokenizer:
 def _chars(args: tuple[Any, ...]) -> int:
     """The characters an encode call will read: its text argument's length (a chat's is estimated later)."""
     first = args[0] if args else ""
-    return len(first) if isinstance(first, str) else 0
+    if isinstance(first, str):
+        return len(first)
+    return getattr(first, "new_chars", 0)  # a prepared conversation: the text left to encode
