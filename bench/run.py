@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import admission as admission_bench
+from . import conversation_tokens as conversation_bench
 from . import extproc_fuzz as fuzz_bench
 from . import extproc_inprocess as extproc_bench
 from . import fleet_size as fleet_size_bench
@@ -40,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 CASES = ("transport", "decision", "steps", "kv_events", "scrape_parse", "extproc_inprocess", "picker", "table",
          "floor", "fuzz", "fleet_size", "admission", "long_prompts")
 # Asked for by name only (`--cases soak`): the soak runs for half an hour by default.
-EXTRA_CASES = ("soak",)
+EXTRA_CASES = ("soak", "conversation_tokens")  # conversation_tokens: in-process, the conversation cache per turn
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -155,6 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fleet_result: dict[str, Any] | None = None
     admission_result: dict[str, Any] | None = None
     long_result: dict[str, Any] | None = None
+    conversation_result: dict[str, list[float]] | None = None
     soak_cfg = soak_config(args, cfg) if "soak" in cfg.cases else None
     soak_result = None
     try:
@@ -182,6 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             admission_result = admission_bench.run(cfg.out_dir / "admission", args.quick)
         if "long_prompts" in cfg.cases:  # 50-500 KB prompts through both Envoys against the engines direct
             long_result = long_prompts_bench.run_case(cfg.out_dir / "long_prompts", args.quick)
+        if "conversation_tokens" in cfg.cases:  # a 40-turn session to 220 KB: each turn's tokenization
+            conversation_result = conversation_bench.run()
         if soak_cfg is not None:  # steady load for a long time: the sidecar's RSS curve
             soak_result = run_soak(soak_cfg)
     except Exception as exc:  # still print and save what was measured
@@ -196,7 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
            "table": None if table_rows is None else {
                "config": table_config(cfg, arms_by_name(cfg.table_arms)), "rows": table_rows},
            "floor": floor_rows, "fuzz": fuzz_result, "fleet_size": fleet_result, "admission": admission_result,
-           "long_prompts": long_result, "soak": None if soak_result is None else soak_result.to_dict()}
+           "long_prompts": long_result, "conversation_tokens": conversation_result,
+           "soak": None if soak_result is None else soak_result.to_dict()}
     out_json = cfg.out_dir / "results.json"
     out_json.write_text(json.dumps(doc, indent=2, default=str))
 
@@ -233,6 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parts.append(admission_bench.table(admission_result))
     if long_result is not None:
         parts.append(long_prompts_bench.table(long_result))
+    if conversation_result is not None:
+        parts.append(conversation_bench.table(conversation_result))
     if soak_cfg is not None and soak_result is not None:
         parts.append(soak_table(soak_cfg, soak_result))
     parts.append(summary_table(summ, cfg.rate))

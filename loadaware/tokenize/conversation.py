@@ -6,12 +6,14 @@ encoded, the ids of its messages rendered as a closed conversation (`add_generat
 next turn's rendering begins with) are kept, and the next request that extends those messages encodes only the
 text after them.
 
-Keys. A chat's messages[:k] have the digest d_k: blake2b over the options that change how the template renders
-(tools, documents, chat_template_kwargs, the system-merge flag), then each message's canonical JSON in order. An
-entry is stored under d_n of a request's n messages: the closed rendering's length in characters, a hash of that
-text, and its ids. A request looks up d_n, d_{n-1}, ..., d_1 and takes the longest entry whose text is where its
-own rendering begins (same length, same hash: a template that renders a message differently once it is no longer
-the last one, or a date that changed, is a miss).
+Keys. A chat's messages[:k] have the key d_k: a hash chained over the options that change how the template renders
+(tools, documents, chat_template_kwargs, the system-merge flag), then each message's fingerprint (its strings
+hashed where they lie, no serialization). An entry is stored under d_n of a request's n messages: the request's
+rendering up to its last safe cut (before the generation prompt's opening token: the text the next turn's
+rendering begins with), as its length in characters, a hash of that text, and its ids. A request looks up d_n,
+d_{n-1}, ..., d_1 and takes the longest entry whose text is where its own rendering begins (same length, same hash:
+a template that renders a message differently once it is no longer the last one, or a date that changed, is a
+miss; so is a key collision).
 
 Exactness. ids(prefix) + ids(rest) equals ids(prefix + rest) only where the tokenizer cannot merge across the cut.
 A cut is taken only where the rest begins with an added (special) token that matches on the raw text and strips
@@ -19,10 +21,11 @@ nothing (no lstrip, no single_word, not normalized unless there is no normalizer
 and where no added token straddles the cut: the tokenizer splits added tokens out before anything else, so each
 side is normalized, pre-tokenized and encoded on its own either way. Chat templates put such a token at every
 message boundary (<|im_start|>, <|start_header_id|>, <start_of_turn>, [INST]...); a template that does not gets no
-cache hits, only exact ids. Storing, the closed rendering's ids are the request's ids less the encoding of the text
-after it (the generation prompt), checked against their tail: no second full encode. On top: a probe at load (a
-conversation grown turn by turn through the cache against whole encodes) and a whole-text check of one cache hit
-in SELF_CHECK_EVERY on live requests; any mismatch turns the cache off for good (`disabled`, in the metrics).
+cache hits, only exact ids. Storing, the kept prefix's ids are the request's ids less the encoding of the text
+after the cut (the generation prompt), checked against their tail: no second render, no second full encode. On
+top: a probe at load (a conversation grown turn by turn through the cache against whole encodes) and a whole-text
+check of one cache hit in SELF_CHECK_EVERY on live requests; any mismatch turns the cache off for good
+(`disabled`, in the metrics).
 
 Bounds. At most `max_bytes` of ids (array('i'): 4 bytes a token, against ~40 for a list of ints) plus
 ENTRY_BYTES per entry, and at most `max_entries` entries; least recently used first out. A conversation's turns
@@ -34,8 +37,6 @@ Explain (`previewing()`) reads the cache and never changes it: no insertion, no 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import threading
 from array import array
@@ -52,29 +53,39 @@ from loadaware.tokenize.tokenizer import HEAD_SLACK_TOKENS, MERGE_INLINE_SYSTEM,
 log = logging.getLogger(__name__)
 
 BYTES_PER_TOKEN = 4  # array('i')
-# One entry's own cost beside its ids: the 16-byte digest key (a 49-byte bytes object), the entry object, the
+# One entry's own cost beside its ids: its key (a 64-bit int), the entry object with its two ints, the
 # OrderedDict's slot and links (tracemalloc: ~230 B).
 ENTRY_BYTES = 256
 DEFAULT_MB = 32  # ~8M tokens: ~150 sessions of 220 KB (~55k tokens) each
 MiB = 1 << 20
 DEFAULT_MAX_ENTRIES = 16_384  # at most 4 MiB of entries' own cost
 SELF_CHECK_EVERY = 64
+TAIL_WINDOW = 4096  # a request's last cut is looked for in its rendering's last characters (the generation prompt)
 RENDER_OPTIONS = ("tools", "documents", "chat_template_kwargs", MERGE_INLINE_SYSTEM)
 
 
-def _canonical(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"),
-                      default=repr).encode("utf-8", "surrogatepass")
+def fingerprint(value: Any) -> int:
+    """A hash of a JSON value, reading each string once where it lies (no serialization: a 200 KB conversation
+    costs ~0.2 ms). Not canonical (a dict's key order counts): a client that reorders keys only misses."""
+    if isinstance(value, str):
+        return hash(value)
+    if isinstance(value, Mapping):
+        return hash(("{", *((k, fingerprint(v)) for k, v in value.items())))
+    if isinstance(value, (list, tuple)):
+        return hash(("[", *(fingerprint(v) for v in value)))
+    return hash((type(value).__name__, value if isinstance(value, (int, float, bool)) or value is None
+                 else repr(value)))
 
 
-def digests(messages: Sequence[Mapping[str, Any]], options: Mapping[str, Any] | None) -> list[bytes]:
-    """d_1..d_n: the digest of messages[:k] under the options that change the rendering (index k-1)."""
+def digests(messages: Sequence[Mapping[str, Any]], options: Mapping[str, Any] | None) -> list[int]:
+    """d_1..d_n: the key of messages[:k] under the options that change the rendering (index k-1). A collision
+    of keys costs nothing but a look at the entry: its text must also be where the request's rendering begins."""
     o = options or {}
-    h = hashlib.blake2b(_canonical([o.get(k) for k in RENDER_OPTIONS]), digest_size=16)
+    d = fingerprint([o.get(k) for k in RENDER_OPTIONS])
     out = []
     for message in messages:
-        h.update(_canonical(message))
-        out.append(h.copy().digest())
+        d = hash((d, fingerprint(message)))
+        out.append(d)
     return out
 
 
@@ -89,6 +100,20 @@ class BoundaryRule:
             and (plain or not t.normalized) and not t.content[0].isspace()))
         self.tokens = tuple(t.content for t in added if t.content)
         self.longest = max((len(t) for t in self.tokens), default=0)
+        self._firsts = tuple({t[0] for t in self.starts})
+
+    def last_cut(self, text: str, after: int) -> int | None:
+        """The last safe cut of `text` past `after`, within its last TAIL_WINDOW characters (a chat's rendering
+        ends with a message's or the generation prompt's few tokens after its last cut)."""
+        floor = max(after + 1, len(text) - TAIL_WINDOW)
+        end = len(text)
+        while True:
+            at = max((text.rfind(c, floor, end) for c in self._firsts), default=-1)
+            if at < floor:
+                return None
+            if self.safe(text, at):
+                return at
+            end = at
 
     def safe(self, text: str, at: int) -> bool:
         if at >= len(text):
@@ -136,7 +161,7 @@ class Prepared:
     messages: Sequence[Mapping[str, Any]]
     options: Mapping[str, Any] | None
     text: str
-    keys: list[bytes]
+    keys: list[int]
     hit: Hit | None = None
     start: int = field(default=0)
 
@@ -155,7 +180,7 @@ class ConversationCache:
     def __init__(self, max_bytes: int, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
         self.max_bytes = max_bytes
         self.max_entries = max_entries
-        self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._lock = threading.Lock()
         self.bytes = 0  # live runs' ids + ENTRY_BYTES per entry
         self.enabled = True
@@ -172,7 +197,7 @@ class ConversationCache:
         return {"hits": self.hits, "misses": self.misses, "tokens_reused": self.tokens_reused,
                 "entries": len(self._entries), "bytes": self.bytes, "disabled": self.disabled}
 
-    def lookup(self, keys: Sequence[bytes], text: str, rule: BoundaryRule) -> Hit | None:
+    def lookup(self, keys: Sequence[int], text: str, rule: BoundaryRule) -> Hit | None:
         """The longest cached messages[:k] whose closed rendering begins `text` at a safe cut."""
         if not self.enabled:
             return None
@@ -198,12 +223,12 @@ class ConversationCache:
                 self.misses += 1
         return None
 
-    def has(self, key: bytes, chars: int) -> bool:
+    def has(self, key: int, chars: int) -> bool:
         with self._lock:
             entry = self._entries.get(key)
             return entry is not None and entry.chars == chars
 
-    def store(self, key: bytes, chars: int, text_hash: int, base: _Entry | None, new_ids: Sequence[int]) -> None:
+    def store(self, key: int, chars: int, text_hash: int, base: _Entry | None, new_ids: Sequence[int]) -> None:
         """Keep messages[:n]'s closed rendering: `base`'s ids (the hit it extends, if any) then `new_ids`."""
         tokens = (base.tokens if base else 0) + len(new_ids)
         if tokens * BYTES_PER_TOKEN + ENTRY_BYTES > self.max_bytes:
@@ -304,7 +329,10 @@ class ConversationTokens:
         """Encode the text after the cached prefix; check (sampled), then keep this request's closed rendering."""
         new_ids = self.tokenizer.encode_rendered(prep.new_text)
         hit = prep.hit
-        ids = hit.ids + new_ids if hit is not None else new_ids
+        ids = new_ids
+        if hit is not None:
+            ids = hit.ids
+            ids.extend(new_ids)
         if previewing():
             return ids
         if hit is not None and hit.check:
@@ -325,26 +353,20 @@ class ConversationTokens:
         return TokenHead(cached + kept, total)
 
     def _store(self, prep: Prepared, new_ids: list[int], ids: list[int]) -> None:
-        """Keep the ids of the request's messages rendered closed, when that text begins the request's and the
-        cut is safe: the request's ids less the encoding of the text after it, checked against their tail."""
+        """Keep the request's rendering up to its last safe cut (before the generation prompt's or the final
+        message's opening token: what the next turn's rendering begins with), under its messages' key. Its ids
+        are the request's less the encoding of the text after the cut, checked against their tail."""
         if not self.cache.enabled or not prep.keys:
             return
-        key = prep.keys[-1]
-        if prep.hit is not None and prep.hit.entry.chars == len(prep.text) and self.cache.has(key, len(prep.text)):
+        text = prep.text
+        cut = self.rule.last_cut(text, prep.start)
+        if cut is None or self.cache.has(prep.keys[-1], cut):
             return
-        try:
-            closed = self.tokenizer.render_chat(prep.messages, prep.options, closed=True)
-        except Exception:  # noqa: BLE001 - the request rendered; its closed form need not (a template's raise)
-            return
-        n = len(closed)
-        if n < prep.start or not prep.text.startswith(closed) or not self.rule.safe(prep.text, n):
-            return
-        tail = prep.text[n:]
-        tail_ids = self.tokenizer.encode_exact(tail) if tail else []
-        if len(tail_ids) > len(new_ids) or (tail_ids and ids[len(ids) - len(tail_ids):] != tail_ids):
+        tail_ids = self.tokenizer.encode_exact(text[cut:])
+        if len(tail_ids) > len(new_ids) or ids[len(ids) - len(tail_ids):] != tail_ids:
             return
         base = prep.hit.entry if prep.hit is not None else None
-        self.cache.store(key, n, hash(closed), base, new_ids[:len(new_ids) - len(tail_ids)])
+        self.cache.store(prep.keys[-1], cut, hash(text[:cut]), base, new_ids[:len(new_ids) - len(tail_ids)])
 
     def probe(self) -> bool:
         """At load: a conversation grown turn by turn through the cache gives the whole texts' ids, else off."""

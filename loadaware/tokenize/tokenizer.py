@@ -152,14 +152,12 @@ class PromptTokenizer:
         """`text` encoded whole, as vLLM encodes a rendered chat: no cache, no count (the caches' checks)."""
         return self._plain(text)
 
-    def render_chat(self, messages: Sequence[Mapping[str, Any]], options: Mapping[str, Any] | None = None,
-                    closed: bool = False) -> str:
+    def render_chat(self, messages: Sequence[Mapping[str, Any]], options: Mapping[str, Any] | None = None) -> str:
         """The chat as the engine renders it; `options`: the request's chat fields (vLLM's defaults when absent:
         a generation prompt, no continuation, no tools or documents; vLLM refuses a continuation with a generation
         prompt, so does this). `options[MERGE_INLINE_SYSTEM]` (set for Anthropic Messages requests): with a
         template that requires system-first ordering, the system messages are merged as vLLM's Messages endpoint
-        merges them; the key never reaches the template. `closed`: without a generation prompt or a continuation,
-        whatever the request says (what the next turn's rendering begins with)."""
+        merges them; the key never reaches the template."""
         if self.chat_template is None:
             raise ChatTemplateUnavailable("no_chat_template")
         o = dict(options or {})
@@ -173,8 +171,6 @@ class PromptTokenizer:
         for key in ("add_generation_prompt", "continue_final_message", "tools", "documents"):
             if key in kwargs:
                 o[key] = kwargs.pop(key)
-        if closed:
-            o["add_generation_prompt"] = o["continue_final_message"] = False
         try:
             return self.chat_template.render(
                 messages, tools=o.get("tools"), documents=o.get("documents"),

@@ -5,6 +5,7 @@ does not change it; past --tokenize-max-chars the cached turns count in full; a 
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import tracemalloc
@@ -46,7 +47,8 @@ def _folder(name: str, tmp: Path) -> Path:
     tok = Tokenizer.from_file(str(TINY / "tokenizer.json"))
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in fx["control_tokens"]])
     tok.save(str(tmp / "tokenizer.json"))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": fx["chat_template"], **fx["special_tokens"]}
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": fx["chat_template"],
+              **fx["special_tokens"]}
     (tmp / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False))
     return tmp
 
@@ -150,7 +152,7 @@ def test_tokenization_reuses_the_earlier_turns() -> None:
         assert conv.encode(messages) == tok.encode_exact(tok.render_chat(messages))
         seen.append(conv.cache.tokens_reused)
     assert conv.cache.hits == 7 and conv.cache.misses == 1
-    assert all(b > a for a, b in zip(seen[1:], seen[2:]))
+    assert all(b > a for a, b in itertools.pairwise(seen[1:]))
     assert len(conv.cache) == 8 and conv.cache.counts()["entries"] == 8
 
 
@@ -158,11 +160,22 @@ def test_keys_change_with_the_messages_and_the_rendering_options() -> None:
     chat = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
     d = digests(chat, None)
     assert digests(chat[:1], None) == d[:1] and len(set(d)) == 2
-    assert digests([{"content": "a", "role": "user"}], None) == d[:1]  # canonical: key order does not matter
+    assert digests([{"role": "user", "content": "a"}], None) == d[:1]  # equal values, other objects
+    assert digests([{"content": "a", "role": "user"}], None) != d[:1]  # not canonical: a reordered message misses
     assert digests(chat, {"tools": TOOLS})[0] != d[0]
     assert digests(chat, {"add_generation_prompt": False}) == d  # the end of the rendering only
     assert digests(chat, {"chat_template_kwargs": {"x": 1}})[0] != d[0]
     assert digests(chat, {"merge_inline_system": True})[0] != d[0]
+
+
+def test_colliding_keys_cost_only_a_miss(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every chat's messages given the same keys: the entries' texts still decide, so the ids stay exact."""
+    monkeypatch.setattr(conv_module, "digests", lambda messages, options: [7] * len(messages))
+    tok, conv = _tiny()
+    for seed in range(3):
+        for messages in _session(5, 800, seed):
+            assert conv.encode(messages) == tok.encode_exact(tok.render_chat(messages))
+    assert conv.cache.hits > 0
 
 
 def test_a_cut_only_before_an_added_token_that_nothing_straddles() -> None:
@@ -264,6 +277,7 @@ def test_the_load_time_probe_catches_an_unsafe_cut(monkeypatch: pytest.MonkeyPat
     tok = PromptTokenizer(str(tmp_path))
     assert not ConversationTokens(tok).rule.safe("ab", 1)
     monkeypatch.setattr(BoundaryRule, "safe", lambda self, text, at: True)
+    monkeypatch.setattr(BoundaryRule, "last_cut", lambda self, text, after: len(text) if len(text) > after else None)
     assert not ConversationTokens(tok).enabled
 
 
