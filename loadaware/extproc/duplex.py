@@ -47,9 +47,9 @@ class DuplexConversation(Conversation):
             which = msg.WhichOneof("request")
             if which == "response_body":  # the hottest message: one per streamed token chunk
                 chunk = msg.response_body
-                await write(streamed_response_body(chunk.body, chunk.end_of_stream))
                 if stream.reader is not None:  # a Responses request's: the stored response's id names its holder
-                    self.read_state(stream, chunk.body)
+                    self.read_state(stream, chunk.body)  # before the client can see the id and follow up
+                await write(streamed_response_body(chunk.body, chunk.end_of_stream))
                 decision = stream.decision
                 if decision is not None and not decision.first_chunk and chunk.body:
                     self.lifecycle.first_chunk(decision)  # the engine has prefilled: token signals
