@@ -13,7 +13,6 @@ from typing import Any
 import grpc
 import pytest
 from aiohttp import web
-from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
@@ -83,7 +82,8 @@ def response_body(data: bytes, end: bool = False) -> pb.ProcessingRequest:
     return pb.ProcessingRequest(response_body=pb.HttpBody(body=data, end_of_stream=end))
 
 
-async def first_turn(addr: str, reply_chunks: list[bytes], served: str | None = None) -> tuple[str, pb.ProcessingResponse]:
+async def first_turn(addr: str, reply_chunks: list[bytes], served: str | None = None
+                     ) -> tuple[str, pb.ProcessingResponse]:
     """A stored Responses turn through BUFFERED mode: the choice, and the reply to its response headers."""
     async with grpc.aio.insecure_channel(addr) as channel:
         call = pb_grpc.ExternalProcessorStub(channel).Process()
@@ -125,7 +125,8 @@ async def test_the_holder_is_learned_from_the_response_and_beats_load(
     # Requests held open on the holder only: it is the busier engine by far.
     other = next(ep for ep in engines.endpoints if ep != choice)
     async with grpc.aio.insecure_channel(addr) as channel:
-        calls, others = [], []
+        calls: list[Any] = []
+        others: list[Any] = []
         for _ in range(6):  # they alternate: then the other engine's are ended
             call = pb_grpc.ExternalProcessorStub(channel).Process()
             await call.write(headers("POST", "/v1/completions", end=True))
