@@ -120,13 +120,13 @@ class Sidecar:
             on_change=self._health_changed)
         # Token-level signals per endpoint (uncached tokens in flight, decode batch, observed TTFT).
         self.signals = SignalTracker()
-        self.decider = Decider(make_policy(s.effective_policy, s.loadaware_beta), self.registry, self.loads,
-                               self.lifecycle, encoder, self.prefixes.source, fallbacks=s.fallback_endpoints,
-                               health=self.endpoint_health, models=self.models, ranking=self.loads,
         # Stored responses (Responses API): learned from their responses, found by asking the engines otherwise.
         self.state_probe = EngineStateProbe(s.state_probe_timeout_s)
         self.state_holders = StateHolders(self.state_probe, s.state_max_entries, s.state_ttl_s,
                                           s.state_probe_timeout_s)
+        self.decider = Decider(make_policy(s.effective_policy, s.loadaware_beta), self.registry, self.loads,
+                               self.lifecycle, encoder, self.prefixes.source, fallbacks=s.fallback_endpoints,
+                               health=self.endpoint_health, models=self.models, ranking=self.loads,
                                signals=self.signals, affinity=SessionAffinity(s.session_max_entries, s.session_ttl_s)
                                if s.session_header else None, state=self.state_holders)
         # Who hears about each request: counts first (a later listener failing must not leak one).
@@ -173,10 +173,10 @@ class Sidecar:
                                        admission=self.admission)
         self.health = HealthReporter(self.readiness.ready, self.readiness.reason)
         self.metrics.open_streams.set_function(lambda: self.extproc.open_streams)  # read at each scrape
+        self.metrics.state_holders.set_function(lambda: len(self.state_holders))
         # --otlp-endpoint: a span per decision (telemetry/tracing.py); without it, not even the SDK is imported.
         self.tracing: Tracing | None = None
         if s.otlp_endpoint:
-        self.metrics.state_holders.set_function(lambda: len(self.state_holders))
             from loadaware.telemetry.tracing import Tracing
             self.tracing = Tracing(s.otlp_endpoint, s.trace_sample_ratio, self.metrics.registry)
             self.lifecycle.subscribe(self.tracing)
@@ -371,10 +371,10 @@ class Sidecar:
         if self.lmcache is not None:
             await self.lmcache.close()
         await self.prefixes.close()
+        await self.state_probe.close()
         if self.tokenizer is not None:
             self.tokenizer.close()
         leaked = self.loads.total()
-        await self.state_probe.close()
         self.loads.clear()
         log.info("stopped; released %d in-flight counts", leaked)
 

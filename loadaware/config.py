@@ -307,10 +307,6 @@ class Settings:
             "session affinity: most sessions remembered (the least recently used is forgotten first)")
     session_ttl_s: float = setting(600.0, parse_positive,
             "session affinity: a session idle this long is forgotten")
-    fallback_endpoints: int = setting(2, parse_count,
-            "next-best endpoints named after the choice, for the proxy's retries to walk (0 = the choice only)")
-    no_endpoint_reply: str = setting("auto", parse_no_endpoint_reply,
-            "nobody to route to: unavailable (503), fallback (the proxy's own "
     state_max_entries: int = setting(100_000, parse_positive_int,
             "stored responses (Responses API) whose holder is remembered (least recently used forgotten first; "
             "~250 bytes each)")
@@ -318,6 +314,10 @@ class Settings:
             "a stored response's holder is remembered this long after it was learned or last used")
     state_probe_timeout_s: float = setting(0.5, parse_positive,
             "time box for asking the engines which one holds a stored response the sidecar does not know")
+    fallback_endpoints: int = setting(2, parse_count,
+            "next-best endpoints named after the choice, for the proxy's retries to walk (0 = the choice only)")
+    no_endpoint_reply: str = setting("auto", parse_no_endpoint_reply,
+            "nobody to route to: unavailable (503), fallback (the proxy's own "
             "fallback picks), auto (503 in full-duplex picker mode, fallback in BUFFERED mode)")
     max_request_body_bytes: int = setting(8 * 1024 * 1024, parse_positive_int,
             "largest request body (413 beyond): held in full-duplex mode; in BUFFERED mode Envoy's own limit "

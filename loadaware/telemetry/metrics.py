@@ -81,10 +81,6 @@ class Metrics:
         self.responses = TableCounter("loadaware_responses", "Responses seen on the response path, by the endpoint "
                                  "that served and status class (2xx, 4xx, 5xx, ...)", ["endpoint", "code"],
                                  registry=r)
-        self.routing_state = TableGauge("loadaware_endpoint_routing_state", "1 for each endpoint's failure-aware "
-                                   "routing state: healthy, ejected (out of rotation), probing (one request at a time)",
-                                   ["endpoint", "state"], registry=r)
-        self.ejections = TableCounter("loadaware_endpoint_ejections", "Endpoints taken out of rotation, by reason "
         self.api_requests = Counter("loadaware_api_requests", "Requests decided by their body, by generation API "
                                     "(completions, chat, responses, messages)", ["api"], registry=r)
         self.state_placements = Counter("loadaware_state_placements", "Requests naming a stored response, by how "
@@ -95,6 +91,10 @@ class Metrics:
                                      "the response", registry=r)
         self.state_holders = Gauge("loadaware_state_holders", "Stored responses whose holder the sidecar knows "
                                    "(bounded by --state-max-entries)", registry=r)
+        self.routing_state = TableGauge("loadaware_endpoint_routing_state", "1 for each endpoint's failure-aware "
+                                   "routing state: healthy, ejected (out of rotation), probing (one request at a time)",
+                                   ["endpoint", "state"], registry=r)
+        self.ejections = TableCounter("loadaware_endpoint_ejections", "Endpoints taken out of rotation, by reason "
                                  "(http_5xx, timeout, passed_over, unreachable)", ["endpoint", "reason"],
                                  registry=r)
         # Token-level signals per endpoint (loadaware/load/signals.py), set when /metrics is read.
