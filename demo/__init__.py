@@ -18,6 +18,7 @@ real vLLM engines (demo/real_vllm.py).
 
 Modules: `startup` (the stack on the fixed addresses), `session` (requests, decisions, checks), `prompts`,
 `explain` (a decision's table and why), `storyline` (steps 1-5), `burst` (step 6 and the run's accounting),
-`picker` (step 7), `walkthrough` (all steps against a running stack), `real_vllm`, `short_experiment`, `__main__`
+`picker` (step 7), `agentic` (step 10: a Responses follow-up on its holder, Messages by prefix),
+`walkthrough` (all steps against a running stack), `real_vllm`, `short_experiment`, `__main__`
 (the CLI).
 """

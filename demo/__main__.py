@@ -97,6 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"step4={f.get('step4')} step5={f.get('step5')} burst={f.get('burst')} "
           f"fallbacks={f.get('fallbacks')} inflight={f.get('inflight')} picker={f.get('picker')} "
           f"retry={f.get('retry')} models={f.get('models')} failover={f.get('failover')} "
+          f"agentic={f.get('agentic')} messages={f.get('messages')} "
           f"vllm={real_vllm} experiment={experiment} "
           f"elapsed={elapsed:.1f}s", flush=True)
     if demo.failures:

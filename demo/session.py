@@ -119,6 +119,12 @@ class DemoSession:
                 text = await resp.text()
             return Reply(resp.status, resp.headers.get("x-served-by", "?"), request_id, text)
 
+    async def send_get(self, path: str) -> Reply:
+        request_id = self.new_request_id()
+        async with self.session.get(f"{self.stack.url}{path}", headers={"x-request-id": request_id},
+                                    timeout=aiohttp.ClientTimeout(total=30)) as resp:
+            return Reply(resp.status, resp.headers.get("x-served-by", "?"), request_id, await resp.text())
+
     async def decisions(self, n: int = 256, debug_url: str | None = None) -> list[dict[str, Any]]:
         """The sidecar's latest `n` decisions (another sidecar's with `debug_url`)."""
         return list(await self.get_json(f"{debug_url or self.debug_url}/debug/decisions?n={n}"))

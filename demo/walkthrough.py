@@ -1,10 +1,11 @@
 """The demo against a running stack: one HTTP session, the storyline, the burst, the picker mode, a failing
-engine."""
+engine, agentic traffic."""
 
 from __future__ import annotations
 
 import aiohttp
 
+from demo.agentic import agentic
 from demo.burst import burst
 from demo.failover import failing_engine
 from demo.models import two_models
@@ -18,8 +19,8 @@ from testkit.stack import Stack
 
 async def walk_through(stack: Stack, metrics_url: str, beta: float) -> DemoSession:
     """Once the sidecar says ready: steps 1-5, the burst, the picker mode (step 7), two models (step 8), a
-    failing engine (step 9). A failure ends the walk and is recorded as a failed check; the session (checks,
-    facts) is returned either way."""
+    failing engine (step 9), agentic traffic (step 10). A failure ends the walk and is recorded as a failed
+    check; the session (checks, facts) is returned either way."""
     assert stack.fleet is not None
     names = {f"{e['ip']}:{e['port']}": str(e["name"]) for e in stack.fleet.engines}
     urls = {str(e["name"]): str(e["url"]) for e in stack.fleet.engines}
@@ -38,6 +39,7 @@ async def walk_through(stack: Stack, metrics_url: str, beta: float) -> DemoSessi
                 await picker_mode(demo)
                 await two_models(demo)
                 await failing_engine(demo)
+                await agentic(demo)
         except DemoFailure as e:
             demo.check(False, str(e))
         except (TimeoutError, aiohttp.ClientError, OSError, KeyError, ValueError) as e:

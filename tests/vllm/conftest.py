@@ -66,8 +66,10 @@ class Fleet:
     (block size 32, a small cache, a LoRA adapter) connects its KV events to a sidecar's bound socket."""
 
     def __init__(self) -> None:
-        self.a = vllm.VllmEngine(LOG_DIR, name="vllm-a", block_size=32, kv_events=vllm.KvEvents.bound())
-        self.b = vllm.VllmEngine(LOG_DIR, name="vllm-b", block_size=64, kv_events=vllm.KvEvents.bound())
+        # The Responses API's store on (tests/vllm/test_agentic.py): stored responses live in the engine that made them.
+        store = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
+        self.a = vllm.VllmEngine(LOG_DIR, name="vllm-a", block_size=32, kv_events=vllm.KvEvents.bound(), env=store)
+        self.b = vllm.VllmEngine(LOG_DIR, name="vllm-b", block_size=64, kv_events=vllm.KvEvents.bound(), env=store)
         self.c_bind_port = free_port()
         self.c_kv = vllm.KvEvents.connecting(f"127.0.0.1:{self.c_bind_port}", f"kv@{C_HOST}@{vllm.SERVED_MODEL}",
                                              engine_host=C_HOST)
