@@ -16,6 +16,7 @@ from loadaware.prefix.queued import BYTES_PER_QUEUED_BLOCK
 from loadaware.prefix.queued import DEFAULT_MAX_BLOCKS as QUEUED_MAX_BLOCKS
 from loadaware.prefix.working_set import MAX_ENTRIES as WORKING_SET_MAX_ENTRIES
 from loadaware.telemetry.decisions import RING_CANDIDATES
+from loadaware.fleet.state_holders import DEFAULT_MAX_ENTRIES as DEFAULT_STATE_ENTRIES
 from loadaware.tokenize.conversation import DEFAULT_MB as CONVERSATION_CACHE_DEFAULT_MB
 
 MiB = 1 << 20
@@ -46,6 +47,10 @@ WORKING_SET_BYTES_PER_ENTRY = 190
 # prefill clock), measured with tracemalloc over 10,000 endpoints: 1,029 B scraped only, 2,709 B once both
 # TTFT models (the endpoint's and its clock's) have learned from first chunks (picker mode).
 TOKEN_SIGNALS_BYTES_PER_ENDPOINT = 2800
+# Stored responses' holders (fleet/state_holders.py): one id -> endpoint entry (an OrderedDict slot, a tuple with
+# its expiry) measured 171 B with tracemalloc over 100,000, plus the id's own string (~86 B for vLLM's
+# "resp_" + 16-32 hex digits); the endpoint strings are shared.
+STATE_HOLDER_BYTES_PER_ENTRY = 260
 # A request in flight holds its prompt's token ids (a list of ints) until its stream ends: per token.
 INFLIGHT_BYTES_PER_TOKEN = 48
 
@@ -79,6 +84,7 @@ class Bounds:
     recent_decisions: int
     endpoints: int = BUDGET_ENDPOINTS
     conversation_cache_bytes: int = CONVERSATION_CACHE_DEFAULT_MB * MiB  # --conversation-cache-mb
+    state_max_entries: int = DEFAULT_STATE_ENTRIES  # --state-max-entries
 
 
 def worst_case(bounds: Bounds) -> dict[str, int]:
@@ -97,6 +103,7 @@ def worst_case(bounds: Bounds) -> dict[str, int]:
         "token_signals": bounds.endpoints * TOKEN_SIGNALS_BYTES_PER_ENDPOINT,
         "working_set": 2 * WORKING_SET_MAX_ENTRIES * WORKING_SET_BYTES_PER_ENTRY,
         "queued_prefixes": QUEUED_MAX_BLOCKS * BYTES_PER_QUEUED_BLOCK,
+        "state_holders": bounds.state_max_entries * STATE_HOLDER_BYTES_PER_ENTRY,
     }
 
 
