@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from loadaware.fleet.state_holders import DEFAULT_MAX_ENTRIES as DEFAULT_STATE_ENTRIES
 from loadaware.prefix.queued import BYTES_PER_QUEUED_BLOCK
 from loadaware.prefix.queued import DEFAULT_MAX_BLOCKS as QUEUED_MAX_BLOCKS
 from loadaware.prefix.working_set import MAX_ENTRIES as WORKING_SET_MAX_ENTRIES
 from loadaware.telemetry.decisions import RING_CANDIDATES
-from loadaware.fleet.state_holders import DEFAULT_MAX_ENTRIES as DEFAULT_STATE_ENTRIES
 from loadaware.tokenize.conversation import DEFAULT_MB as CONVERSATION_CACHE_DEFAULT_MB
 
 MiB = 1 << 20
