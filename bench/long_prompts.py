@@ -31,7 +31,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,15 +167,19 @@ def stage_sums(sidecar: SidecarProc) -> dict[str, float]:
 
 
 @contextmanager
-def gateway(log_dir: Path) -> Iterator[tuple[SidecarProc, dict[str, list[str]]]]:
-    with loopback_lock(), NullEngines(log_dir) as _engines, \
+def gateway(log_dir: Path, sidecar_args: Sequence[str] = (), path: str = "/v1/completions",
+            engines: Callable[[Path], ManagedProc] = NullEngines
+            ) -> Iterator[tuple[SidecarProc, dict[str, list[str]]]]:
+    """The engines (`engines(log_dir)`: null engines unless told), the sidecar (the shipped flags plus
+    `sidecar_args`) and both Envoys; each arm's URLs for `path`."""
+    with loopback_lock(), engines(log_dir) as _engines, \
             SidecarProc(["--listen", f"127.0.0.1:{SIDECAR_PORT}", "--metrics-listen", f"127.0.0.1:{free_port()}",
                          "--endpoints", ",".join(ENGINES), "--tokenizer", str(TINY_TOKENIZER),
-                         "--log-level", "warning"], log_dir=log_dir) as sidecar, \
+                         "--log-level", "warning", *sidecar_args], log_dir=log_dir) as sidecar, \
             EnvoyProc(ENVOY_CONFIG, log_dir / "envoy-buffered") as buffered, \
             EnvoyProc(POOL_CONFIG, log_dir / "envoy-picker") as picker:
-        urls = {"direct": [f"http://{ep}/v1/completions" for ep in ENGINES],
-                "buffered": [f"{buffered.url}/v1/completions"], "full_duplex": [f"{picker.url}/v1/completions"]}
+        urls = {"direct": [f"http://{ep}{path}" for ep in ENGINES],
+                "buffered": [f"{buffered.url}{path}"], "full_duplex": [f"{picker.url}{path}"]}
         yield sidecar, urls
 
 
@@ -286,15 +290,38 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", default="50,150")
     p.add_argument("--requests", type=int, default=300)
     p.add_argument("--out", default="out/bench-long-prompts")
+    p.add_argument("--cases", default="distinct",
+                   help="comma-separated: distinct (every prompt different), conversation, new_user "
+                        "(bench/long_sessions.py)")
+    p.add_argument("--sessions", type=int, default=150, help="conversation: sessions at once")
+    p.add_argument("--turns", type=int, default=10, help="conversation: measured turns per session")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
-    if args.quick:
-        result = run_case(Path(args.out), quick=True)
-    else:
-        result = run(Path(args.out), [int(x) for x in args.sizes_kb.split(",")],
-                     [int(x) for x in args.concurrency.split(",")], args.requests)
-    print(table(result))
+    cases = set(args.cases.split(","))
+    if "distinct" in cases:
+        if args.quick:
+            result = run_case(Path(args.out), quick=True)
+        else:
+            result = run(Path(args.out), [int(x) for x in args.sizes_kb.split(",")],
+                         [int(x) for x in args.concurrency.split(",")], args.requests)
+        print(table(result))
+    if cases & {"conversation", "new_user"}:
+        print(sessions_case(Path(args.out), cases, args.sessions, args.turns))
     return 0
+
+
+def sessions_case(out_dir: Path, cases: set[str], sessions: int, turns: int) -> str:
+    """The conversation and new-user cases (bench/long_sessions.py); their tables."""
+    from . import long_sessions
+
+    result: dict[str, Any] = {}
+    if "conversation" in cases:
+        shape = long_sessions.ConversationShape(sessions=sessions, turns=turns)
+        result["conversation"] = long_sessions.run_conversation(out_dir, shape)
+    if "new_user" in cases:
+        result["new_user"] = long_sessions.run_new_user(out_dir)
+    (out_dir / "long_sessions.json").write_text(json.dumps(result, indent=2))
+    return long_sessions.tables(result)
 
 
 def run_case(out_dir: Path, quick: bool = False) -> dict[str, Any]:
