@@ -12,10 +12,10 @@ import json
 import sys
 from typing import Any
 
-from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
-from vllm.entrypoints.openai.responses.utils import construct_input_messages, construct_tool_dicts
 from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest
 from vllm.entrypoints.anthropic.serving import AnthropicServingMessages
+from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+from vllm.entrypoints.openai.responses.utils import construct_input_messages, construct_tool_dicts
 
 
 def _dump(o: Any) -> Any:
