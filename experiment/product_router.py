@@ -26,7 +26,7 @@ from loadaware.prefix.approx import ApproxIndex, ApproxPrefixSource
 from loadaware.prefix.combined import CombinedPrefixSource, Member
 from loadaware.prefix.source import PrefixSource
 from loadaware.prefix.wiring import APPROX_TOKEN_BLOCK
-from loadaware.routing.pipeline import Decider
+from loadaware.routing.pipeline import Decider, StateLocator
 from loadaware.routing.request import InferenceRequest
 from loadaware.telemetry.metrics import Metrics
 
@@ -89,7 +89,7 @@ class ProductRouter:
     (no prefix source: without a tokenizer the exact sources see no tokens)."""
 
     def __init__(self, policy: Policy, endpoints: Sequence[str], clock: Callable[[], float], source: str,
-                 ttft_model: bool = False) -> None:
+                 ttft_model: bool = False, state: StateLocator | None = None) -> None:
         self.lifecycle = RequestLifecycle()
         self.registry = EndpointRegistry(endpoints)
         self.loads = LoadTracker(SCRAPE_STALE_S, clock=clock)
@@ -110,8 +110,11 @@ class ProductRouter:
             prefix = CombinedPrefixSource([Member(self.exact, set, complete=False)], self.approx)
         elif source not in ("approx", "none"):
             raise ValueError(f"unknown source {source!r}")
+        # Where stored responses live (loadaware.fleet.state_holders.StateHolders, as the app wires it; None: no
+        # state routing, as a peer router has none): the simulator teaches it each stored response's engine.
+        self.state = state
         self.decider = Decider(policy, self.registry, self.loads, self.lifecycle, None, prefix,
-                               signals=self.signals)
+                               signals=self.signals, state=state)
         # As loadaware.app subscribes them: counts first, then the token signals, then the approximate index.
         self.lifecycle.subscribe(self.loads)
         self.lifecycle.subscribe(self.signals)
@@ -126,6 +129,15 @@ class ProductRouter:
         """The sidecar's decision for a completions request with these prompt token ids (None: a prompt the
         sidecar cannot tokenize, as without a tokenizer for an exact source)."""
         request = InferenceRequest("completions", prompt=tokens if tokens is not None else "?")
+        return _run(self.decider.decide(request))
+
+    def attach_state(self, state: StateLocator) -> None:
+        """State routing on (an arm that runs it: every sidecar arm, as the app always wires it)."""
+        self.state = self.decider.state = state
+
+    def decide_request(self, request: InferenceRequest) -> Decision:
+        """The sidecar's decision for a request built by the caller (e.g. one naming a stored response:
+        `state_id`); its locator must answer without suspending (a learned holder, or no probe)."""
         return _run(self.decider.decide(request))
 
     def first_chunk(self, decision: Decision) -> None:
