@@ -144,7 +144,7 @@ class RandomChooser:
 
 
 ROLES = ("user", "assistant", "system", "tool")
-BODY_SHAPES = ("completions", "chat", "json", "bytes", "deep", "empty")
+BODY_SHAPES = ("completions", "chat", "responses", "messages", "json", "bytes", "deep", "empty")
 EXTRA_FIELDS = ("stream", "cache_salt", "tools", "chat_template_kwargs", "x")
 DEEP_DEPTHS = (63, 64, 65, 66, 200, 999, 1001, 5000)
 DEEP_OPENERS = ((b"[", b"]"), (b'{"a":', b"}"))
@@ -153,7 +153,8 @@ HEADER_BYTES = (b"POST", b"GET", b"/v1/completions", b"/v1/chat/completions?x=1"
 HEADER_KEYS = (":method", ":path", ":status", "x-request-id", "content-type", "", "x-gateway-destination-endpoint",
                "X-Request-Id")
 METHODS = (b"POST", b"POST", b"POST", b"GET")
-PATHS = (b"/v1/completions", b"/v1/chat/completions")
+PATHS = (b"/v1/completions", b"/v1/chat/completions", b"/v1/responses", b"/v1/messages", b"/v1/responses/resp_f1",
+         b"/v1/responses/resp_f1/cancel")
 STATUSES = (b"200", b"500", b"404", b"503")
 MUTATIONS = ("drop", "dup", "swap", "insert")
 OTHER_MODES = (Mode.BUFFERED, Mode.STREAMED, Mode.NONE)
@@ -185,10 +186,14 @@ def _messages(c: Chooser) -> Any:
 
 def request_body(c: Chooser) -> bytes:
     shape = c.pick(BODY_SHAPES)
-    if shape in ("completions", "chat"):
+    if shape in ("completions", "chat", "responses", "messages"):
         doc: dict[str, Any] = {"model": "m" if c.integer(0, 3) else c.json()}
         if shape == "completions":
             doc["prompt"] = _prompt(c)
+        elif shape == "responses":
+            doc["input"] = c.text(60) if c.boolean() else _messages(c)
+            if c.boolean():
+                doc["previous_response_id"] = "resp_f1" if c.boolean() else c.json()
         else:
             doc["messages"] = _messages(c)
         if c.boolean():
@@ -280,7 +285,8 @@ def any_message(c: Chooser) -> pb.ProcessingRequest:
     if kind == 3:
         return response_headers(c)
     if kind == 4:
-        return body_message("response_body", c.binary(60), c.boolean())
+        return body_message("response_body", b'{"id": "resp_f1"}' if c.integer(0, 3) == 0 else c.binary(60),
+                            c.boolean())
     if kind == 5:
         return pb.ProcessingRequest(response_trailers=pb.HttpTrailers())
     return pb.ProcessingRequest()  # no oneof set at all
@@ -382,7 +388,9 @@ class DecisionsPerStream:
 
 
 def fuzz_sidecar(policy: str = "loadaware") -> Sidecar:
-    flags = ["--endpoints", ",".join(FLEET), "--metrics-listen", "off", "--policy", policy]
+    # The fleet is names only: asking it who holds a stored response times out, so quickly.
+    flags = ["--endpoints", ",".join(FLEET), "--metrics-listen", "off", "--policy", policy,
+             "--state-probe-timeout-s", "0.02"]
     if policy == "loadaware":
         flags += ["--tokenizer", str(DEFAULT_TOKENIZER), "--prefix-source", "approx"]
     return Sidecar(from_args(flags, environ={}))

@@ -116,6 +116,8 @@ class StateHolders:
         assert probe is not None
         self.probes += 1
         tasks = {asyncio.ensure_future(probe(ep, response_id)): ep for ep in fleet}
+        for task in tasks:
+            task.add_done_callback(_retrieved)  # the ones left behind end with no one awaiting them
         undecided = False
         try:
             async with asyncio.timeout(self.probe_timeout_s):
@@ -141,3 +143,8 @@ class StateHolders:
         while len(self._misses) > MAX_MISSES:
             self._misses.popitem(last=False)
         return None, NOT_FOUND
+
+
+def _retrieved(task: asyncio.Future[bool]) -> None:
+    if not task.cancelled():
+        task.exception()
