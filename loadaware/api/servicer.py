@@ -27,7 +27,7 @@ from loadaware.load.signals import SignalTracker
 from loadaware.load.tracker import LoadTracker
 from loadaware.prefix.lmcache.bridge import InstanceBridge
 from loadaware.routing.pipeline import Decider
-from loadaware.routing.request import BadRequest, inference_kind, parse_body
+from loadaware.routing.request import STATE_KIND, BadRequest, inference_kind, parse_body, state_request
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Router"].full_name
 DEFAULT_PATH = "/v1/completions"
@@ -72,7 +72,8 @@ class RouterServicer(pb_grpc.RouterServicer):
             return pb.ExplainResponse(outcome="passthrough", reasons=["not_an_inference_path"], policy=self.policy)
         t = time.perf_counter()
         try:
-            parsed = parse_body(kind, explain.body_bytes(request))
+            state = state_request("POST", path) if kind == STATE_KIND else None
+            parsed = state if state is not None else parse_body(kind, explain.body_bytes(request))
         except BadRequest as exc:
             return pb.ExplainResponse(outcome="rejected", reasons=[exc.reason], message=exc.message,
                                       policy=self.policy, kind=kind)

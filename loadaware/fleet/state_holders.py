@@ -23,6 +23,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
+from loadaware.lifecycle import previewing
+
 Probe = Callable[[str, str], Awaitable[bool]]  # (endpoint, response id) -> holds it; raises when it cannot tell
 Clock = Callable[[], float]
 
@@ -76,8 +78,11 @@ class StateHolders:
             return None
         now = self._clock()
         if entry[1] <= now:
-            del self._holders[response_id]
+            if not previewing():
+                del self._holders[response_id]
             return None
+        if previewing():  # Explain reads, never changes
+            return entry[0]
         self._holders[response_id] = (entry[0], now + self.ttl_s)
         self._holders.move_to_end(response_id)
         return entry[0]
@@ -88,7 +93,8 @@ class StateHolders:
         if holder is not None:
             if holder in fleet:
                 return holder, KNOWN
-            del self._holders[response_id]  # the holder left the fleet: ask who holds it now
+            if not previewing():
+                del self._holders[response_id]  # the holder left the fleet: ask who holds it now
         if self.probe is None or not fleet:
             return None, NO_LOCATOR if self.probe is None else NOT_FOUND
         miss = self._misses.get(response_id)
@@ -130,7 +136,8 @@ class StateHolders:
                     if holds:
                         winner = next(ep for t, ep in tasks.items() if t.done() and not t.cancelled()
                                       and t.exception() is None and t.result())
-                        self.learn(response_id, winner)
+                        if not previewing():
+                            self.learn(response_id, winner)
                         return winner, PROBED
         except TimeoutError:
             return None, PROBE_FAILED
@@ -139,6 +146,8 @@ class StateHolders:
                 task.cancel()
         if undecided:
             return None, PROBE_FAILED
+        if previewing():
+            return None, NOT_FOUND
         self._misses[response_id] = self._clock() + MISS_TTL_S
         while len(self._misses) > MAX_MISSES:
             self._misses.popitem(last=False)

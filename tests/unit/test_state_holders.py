@@ -123,3 +123,20 @@ def test_reading_stops_at_the_limit() -> None:
     reader = ResponseIdReader()
     assert reader.feed(b" " * READ_LIMIT) is None and reader.done
     assert reader.feed(b'{"id": "late"}') is None
+
+
+async def test_explain_reads_and_changes_nothing() -> None:
+    from loadaware.lifecycle import preview
+
+    clock = Clock()
+    engines = Engines({FLEET[0]: {"resp_p"}})
+    holders = StateHolders(engines, ttl_s=10.0, clock=clock)
+    holders.learn("resp_known", FLEET[2])
+    with preview():
+        assert await holders.locate("resp_p", FLEET) == (FLEET[0], PROBED)
+        assert await holders.locate("resp_nobody", FLEET[1:]) == (None, NOT_FOUND)
+        clock.now = 9.0
+        assert await holders.locate("resp_known", FLEET) == (FLEET[2], KNOWN)
+    assert holders.known("resp_p") is None and len(holders) == 1
+    clock.now = 10.5  # the preview's use did not extend the entry's life
+    assert holders.known("resp_known") is None
