@@ -67,7 +67,9 @@ def test_the_sidecars_tokens_are_the_engines(api: str, pair: tuple[VllmEngine, V
     counted = reply["usage"]["input_tokens"]
     assert counted == len(ours), reply["usage"]
     # Every full block of the sidecar's ids is a block the engine stored (ids equal up to the last full block).
-    kv_view.wait_credit(ours, {a.endpoint: full_blocks(len(ours), a.block_size), b.endpoint: 0})
+    want = full_blocks(len(ours), a.block_size)
+    wait_until(lambda: kv_view.credit(ours).get(a.endpoint, 0) == want and not kv_view.credit(ours).get(b.endpoint),
+               timeout=30, message=lambda: f"credit {want} on A alone, have {kv_view.credit(ours)}")
     kv_view.wait_settled()
     hits = Hits(a)
     a.post("/v1/" + api, body)
@@ -112,6 +114,6 @@ def test_every_follow_up_reaches_the_engine_that_holds_its_state(route: tuple[st
     assert [status for status, *_ in results] == [200] * CONVERSATIONS, results
     # The follow-up was rendered with the stored turn: it counts more input than its own text.
     assert all(tokens > 120 for _, _, tokens, _ in results), results
-    page = gateways[follow].sidecar.metrics_text()
+    page = gateways[route[1]].sidecar.metrics_text()
     rule = "known" if route[0] == route[1] else "probed"
     assert f'loadaware_state_placements_total{{rule="{rule}"}}' in page
