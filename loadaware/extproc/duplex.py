@@ -31,6 +31,7 @@ from loadaware.routing.request import STATE_KIND, inference_kind, state_request
 
 class DuplexConversation(Conversation):
     json_errors = True
+    sees_every_response = True
 
     async def run(self, first: Any, read: Read, write: Write, stream: StreamState) -> None:
         replies = self.replies

@@ -57,6 +57,9 @@ class InferenceRequest:
     # A Responses request the engine may store (`store` not false): the sidecar learns which engine made it from
     # the response's id (extproc: the response body of these requests only).
     stores: bool = False
+    # The response is streamed (`"stream": true`): one body chunk per event. BUFFERED mode does not read those
+    # (each chunk would cost the sidecar a message); a follow-up then finds the holder by asking the engines.
+    streamed: bool = False
 
     @property
     def has_prompt(self) -> bool:
@@ -201,7 +204,8 @@ def _responses(data: dict[str, Any], model: str | None, salt: str | None) -> Inf
                                 state_id=state_id, stores=stores)
     messages, options = responses_chat(data)
     return InferenceRequest("responses", messages=messages or None, model=model, cache_salt=salt,
-                            chat_options=options, state_id=state_id, stores=stores)
+                            chat_options=options, state_id=state_id, stores=stores,
+                            streamed=data.get("stream") is True)
 
 
 def _messages(data: dict[str, Any], model: str | None, salt: str | None) -> InferenceRequest:

@@ -127,10 +127,22 @@ async def test_every_follow_up_reaches_its_state(gateways: Gateways, deployment:
     assert 'loadaware_api_requests_total{api="responses"} 20.0' in metrics
 
 
-async def test_a_streamed_turns_state_is_learned_from_its_first_event(gateways: Gateways) -> None:
+@pytest.mark.parametrize(("deployment", "rule"), [("buffered", "probed"), ("picker", "known")])
+async def test_a_streamed_turns_state_is_found_too(gateways: Gateways, deployment: str, rule: str) -> None:
+    """The picker reads the id from the stream's first event (the stream passes through it anyway); BUFFERED does
+    not ask for an event stream's body (a message per event) and finds the holder by asking the engines."""
+    url = getattr(gateways, deployment)
+    before = gateways.sidecars[deployment].metrics_text()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
-        results = await conversations(http, gateways.buffered, gateways.buffered, stream=True)
+        results = await conversations(http, url, url, stream=True)
     assert_all_reached_their_state(results)
+    after = gateways.sidecars[deployment].metrics_text()
+    assert placements(after, rule) - placements(before, rule) == CONVERSATIONS
+
+
+def placements(page: str, rule: str) -> float:
+    prefix = f'loadaware_state_placements_total{{rule="{rule}"}} '
+    return next((float(line[len(prefix):]) for line in page.splitlines() if line.startswith(prefix)), 0.0)
 
 
 async def test_a_replica_that_did_not_route_the_first_turn_finds_the_holder(gateways: Gateways) -> None:

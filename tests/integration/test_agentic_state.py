@@ -192,6 +192,7 @@ async def test_other_responses_bodies_are_never_asked_for(fleet: tuple[Sidecar, 
     _, addr, _ = fleet
     for path, payload in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
                           ("/v1/responses", {"input": "hi", "store": False}),
+                          ("/v1/responses", {"input": "hi", "stream": True}),  # BUFFERED: an event stream
                           ("/v1/messages", {"model": "m", "max_tokens": 8,
                                             "messages": [{"role": "user", "content": "hi"}]})):
         async with grpc.aio.insecure_channel(addr) as channel:
