@@ -33,7 +33,14 @@ from pathlib import Path
 import numpy as np
 
 from experiment.agentic import AgenticSpec, build
-from experiment.agentic_sim import STATELESS_SUFFIX, hit_rate, prepare_turns, simulate_agentic, ttfts
+from experiment.agentic_sim import (
+    STATELESS_SUFFIX,
+    AgenticOutcome,
+    hit_rate,
+    prepare_turns,
+    simulate_agentic,
+    ttfts,
+)
 from experiment.calibration import CALIBRATED
 from experiment.config_grid import SCRAPE_INTERVAL_S
 from experiment.des import Arm, FleetConfig, arm_by_name
@@ -61,6 +68,8 @@ class AgenticRow:
     state_placed: int
     hit_rate: float
     makespan_s: float
+    chat_moved: float  # chat follow-ups served by another engine than their previous turn
+    chat_ttft_p95: float  # TTFT p95 of chat follow-ups (the re-sent history)
 
     @property
     def reached_share(self) -> float:
@@ -96,10 +105,19 @@ def run_seed(args: tuple[AgenticSpec, int, Sequence[str], Sequence[str]]) -> lis
             out = simulate_agentic(prepared, arm_of(name), fleet_of(config, name), seed)
             x = ttfts(out)
             ends = [r.end_t for r in out.run.requests if r.end_t is not None]
+            moved, chat = _chat_follow_ups(out)
             rows.append(AgenticRow(config, name, seed, float(np.percentile(x, 50)), float(np.percentile(x, 95)),
                                    out.follow_ups, out.reached, out.state_placed, hit_rate(out),
-                                   max(ends, default=0.0)))
+                                   max(ends, default=0.0), moved, float(np.percentile(chat, 95)) if chat else 0.0))
     return rows
+
+
+def _chat_follow_ups(out: AgenticOutcome) -> tuple[float, list[float]]:
+    """(the share of chat follow-ups served away from their previous turn's engine, their TTFTs)."""
+    reqs = out.run.requests
+    follow = [t for t in out.turns if t.api == "chat" and t.previous is not None]
+    moved = sum(reqs[t.index].engine != reqs[t.previous].engine for t in follow if t.previous is not None)
+    return moved / max(1, len(follow)), ttfts(out, follow)
 
 
 def run(spec: AgenticSpec, seeds: Sequence[int], configs: Sequence[str], arms: Sequence[str], jobs: int
@@ -116,8 +134,9 @@ def _median(rows: Sequence[AgenticRow], attr: str) -> float:
 
 
 def table(rows: Sequence[AgenticRow], config: str, arms: Sequence[str]) -> list[str]:
-    lines = ["| arm | TTFT p50 s | TTFT p95 s | follow-ups reaching state | placed by the state rule | "
-             "prefix hit | makespan s |", "|---|---|---|---|---|---|---|"]
+    lines = ["| arm | TTFT p50 s | TTFT p95 s | Responses follow-ups reaching state | placed by the state rule | "
+             "chat follow-ups moved | chat follow-up TTFT p95 s | prefix hit | makespan s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for arm in arms:
         mine = [r for r in rows if r.config == config and r.arm == arm]
         if not mine:
@@ -126,6 +145,7 @@ def table(rows: Sequence[AgenticRow], config: str, arms: Sequence[str]) -> list[
         placed = sum(r.state_placed for r in mine)
         lines.append(f"| {arm} | {_median(mine, 'ttft_p50'):.3f} | {_median(mine, 'ttft_p95'):.3f} | "
                      f"{reached / max(1, total):.1%} ({reached}/{total}) | {placed / max(1, total):.1%} | "
+                     f"{_median(mine, 'chat_moved'):.0%} | {_median(mine, 'chat_ttft_p95'):.3f} | "
                      f"{_median(mine, 'hit_rate'):.3f} | {_median(mine, 'makespan_s'):.0f} |")
     return lines
 

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
@@ -43,7 +43,7 @@ from experiment.realtime.envoycfg import engines_config
 from experiment.realtime.fleetctl import reset_caches, service_flags, wait_idle, wait_lmcache_empty
 from experiment.realtime.points import OperatingPoint, point_by_name
 from experiment.realtime.scrape import sum_by_label
-from experiment.realtime.sender import SenderSpec, result_from_json
+from experiment.realtime.sender import SenderResult, SenderSpec, result_from_json
 from experiment.workload import build
 from sim.fleet import engine_ips
 from sim.service_model import ServiceModel
@@ -246,7 +246,8 @@ def run_one(cfg: DriverConfig, fleet: Fleet, arm: RealArm, seed: int) -> dict[st
         probes = build(point.workload, seed).prefix_ids[:8]
         wait_lmcache_empty(fleet.lmcache.url, probes)
     spec = SenderSpec(url="", seed=seed, workload=_workload_json(point), engines=fleet.engines,
-                      scrape_interval_s=cfg.scrape_interval_s)
+                      scrape_interval_s=cfg.scrape_interval_s, warmup=point.agentic is None,
+                      agentic=asdict(point.agentic) if point.agentic is not None else None)
     load0 = os.getloadavg()[0]
     with router_for(arm, fleet, log_dir, cfg.sidecar_extra) as (url, router):
         spec.url = url
@@ -289,9 +290,27 @@ def run_one(cfg: DriverConfig, fleet: Fleet, arm: RealArm, seed: int) -> dict[st
             "measure_wall_s": result.measure_wall_s, "launch_lag_p99_ms": result.launch_lag_p99_ms,
             "launch_lag_max_ms": result.launch_lag_max_ms, "scrape_errors": result.scrape_errors,
             "errors": result.errors, "decided_by_sidecar": decided, "suspect": suspect, "metrics": m.row()}
+    if point.agentic is not None:
+        info["agentic"] = agentic_summary(result)
     outputs.write_run(cfg.out, arm.name, seed, result, info)
     outputs.append_seed_metrics(cfg.out, m)
     return info
+
+
+def agentic_summary(result: SenderResult) -> dict[str, Any]:
+    """An agentic run's figures: TTFT p50/p95 of the turns that answered, and the Responses follow-ups that
+    answered 200 at once (reached the engine holding their state)."""
+    ttfts = sorted(r.ttft for r in result.requests if r.ok and r.ttft is not None)
+
+    def pct(q: float) -> float:
+        return ttfts[min(len(ttfts) - 1, int(q * len(ttfts)))] if ttfts else float("nan")
+
+    extra = result.extra
+    follow_ups = int(extra.get("follow_ups", 0))
+    return {"ttft_p50": pct(0.50), "ttft_p95": pct(0.95), "turns_ok": len(ttfts), "turns": len(result.requests),
+            "follow_ups": follow_ups, "follow_ups_200": int(extra.get("follow_ups_200", 0)),
+            "follow_up_statuses": extra.get("follow_up_statuses", {}),
+            "reached_share": extra.get("follow_ups_200", 0) / follow_ups if follow_ups else float("nan")}
 
 
 def _workload_json(point: OperatingPoint) -> dict[str, Any]:
@@ -300,12 +319,19 @@ def _workload_json(point: OperatingPoint) -> dict[str, Any]:
 
 def _run_bound_s(point: OperatingPoint) -> float:
     """Hard wall bound of one sender: warm-up + measured phase at their rates, plus generous drains."""
+    if point.agentic is not None:
+        return 3 * 300 + 120  # the sender bounds its sessions at twice its drain timeout
     wl = point.workload
     warm = wl.warmup_passes * (wl.n_prefixes / (wl.warmup_rate or wl.rate) + 60)
     return warm + wl.n_requests / wl.rate + 2 * 300 + 120
 
 
 def _line(info: dict[str, Any]) -> str:
+    if "agentic" in info:
+        a = info["agentic"]
+        return (f"{info['arm']:<22} seed {info['seed']:>2}  agentic: ttft p50 {a['ttft_p50']:.3f}s p95 "
+                f"{a['ttft_p95']:.3f}s  turns ok {a['turns_ok']}/{a['turns']}  follow-ups 200 "
+                f"{a['follow_ups_200']}/{a['follow_ups']} {a['follow_up_statuses']}  wall {info['wall_s']:5.1f}s")
     m = info["metrics"]
     share = info["cpu_share"]
     return (f"{info['arm']:<22} seed {info['seed']:>2}  imb {m['imbalance']:6.3f}  hit {m['prefix_hit_rate']:.3f}  "
@@ -379,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{QUICK['n_requests']} requests per seed, {QUICK['warmup_passes']} warm-up pass at "
                         f"{QUICK['warmup_rate']:g} req/s "
                         "(explicit flags win)")
-    p.add_argument("--point", default="reference", help="reference | queueing | tiny")
+    p.add_argument("--point", default="reference", help="reference | queueing | tiny | h015 | agentic")
     p.add_argument("--arms", default=None, help=f"comma list, or all ({','.join(DEFAULT_ARMS)}) or quick")
     p.add_argument("--seeds", default=None, help="e.g. 1-20 or 1,2,5 (default 1-3)")
     p.add_argument("--out", type=Path, default=REPO / "out" / "experiment" / "realtime")

@@ -7,6 +7,8 @@
   `experiment.calibration.QUEUEING_*` (4 engines at 40 req/s, 10 per engine against 8 at the reference
   point), the DES's second point, so both modes run the same point.
 - `tiny`: 2 engines, a few seconds of traffic: the CI test and smoke runs.
+- `agentic`: agent sessions (experiment.agentic: growing contexts, tool pauses, sub-agents, 40% on the
+  Responses API with `previous_response_id`), closed loop, on 4 calibrated engines (`agentic_point`).
 - `h015`: a workload no policy was designed on, the scenario generator's held-out draw h015
   (`experiment.scenarios`): 6 equal engines, bursty (gamma, CV 3) arrivals at 0.77 of the estimated capacity,
   111 prefixes at Zipf 0.20, 1,779-token prefixes and 1,092-token unique suffixes, 38 output tokens; 500
@@ -22,6 +24,7 @@ import importlib
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from experiment.agentic import AgenticSpec
 from experiment.workload import WorkloadSpec
 from sim.service_model import ServiceModel
 
@@ -33,10 +36,16 @@ class OperatingPoint:
     workload: WorkloadSpec
     service: ServiceModel
     source: str  # where the service model came from (calibration, or defaults)
+    # Closed-loop agent sessions (experiment.agentic) instead of `workload`'s open-loop requests (which then only
+    # names the model and sizes the driver's bookkeeping); None: the open-loop workload.
+    agentic: AgenticSpec | None = None
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "engines": self.engines, "workload": asdict(self.workload),
-                "service": asdict(self.service), "service_source": self.source}
+        out = {"name": self.name, "engines": self.engines, "workload": asdict(self.workload),
+               "service": asdict(self.service), "service_source": self.source}
+        if self.agentic is not None:
+            out["agentic"] = asdict(self.agentic)
+        return out
 
 
 def _calibration() -> Any | None:
@@ -89,7 +98,17 @@ def held_out_point(index: int = 15) -> OperatingPoint:
     return OperatingPoint(d.name, fleet.engines, spec, fleet.service, f"experiment.scenarios draw {d.name}")
 
 
-POINTS = {"reference": reference_point, "queueing": queueing_point, "tiny": tiny_point, "h015": held_out_point}
+def agentic_point() -> OperatingPoint:
+    """Agent sessions (experiment.agentic) on 4 calibrated engines, sized for a ~2-minute run on this machine:
+    16 root sessions at 0.4/s, 3-8 turns, replies of 16-64 tokens (every streamed token costs the 2 cores)."""
+    ref = reference_point()
+    spec = AgenticSpec(root_sessions=16, session_rate=0.4, turns=(3, 8), output_tokens=(16, 64))
+    workload = replace(ref.workload, n_requests=spec.root_sessions, warmup_passes=0)
+    return OperatingPoint("agentic", 4, workload, ref.service, ref.source, agentic=spec)
+
+
+POINTS = {"reference": reference_point, "queueing": queueing_point, "tiny": tiny_point, "h015": held_out_point,
+          "agentic": agentic_point}
 
 
 def point_by_name(name: str, **workload_overrides: Any) -> OperatingPoint:

@@ -30,6 +30,8 @@ from typing import Any
 
 import aiohttp
 
+from experiment.agentic import AgenticSpec
+from experiment.realtime.agentic_sender import AgenticClient
 from experiment.realtime.scrape import to_sample
 from experiment.records import EngineSample, RequestRecord
 from experiment.workload import Request, WorkloadSpec, build
@@ -52,6 +54,7 @@ class SenderSpec:
     drain_timeout_s: float = 300.0  # after the last scheduled send, what is still open then is an error
     warmup: bool = True
     tokenizer_dir: str | None = None
+    agentic: dict[str, Any] | None = None  # experiment.agentic.AgenticSpec fields: closed-loop agent sessions
 
     def workload_spec(self) -> WorkloadSpec:
         return WorkloadSpec(**self.workload)
@@ -76,6 +79,7 @@ class SenderResult:
     scrape_errors: int = 0
     cpu_s: float = 0.0
     errors: dict[str, int] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # what a workload adds (agentic: follow-ups' statuses)
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -226,7 +230,40 @@ def _pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q / 100 * len(s)))]
 
 
+async def run_agentic(spec: SenderSpec) -> SenderResult:
+    """The agentic workload (experiment.realtime.agentic_sender): no warm-up (agent sessions start cold and build
+    their own context), the engines scraped through the run."""
+    cpu0 = time.process_time()
+    assert spec.agentic is not None
+    given: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in spec.agentic.items()}
+    agentic = AgenticSpec(**given)
+    timeout = aiohttp.ClientTimeout(total=spec.request_timeout_s, sock_connect=5.0)
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=None)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        client = AgenticClient(spec.url, session, agentic, spec.seed)
+        gc.collect()
+        gc.freeze()
+        scraper = Scraper(session, spec.engines, spec.scrape_interval_s)
+        await scraper.scrape_all()
+        t_open = min(scraper.times, default=clock())
+        scraper.start()
+        t0 = clock()
+        await client.run(2 * spec.drain_timeout_s)
+        await scraper.stop()
+        await scraper.scrape_all()
+        t_close = max(scraper.times, default=clock())
+    errors: dict[str, int] = {}
+    for r in client.records:
+        if not r.ok:
+            errors[r.error or "unknown"] = errors.get(r.error or "unknown", 0) + 1
+    return SenderResult(requests=client.records, samples=scraper.samples(), window=(t_open, t_close),
+                        measure_wall_s=clock() - t0, scrape_errors=scraper.errors,
+                        cpu_s=time.process_time() - cpu0, errors=errors, extra=client.extra())
+
+
 async def run(spec: SenderSpec) -> SenderResult:
+    if spec.agentic is not None:
+        return await run_agentic(spec)
     cpu0 = time.process_time()
     wl_spec = spec.workload_spec()
     workload = build(wl_spec, spec.seed, *([spec.tokenizer_dir] if spec.tokenizer_dir else []))
