@@ -61,7 +61,7 @@ def test_exits_zero_and_says_ok(demo_run: subprocess.CompletedProcess[str]) -> N
 
 def test_every_step_is_shown(demo_run: subprocess.CompletedProcess[str]) -> None:
     out = demo_run.stdout
-    for n in range(1, 10):
+    for n in range(1, 11):
         assert f"== Step {n}:" in out, out
     # each storyline step explains its decision with the per-engine table and a "why" line
     assert out.count("matched/prompt") >= 6
@@ -94,6 +94,18 @@ def test_burst_clean(demo_run: subprocess.CompletedProcess[str]) -> None:
     assert s["fallbacks"] == "0", s
     assert s["inflight"] == "0", s
     assert "sidecar in-flight after the burst: total=0" in demo_run.stdout
+
+
+def test_agentic_traffic(demo_run: subprocess.CompletedProcess[str]) -> None:
+    """Step 10: a Responses follow-up went to the engine that stored the first turn although it looked loaded,
+    and a Messages request's repeat followed its prefix."""
+    s = _summary(demo_run.stdout)
+    follow = re.search(r"agentic=follow-up=(\S+) holder=(\S+)", demo_run.stdout)
+    assert follow is not None and follow.group(1) == follow.group(2), demo_run.stdout
+    first, second = s["messages"].split(",")
+    assert first == second and first.startswith("engine-"), s
+    step = demo_run.stdout[demo_run.stdout.index("== Step 10:"):]
+    assert "placed on the holder" in step and "rule state, found known" in step, step
 
 
 def test_picker_mode(demo_run: subprocess.CompletedProcess[str]) -> None:
