@@ -160,12 +160,17 @@ def _responses_tools(data: dict[str, Any]) -> list[dict[str, Any]] | None:
 
 
 def _function_tool(tool: dict[str, Any]) -> dict[str, Any]:
-    """A flat Responses function tool as vLLM's FunctionDefinition dumps it (strict and defer_loading only when
-    set) inside a chat tool."""
+    """A flat Responses function tool as a chat tool."""
+    return _chat_tool(tool, tool.get("parameters"))
+
+
+def _chat_tool(tool: dict[str, Any], parameters: Any) -> dict[str, Any]:
+    """A chat tool as vLLM's FunctionDefinition dumps it: name, description, parameters, then strict and
+    defer_loading only when set."""
     if not isinstance(tool.get("name"), str):
-        raise _bad("a function tool needs a name", "tools")
+        raise _bad("a tool needs a name", "tools")
     function: dict[str, Any] = {"name": tool["name"], "description": tool.get("description"),
-                                "parameters": tool.get("parameters")}
+                                "parameters": parameters}
     for key in ("strict", "defer_loading"):
         if tool.get(key) is not None:
             function[key] = tool[key]
@@ -300,14 +305,6 @@ def _anthropic_tools(tools: Any) -> list[dict[str, Any]] | None:
         return None
     if not isinstance(tools, list):
         raise _bad("tools must be a list", "tools")
-    out = []
-    for tool in tools:
-        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
-            raise _bad("a tool needs a name", "tools")
-        function: dict[str, Any] = {"name": tool["name"], "description": tool.get("description"),
-                                    "parameters": tool.get("input_schema")}
-        for key in ("strict", "defer_loading"):
-            if tool.get(key) is not None:
-                function[key] = tool[key]
-        out.append({"type": "function", "function": function})
-    return out
+    if not all(isinstance(tool, dict) for tool in tools):
+        raise _bad("tools must be objects", "tools")
+    return [_chat_tool(tool, tool.get("input_schema")) for tool in tools]

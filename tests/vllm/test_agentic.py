@@ -5,7 +5,8 @@
   token ids, so one differing id stops the credit there), and a repeat hits what vLLM's own counter reports;
 - through the shipped gateway, BUFFERED and the InferencePool picker, and through a second BUFFERED replica that
   did not route the first turn: every follow-up naming previous_response_id answers 200 from the engine that
-  holds it (before the sidecar placed them, 4 of 10 answered 404).
+  holds it (before the sidecar placed them, 4 of 10 answered 404);
+- a conversation tokenized once (the conversation cache) is the engine's ids at every turn.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 
 from loadaware.routing.agentic import messages_chat, responses_chat
+from loadaware.tokenize.conversation import ConversationTokens
 from loadaware.tokenize.tokenizer import PromptTokenizer
 from testkit import http
 from testkit.vllm import VllmEngine
@@ -117,3 +119,21 @@ def test_every_follow_up_reaches_the_engine_that_holds_its_state(route: tuple[st
     page = gateways[route[1]].sidecar.metrics_text()
     rule = "known" if route[0] == route[1] else "probed"
     assert f'loadaware_state_placements_total{{rule="{rule}"}}' in page
+
+
+def test_a_conversation_tokenized_once_is_the_engines_every_turn(pair: tuple[VllmEngine, VllmEngine],
+                                                                 model_dir: Path) -> None:
+    """A 12-turn session through the conversation cache (tokenize/conversation.py): each turn encodes only its new
+    text after the first, and its ids are what vLLM's own /tokenize makes of the whole conversation."""
+    a, _ = pair
+    conversations = ConversationTokens(PromptTokenizer(str(model_dir)))
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are an agent. " + text("sys", 50)}]
+    for turn in range(12):
+        messages.append({"role": "user", "content": f"Turn {turn}: " + text(f"turn{turn}", 40)})
+        ours = conversations.encode(messages)
+        theirs = a.post("/tokenize", {"model": a.served_name, "messages": messages,
+                                      "add_generation_prompt": True})["tokens"]
+        assert ours == theirs, f"turn {turn}"
+        messages.append({"role": "assistant", "content": text(f"reply{turn}", 25)})
+    counts = conversations.cache.counts()
+    assert counts["hits"] >= 10 and counts["disabled"] == 0, counts
