@@ -275,7 +275,9 @@ def span_attributes(decision: Decision) -> dict[str, Any]:
         "loadaware.fairness_id": decision.fairness_id,
     }
     if decision.rule:
-        attributes["loadaware.rule"] = decision.rule  # the policy's other rule chose (lane-spread: all_queueing)
+        attributes["loadaware.rule"] = decision.rule  # the policy's other rule chose, or "state" (a stored response)
+    if decision.state:
+        attributes["loadaware.state"] = decision.state  # how a stored response's holder was found
     if decision.served is not None and decision.served != chosen:
         attributes["loadaware.served"] = decision.served  # a retry walked the ranked list
     if decision.status is not None:

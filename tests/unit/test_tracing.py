@@ -148,6 +148,9 @@ def test_attributes_of_a_decision_without_an_endpoint_and_of_a_retry() -> None:
     assert span_attributes(decision())["loadaware.admission_wait_s"] == 0.0
     assert "loadaware.rule" not in span_attributes(decision())  # the policy's usual rule chose
     assert span_attributes(decision(rule="all_queueing"))["loadaware.rule"] == "all_queueing"
+    stateful = span_attributes(decision(rule="state", state="probed"))  # a stored response's holder placed it
+    assert stateful["loadaware.rule"] == "state" and stateful["loadaware.state"] == "probed"
+    assert "loadaware.state" not in span_attributes(decision())
 
 
 # ---- sampling: parent-based, the ratio for new traces ----
