@@ -17,6 +17,17 @@ tokenize, lookup, score: the rest of the CPU is the body's way through gRPC and 
 peak RSS (VmHWM) at the end.
 
     python -m bench.long_prompts [--quick] [--sizes-kb 50,220,500] [--concurrency 50,150] [--requests 300]
+        [--cases distinct,conversation,new_user] [--sessions 150] [--turns 10]
+
+Two more cases beside these distinct prompts (`--cases`, bench/long_sessions.py tells them in full):
+
+    conversation  chat sessions growing turn by turn to 220 KB, each request the whole history plus a new turn,
+                  150 sessions at once, through BUFFERED and the picker against direct (null engines); the
+                  sidecar's conversation token cache sized for them (--conversation-cache-mb 128)
+    new_user      as a new user would try it: 8 shared 220 KB documents, a question of its own per request,
+                  concurrency 150, on three fast simulated engines (sim.fleet, which tokenize every prompt)
+                  through the shipped BUFFERED Envoy against the same requests sent direct; what the gateway
+                  adds to the direct p99
 
 Everything binds the shipped loopback addresses under testkit's loopback lock.
 """
