@@ -167,7 +167,9 @@ def section(results: dict[str, list[AgenticRow]], spec: AgenticSpec, arms: Seque
            f"follow-ups, prompts {d['prompt_tokens_mean']:.0f} tokens on average (max {d['prompt_tokens_max']}). "
            f"Fleet: {ENGINES} calibrated engines, BUFFERED. A follow-up off its holder fails (404) and is re-sent "
            "with the whole history; TTFT counts from the turn's first send. Medians over seeds; state shares "
-           "pooled over seeds.", ""]
+           "pooled over seeds. `chat follow-ups moved`: chat turns served by another engine than their session's "
+           "previous turn (each prefills the re-sent history again there, a cost no state rule prevents: "
+           "compare the chat follow-ups' TTFT p95).", ""]
     for role, rows in results.items():
         seeds = sorted({r.seed for r in rows})
         for config in dict.fromkeys(r.config for r in rows):
