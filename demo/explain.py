@@ -136,6 +136,9 @@ def why_cost(d: dict[str, Any], name: EngineName) -> str:
 
 def why(d: dict[str, Any], mean: float, name: EngineName, beta: float) -> str:
     """loadaware's score formula of the decision, worked for the engines that matter."""
+    if d.get("rule") == "state":
+        return (f"it names a stored response that {name(d['endpoint'])} holds (found {d.get('state')}): state beats "
+                f"load, whatever the scores say")
     parts = _routed(d)
     if isinstance(parts, str):
         return parts
