@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,21 +28,103 @@ from loadaware.prefix.blocks import SlotTable, block_keys, chain_keys, unhold, w
 from loadaware.prefix.source import salt_of
 from loadaware.telemetry.metrics import Metrics
 
-# Rough CPython cost of one guessed block: an OrderedDict entry (key, float, links) + an inverted-map entry.
+# Rough CPython cost of one guessed block: an owner-map entry, its slot in its run + an inverted-map entry.
 BYTES_PER_APPROX_BLOCK = 200
 
 
+class _Run:
+    """Consecutive blocks of one chain that one engine was last routed at the same moment (`at`): their keys in
+    chain order from chain position `start`; `parent` is the key of the block before (None: the chain's first).
+    Runs sit in their engine's list least recently routed first (`prev`, `next`)."""
+
+    __slots__ = ("at", "keys", "next", "parent", "prev", "start")
+
+    def __init__(self, keys: list[int], start: int, parent: int | None, at: float) -> None:
+        self.keys = keys
+        self.start = start
+        self.parent = parent
+        self.at = at
+        self.prev: _Run = self
+        self.next: _Run = self
+
+
 class _Guess:
-    __slots__ = ("bit", "blocks")
+    """One engine's guessed blocks, in runs (see ApproxIndex). `owner`: each block's run; `attached`: how many
+    runs continue right after a block (the block ends a run, and another chain, or the rest of a split run, goes
+    on from there)."""
+
+    __slots__ = ("attached", "bit", "owner", "runs")
 
     def __init__(self, bit: int) -> None:
         self.bit = bit
-        self.blocks: OrderedDict[int, float] = OrderedDict()  # key -> when last routed; oldest first
+        self.owner: dict[int, _Run] = {}
+        self.attached: dict[int, int] = {}
+        self.runs = _Run([], 0, None, 0.0)  # the list's sentinel: runs.next is the least recently routed
+
+    def held(self, keys: Sequence[int]) -> int:
+        """How many of the chain's first blocks this engine holds. What an engine holds is prefix-closed (each
+        record touches a chain's head with its tail, evictions take tails first), so a bisection finds it."""
+        owner = self.owner
+        if not keys or keys[0] not in owner:
+            return 0
+        lo, hi = 1, len(keys)  # keys[:lo] held; keys[hi - 1] held only if hi == len(keys) is
+        if keys[hi - 1] in owner:
+            return hi
+        hi -= 1
+        while lo < hi:  # keys[lo - 1] held, keys[hi] not
+            mid = (lo + hi) // 2
+            if keys[mid] in owner:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def link_last(self, run: _Run) -> None:
+        """Make `run` the most recently routed (unlinking it first if linked)."""
+        run.prev.next, run.next.prev = run.next, run.prev
+        sentinel = self.runs
+        run.prev, run.next = sentinel.prev, sentinel
+        sentinel.prev.next = run
+        sentinel.prev = run
+
+    def unlink(self, run: _Run) -> None:
+        run.prev.next, run.next.prev = run.next, run.prev
+        run.prev = run.next = run
+        if run.parent is not None:
+            self.detach(run.parent)
+
+    def attach(self, key: int) -> None:
+        self.attached[key] = self.attached.get(key, 0) + 1
+
+    def detach(self, key: int) -> None:
+        left = self.attached.pop(key, 1) - 1
+        if left:
+            self.attached[key] = left
+
+    def split(self, run: _Run, last: int) -> None:
+        """Cut `run` after its block `last`: the rest becomes a run of its own, keeping the run's place and time."""
+        if last >= len(run.keys) - 1:
+            return
+        rest = run.keys[last + 1:]
+        del run.keys[last + 1:]
+        cut = _Run(rest, run.start + last + 1, run.keys[last], run.at)
+        self.owner.update(dict.fromkeys(rest, cut))
+        self.attach(run.keys[last])
+        cut.prev, cut.next = run.prev, run  # just before the run: the same recency
+        run.prev.next = cut
+        run.prev = cut
 
 
 class ApproxIndex:
     """`capacity_blocks` bounds each engine's guess; `max_blocks` the sum over engines, so the memory bound
-    does not grow with the fleet. An engine recorded past either bound loses its own oldest blocks."""
+    does not grow with the fleet. An engine recorded past either bound loses its own oldest blocks.
+
+    Each engine's guess is least recently routed first, block by block, a record touching its chain tail first.
+    A block is touched whenever a later block of its chain is, so what an engine holds is prefix-closed and its
+    order is kept in runs: consecutive blocks of a chain touched last by the same record, the runs in recency
+    order, a run's blocks evicted from its tail. A record costs its new blocks, the runs its held head passes
+    through (a run it passes only in part is split) and what it evicts; the order of evictions and decay is
+    the order a per-block list would have."""
 
     def __init__(self, capacity_blocks: int, block_size: int, ttl_s: float, max_blocks: int | None = None) -> None:
         if capacity_blocks < 1 or block_size < 1 or ttl_s <= 0 or (max_blocks is not None and max_blocks < 1):
@@ -68,43 +149,87 @@ class ApproxIndex:
         guess = self._engines.get(engine)
         if guess is None:
             guess = self._engines[engine] = _Guess(self._slots.bit(engine))
-        blocks, holders, bit = guess.blocks, self._holders, guess.bit
-        # Tail first, so the chain's head ends up most recent: an engine evicts a sequence's tail before
-        # its head (as vLLM frees blocks in reverse), and a walk stops at the first miss anyway.
-        before = len(blocks)
-        for key in reversed(keys):
-            if key in blocks:
-                blocks.move_to_end(key)
-            else:
-                holders[key] = holders.get(key, 0) | bit
-            blocks[key] = now
-        self.total_blocks += len(blocks) - before
-        evicted = 0
-        excess = len(blocks) - self.capacity_blocks
+        held = guess.held(keys)
+        new = list(keys[held:])
+        self._touch(guess, keys, held, new, now)
+        holders, bit = self._holders, guess.bit
+        for key in new:
+            holders[key] = holders.get(key, 0) | bit
+        self.total_blocks += len(new)
+        excess = len(guess.owner) - self.capacity_blocks
         if self.max_blocks is not None:
             excess = max(excess, self.total_blocks - self.max_blocks)
-        while excess > 0 and blocks:
-            key, _ = blocks.popitem(last=False)
-            unhold(holders, key, bit)
-            evicted += 1
-            excess -= 1
-        self.total_blocks -= evicted
+        evicted = self._evict(guess, excess) if excess > 0 else 0
         self.evicted["capacity"] += evicted
         return evicted
+
+    @staticmethod
+    def _touch(guess: _Guess, keys: Sequence[int], held: int, new: list[int], now: float) -> None:
+        """Make the chain's `held` head and its `new` blocks the engine's most recently routed, the head last (an
+        engine evicts a sequence's tail before its head, as vLLM frees blocks in reverse; a walk stops at the
+        first miss anyway). Runs the chain passes only partly are split; new blocks extend the head's last run
+        when nothing else goes on from it. Work: the new blocks plus the runs the head passes through."""
+        owner = guess.owner
+        path: list[_Run] = []
+        if held:
+            run = owner[keys[held - 1]]
+            guess.split(run, held - 1 - run.start)
+            if new and not guess.attached.get(run.keys[-1]):  # the chain goes on where this run ends
+                run.keys.extend(new)
+                owner.update(dict.fromkeys(new, run))
+                new = []
+            path.append(run)
+            while run.parent is not None:
+                up = owner[run.parent]
+                guess.split(up, run.start - 1 - up.start)
+                path.append(up)
+                run = up
+        if new:
+            leaf = _Run(new, held, keys[held - 1] if held else None, now)
+            owner.update(dict.fromkeys(new, leaf))
+            if leaf.parent is not None:
+                guess.attach(leaf.parent)
+            path.insert(0, leaf)
+        for run in path:  # leaf first: the chain's head ends up most recent
+            run.at = now
+            guess.link_last(run)
+
+    def _evict(self, guess: _Guess, count: int) -> int:
+        """Drop the engine's `count` least recently routed blocks (fewer if it holds fewer), tails first."""
+        holders, owner, bit, sentinel = self._holders, guess.owner, guess.bit, guess.runs
+        done = 0
+        while done < count and sentinel.next is not sentinel:
+            run = sentinel.next  # no run goes on from this one: those would have been routed less recently
+            take = min(count - done, len(run.keys))
+            victims = run.keys[len(run.keys) - take:]
+            del run.keys[len(run.keys) - take:]
+            for key in victims:
+                del owner[key]
+                mask = holders.get(key, 0) & ~bit
+                if mask:
+                    holders[key] = mask
+                else:
+                    holders.pop(key, None)
+            if not run.keys:
+                guess.unlink(run)
+            done += take
+        self.total_blocks -= done
+        return done
 
     def expire(self, now: float) -> int:
         """Forget guesses older than ttl_s; returns how many."""
         horizon = now - self.ttl_s
         dropped = 0
         for guess in self._engines.values():
-            blocks = guess.blocks
-            while blocks:
-                key, at = next(iter(blocks.items()))
-                if at >= horizon:
-                    break
-                del blocks[key]
-                unhold(self._holders, key, guess.bit)
-                dropped += 1
+            sentinel = guess.runs
+            while sentinel.next is not sentinel and sentinel.next.at < horizon:
+                run = sentinel.next
+                for key in run.keys:
+                    del guess.owner[key]
+                    unhold(self._holders, key, guess.bit)
+                dropped += len(run.keys)
+                run.keys = []
+                guess.unlink(run)
         self.total_blocks -= dropped
         self.evicted["decay"] += dropped
         return dropped
@@ -113,12 +238,12 @@ class ApproxIndex:
         guess = self._engines.pop(engine, None)
         if guess is None:
             return 0
-        for key in guess.blocks:
+        for key in guess.owner:
             unhold(self._holders, key, guess.bit)
         self._slots.release(engine)
-        self.total_blocks -= len(guess.blocks)
-        self.evicted["endpoint_removed"] += len(guess.blocks)
-        return len(guess.blocks)
+        self.total_blocks -= len(guess.owner)
+        self.evicted["endpoint_removed"] += len(guess.owner)
+        return len(guess.owner)
 
     def match(self, keys: Sequence[int], endpoints: Sequence[str]) -> dict[str, int]:
         engines = self._engines
@@ -133,13 +258,13 @@ class ApproxIndex:
         alive = 0
         for name in endpoints:
             guess = engines.get(name)
-            if guess is not None and guess.blocks:
+            if guess is not None and guess.owner:
                 alive |= guess.bit
         return walk(self._holders, self._slots.names, alive, keys, self.block_size)
 
     def blocks(self, engine: str) -> int:
         guess = self._engines.get(engine)
-        return 0 if guess is None else len(guess.blocks)
+        return 0 if guess is None else len(guess.owner)
 
     def engines(self) -> list[str]:
         return list(self._engines)
