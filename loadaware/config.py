@@ -309,7 +309,7 @@ class Settings:
             "session affinity: a session idle this long is forgotten")
     state_max_entries: int = setting(100_000, parse_positive_int,
             "stored responses (Responses API) whose holder is remembered (least recently used forgotten first; "
-            "~250 bytes each)")
+            "~260 bytes each)")
     state_ttl_s: float = setting(86_400.0, parse_positive,
             "a stored response's holder is remembered this long after it was learned or last used")
     state_probe_timeout_s: float = setting(0.5, parse_positive,

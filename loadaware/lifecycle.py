@@ -74,7 +74,8 @@ class Decision:
     policy: str = ""  # the policy that decided (its name; `auto` shows what it resolved to)
     rule: str = ""  # which of its rules chose, for a policy with more than one ("": its usual one; Choice.rule)
     # A request naming a stored response: how its holder was found (known | probed | not_found | probe_failed |
-    # no_locator | error; fleet/state_holders.py); "" for a request with no state. rule is "state" when it placed it.
+    # probe_busy | no_locator | error; fleet/state_holders.py); "" for a request with no state. rule is "state" when
+    # it placed it.
     state: str = ""
     # Admission (loadaware/admission): the request's objective and fairness id as its headers named them, the
     # priority its objective has, and the seconds it was held before this decision.

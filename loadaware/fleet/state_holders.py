@@ -10,7 +10,9 @@ response itself (extproc reads the id from the body of the requests that may sto
 - for an id it does not know (another gateway replica made it, or this sidecar restarted), it asks the engines
   (`GET /v1/responses/{id}` on each, at once, within `probe_timeout_s`): the first that answers 200 holds it.
   The answer is remembered, and an id nobody holds is remembered as such for `miss_ttl_s` (so a burst of
-  follow-ups for a lost response asks once). Concurrent lookups of one id share one probe.
+  follow-ups for a lost response asks once). Concurrent lookups of one id share one probe, and at most
+  MAX_PROBING ids are asked about at once (past it an unknown id is routed as any request: a client naming
+  random ids cannot turn each request into a GET to every engine).
 
 A holder that is gone (left the fleet) is forgotten, and the engines are asked again: whoever answers holds it,
 else the request is routed as any other and the engine answers its own 404 (never a silent retry elsewhere).
@@ -33,12 +35,16 @@ DEFAULT_TTL_S = 24 * 3600.0
 DEFAULT_PROBE_TIMEOUT_S = 0.5
 MISS_TTL_S = 2.0
 MAX_MISSES = 4096
+# Ids being asked about at once: a client that names unknown ids at a high rate would otherwise make every one of
+# its requests a GET to every engine. Past it, an unknown id is routed as any request (PROBE_BUSY).
+MAX_PROBING = 64
 
 # How a stateful request was placed (Decision.state, the loadaware_state_placements_total label).
 KNOWN = "known"  # the holder was learned from its response
 PROBED = "probed"  # the engines were asked and one holds it
 NOT_FOUND = "not_found"  # every engine asked answered that it does not hold it: routed as any request
 PROBE_FAILED = "probe_failed"  # no engine could tell in time: routed as any request
+PROBE_BUSY = "probe_busy"  # MAX_PROBING ids were being asked about already: routed as any request
 NO_LOCATOR = "no_locator"
 
 
@@ -103,6 +109,8 @@ class StateHolders:
         pending = self._probing.get(response_id)
         if pending is not None:
             return await asyncio.shield(pending)
+        if len(self._probing) >= MAX_PROBING:
+            return None, PROBE_BUSY
         future: asyncio.Future[tuple[str | None, str]] = asyncio.get_running_loop().create_future()
         self._probing[response_id] = future
         try:

@@ -85,7 +85,7 @@ class Metrics:
                                     "(completions, chat, responses, messages)", ["api"], registry=r)
         self.state_placements = Counter("loadaware_state_placements", "Requests naming a stored response, by how "
                                         "its holder was found (known, probed: sent to the holder; not_found, "
-                                        "probe_failed, no_locator, error: routed as any request)", ["rule"],
+                                        "probe_failed, probe_busy, no_locator, error: routed as any request)", ["rule"],
                                         registry=r)
         self.state_learned = Counter("loadaware_state_learned", "Stored responses whose holder was learned from "
                                      "the response", registry=r)

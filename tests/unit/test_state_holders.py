@@ -140,3 +140,13 @@ async def test_explain_reads_and_changes_nothing() -> None:
     assert holders.known("resp_p") is None and len(holders) == 1
     clock.now = 10.5  # the preview's use did not extend the entry's life
     assert holders.known("resp_known") is None
+
+
+async def test_probes_at_once_are_bounded() -> None:
+    from loadaware.fleet.state_holders import MAX_PROBING, PROBE_BUSY
+
+    engines = Engines({}, delay_s=0.2)
+    holders = StateHolders(engines, probe_timeout_s=1.0)
+    found = await asyncio.gather(*(holders.locate(f"resp_{i}", FLEET) for i in range(MAX_PROBING + 5)))
+    assert found.count((None, PROBE_BUSY)) == 5
+    assert len(engines.asked) == MAX_PROBING * len(FLEET)
