@@ -5,17 +5,11 @@ answers, evicts and ages exactly as this one did. Not imported by the product.""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
 
 from loadaware.fleet.members import member_set
-from loadaware.lifecycle import Decision, previewing
 from loadaware.prefix.blocks import SlotTable, block_keys, chain_keys, unhold, walk
-from loadaware.prefix.source import salt_of
-from loadaware.telemetry.metrics import Metrics
 
 # Rough CPython cost of one guessed block: an OrderedDict entry (key, float, links) + an inverted-map entry.
 BYTES_PER_APPROX_BLOCK = 200
@@ -134,90 +128,3 @@ class ApproxIndex:
 
     def approx_bytes(self) -> int:
         return self.total_blocks * BYTES_PER_APPROX_BLOCK
-
-
-class ApproxPrefixSource:
-    """Credits engines with what the sidecar itself routed to them. Approximate: see the module notes."""
-
-    name = "approx"
-    exact = False
-
-    def __init__(self, index: ApproxIndex, metrics: Metrics, clock: Any = time.monotonic) -> None:
-        self.index = index
-        self.metrics = metrics
-        self.clock = clock
-        # The decision that follows a lookup routes the same token list: keep its keys and answer.
-        self._last_tokens: Sequence[int] | None = None
-        self._last_salt: str | None = None
-        self._last_keys: list[int] = []
-        self._last_answer: dict[str, int] = {}
-
-    def _keys(self, tokens: Sequence[int], salt: str | None) -> list[int]:
-        salt = salt_of(tokens, salt)
-        if tokens is not self._last_tokens or salt != self._last_salt:
-            self._last_tokens = tokens
-            self._last_salt = salt
-            self._last_keys = self.index.keys(tokens, salt)
-            self._last_answer = {}
-        return self._last_keys
-
-    def lookup(self, tokens: Sequence[int], endpoints: Sequence[str], salt: str | None = None) -> dict[str, int]:
-        if previewing():  # Explain: the same answer, and the memo of the last lookup left as it was
-            return self.index.match(self.index.keys(tokens, salt_of(tokens, salt)), endpoints)
-        answer = self.index.match(self._keys(tokens, salt), endpoints)
-        self._last_answer = answer
-        return answer
-
-    async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...],
-                      salt: str | None = None) -> dict[str, int]:
-        return self.lookup(tokens, endpoints, salt)
-
-    # ---- the request lifecycle: the guess is made of what the sidecar routed ----
-    # A decision's token ids carry the request's salt (source.PromptTokens), so its guess lands under it.
-    def on_decided(self, decision: Decision) -> None:
-        if decision.tokens and decision.endpoint is not None:
-            self.routed(decision.tokens, decision.endpoint)
-
-    def on_served(self, decision: Decision, previous: str | None) -> None:
-        """Another engine served (a retry walked the ranked list): it computed the prompt's blocks too."""
-        if decision.tokens and decision.served is not None:
-            self.routed(decision.tokens, decision.served)
-
-    def on_ended(self, decision: Decision) -> None:
-        pass
-
-    def routed(self, tokens: Sequence[int], endpoint: str, salt: str | None = None) -> None:
-        """A request with these prompt tokens (and cache salt) went to `endpoint`: remember its blocks there."""
-        keys = self._keys(tokens, salt)
-        credited = self._last_answer.get(endpoint, 0)
-        if credited:
-            self.metrics.approx_credited.inc(credited)
-        evicted = self.index.record(endpoint, keys, self.clock())
-        if evicted:
-            self.metrics.approx_evictions.labels("capacity").inc(evicted)
-
-    def drop(self, endpoint: str) -> None:
-        dropped = self.index.drop(endpoint)
-        if dropped:
-            self.metrics.approx_evictions.labels("endpoint_removed").inc(dropped)
-
-    def expire(self) -> None:
-        dropped = self.index.expire(self.clock())
-        if dropped:
-            self.metrics.approx_evictions.labels("decay").inc(dropped)
-
-    def refresh_gauges(self) -> None:
-        for endpoint in self.index.engines():
-            self.metrics.approx_blocks.labels(endpoint).set(self.index.blocks(endpoint))
-        self.metrics.approx_bytes.set(self.index.approx_bytes())
-
-    def state(self) -> dict[str, object]:
-        return {"exact": False, "block_size": self.index.block_size, "capacity_blocks": self.index.capacity_blocks,
-                "max_blocks": self.index.max_blocks, "total_blocks": self.index.total_blocks,
-                "ttl_s": self.index.ttl_s, "engines": {ep: self.index.blocks(ep) for ep in self.index.engines()},
-                "approx_bytes": self.index.approx_bytes(), "evicted": dict(self.index.evicted)}
-
-    async def run(self, period_s: float = 1.0) -> None:
-        while True:
-            await asyncio.sleep(period_s)
-            self.expire()
