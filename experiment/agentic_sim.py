@@ -150,15 +150,7 @@ class AgenticSimulation(Simulation):
                 return
             self.reached += 1
         r.decision = decision
-        r.engine = engine
-        r.decided_t = t
-        self._track_decided(engine, r, matched, t)
-        if r.record is not None:
-            r.record.engine = engine.name
-        if engine.running < engine.svc.max_num_seqs and not engine.waiting:
-            self._admit(engine, r, t)
-        else:
-            engine.waiting.append(r)
+        self._dispatch(r, engine, matched, t)
 
     def _miss(self, r: _Req, decision: object, t: float) -> None:
         """The engine answers 404 at once; the client re-sends the turn with its whole history."""

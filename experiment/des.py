@@ -353,6 +353,10 @@ class Simulation:
             r.record.send_t = t
         engine, matched = self._decide(r.sim)
         r.decision, self._decision = self._decision, None
+        self._dispatch(r, engine, matched, t)
+
+    def _dispatch(self, r: _Req, engine: _Engine, matched: int, t: float) -> None:
+        """A decided request reaches its engine: admitted now if the engine has a free slot and nobody waits."""
         r.engine = engine
         r.decided_t = t
         self._track_decided(engine, r, matched, t)
