@@ -12,7 +12,7 @@ import re
 
 READ_LIMIT = 16 * 1024
 MAX_ID_CHARS = 256
-_ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,256})"')
+_ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,%d})"' % MAX_ID_CHARS)
 
 
 class ResponseIdReader:
