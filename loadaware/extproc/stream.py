@@ -25,7 +25,7 @@ from loadaware.extproc.conversation import StreamOptions, StreamState, Write
 from loadaware.extproc.duplex import DuplexConversation
 from loadaware.extproc.replies import Replies
 from loadaware.extproc.shielded import ShieldedReads, ShieldedWrites
-from loadaware.extproc.stream_end import end_at_eof, reset_by_client
+from loadaware.extproc.stream_end import client_left, end_at_eof, reset_by_client
 from loadaware.extproc.traced import Tracer, trace_unreplied, traced_writes
 from loadaware.lifecycle import RequestLifecycle
 from loadaware.routing.pipeline import Decider
@@ -81,7 +81,9 @@ class ExtProcServicer:
             quiet.log(logging.WARNING, "malformed", "ext_proc stream sent a malformed message: %s", describe(exc))
         except Exception as exc:  # noqa: BLE001 - a bug: the stream ends, the request is released, we say so
             end = "cancelled"  # unless the client is still there (and if the check is cancelled, it was gone)
-            if not await reset_by_client(context):
+            if client_left(exc):  # a read or write whose call was gone: the client left, whatever gRPC says yet
+                log.debug("ext_proc stream ended by its client: %s", describe(exc))
+            elif not await reset_by_client(context):
                 end = "error"
                 quiet.log(logging.ERROR, type(exc).__name__, "ext_proc stream failed: %s", describe(exc),
                           exc_info=exc)

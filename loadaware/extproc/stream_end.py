@@ -15,6 +15,11 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+from grpc._cython import cygrpc
+
+# grpc.aio raises this when a read's or write's batch fails on the call: the call is gone (its client reset or
+# cancelled it, or its deadline passed), sometimes before gRPC announces the cancellation (grpcio 1.85).
+CALL_GONE: tuple[type[BaseException], ...] = (cygrpc.ExecuteBatchError,)
 
 
 async def end_at_eof(context: grpc.aio.ServicerContext) -> None:
@@ -29,3 +34,9 @@ async def reset_by_client(context: grpc.aio.ServicerContext) -> bool:
     1 stream in 100,000 of the fuzzer's): that is a hang-up, not a failure of the sidecar."""
     await asyncio.sleep(0)
     return bool(context.cancelled())
+
+
+def client_left(exc: BaseException) -> bool:
+    """Whether a stream's failure is its call being gone (a reply write that raced the client's cancel, reset or
+    deadline): a client that left, not a fault of the sidecar."""
+    return isinstance(exc, CALL_GONE)
