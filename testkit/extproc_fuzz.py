@@ -452,10 +452,12 @@ class FuzzRig:
         self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
 
     async def stop_grpc(self) -> None:
+        """The gRPC server and channel, and the HTTP session the state probes opened."""
         if self.channel is not None:
             await self.channel.close()
         if self.server is not None:
             await self.server.stop(None)
+        await self.app.state_probe.close()
 
     async def run_in_process(self, case: Case) -> list[bytes]:
         replies: list[bytes] = []

@@ -54,6 +54,7 @@ def rig(loop: asyncio.AbstractEventLoop) -> Iterator[FuzzRig]:
 
     rig = loop.run_until_complete(build())
     yield rig
+    loop.run_until_complete(rig.app.state_probe.close())
     rig.close_logging()
     if rig.app.tokenizer is not None:
         rig.app.tokenizer.close()
