@@ -23,6 +23,7 @@ from loadaware.api.debug_http import DebugHttp, MetricsHttp
 from loadaware.api.metrics_page import MetricsPage, pool_loads
 from loadaware.api.servicer import RouterServicer
 from loadaware.api.state_page import StatePage
+from loadaware.api.view import DecisionView, FleetView, PrefixView, ProcessView, SidecarView
 from loadaware.collector import FullCollections
 from loadaware.config import Settings
 from loadaware.extproc.conversation import StreamOptions
@@ -145,7 +146,7 @@ class Sidecar:
         self.lifecycle.subscribe(DecisionLog())
         # The endpoint picker's metric names too (inference_pool_*, inference_objective_*): gateways' dashboards.
         self.lifecycle.subscribe(EppMetrics(self.metrics.registry, s.inference_pool or s.k8s_service or "default",
-                                            lambda: pool_loads(self.registry, self.loads, self.catalog),
+                                            lambda: pool_loads(self.view.fleet),
                                             self.metrics.decision_seconds, time.time))
         self.lifecycle.subscribe(self.recent)
         self.admission = self._admission(s)
@@ -163,10 +164,6 @@ class Sidecar:
         self.bridge.set_endpoints(self.registry.snapshot())
         self.catalog, self._discovery_tasks = self._discovery(s)
         self.readiness = Readiness(self.registry, self.scraper, self.supervisor, self.models_poller, self.resolver)
-        self.api = RouterServicer(s.effective_policy, s.loadaware_beta, s.describe, self.decider, self.registry,
-                                  self.loads, self.bridge, self.catalog, self.readiness.ready,
-                                  health=self.endpoint_health, models=self.models, signals=self.signals,
-                                  admission=self.admission)
         self.extproc = ExtProcServicer(self.decider, self.lifecycle, self.metrics, s.destination_header,
                                        StreamOptions(s.no_endpoint_reply, s.max_request_body_bytes,
                                                      session_header=s.session_header),
@@ -183,11 +180,15 @@ class Sidecar:
             self.extproc.tracer = self.tracing
         # The ext_proc port serves ext_proc and health only; the debug API and /debug are on the admin
         # listeners (loopback by default), /metrics alone on the metrics port (api/admin.py says why).
-        self.metrics_page = MetricsPage(self.metrics, self.registry, self.loads, self.endpoint_health, self.signals,
-                                        self.prefixes, self.tokenizer, self.decider.working_set, self.decider.queued)
-        self.state_page = StatePage(self.registry, self.loads, self.endpoint_health, self.models, self.bridge,
-                                    self.prefixes, self.readiness, self.supervisor.state, self.extproc, s.describe,
-                                    self.decider.working_set, self.decider.queued, self.admission)
+        # Explain, /debug/state and /metrics read the running sidecar through one view (api/view.py).
+        self.view = SidecarView(
+            FleetView(self.registry, self.catalog, self.loads, self.endpoint_health, self.signals, self.models),
+            PrefixView(self.prefixes, self.bridge, self.decider.working_set, self.decider.queued),
+            DecisionView(self.decider, s.effective_policy, s.loadaware_beta, self.tokenizer, self.admission),
+            ProcessView(self.readiness, self.supervisor.state, self.extproc, s.describe))
+        self.api = RouterServicer(self.view)
+        self.metrics_page = MetricsPage(self.view, self.metrics)
+        self.state_page = StatePage(self.view)
         self.metrics_http = MetricsHttp(self.metrics_page.render)
         self.debug_http = DebugHttp(self.recent.last, self.state_page.render)
         self.server: grpc.aio.Server | None = None

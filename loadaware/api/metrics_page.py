@@ -8,80 +8,72 @@ series back from the thread: it is forgotten again once the thread is done.
 from __future__ import annotations
 
 from loadaware.api.offloop import off_loop
-from loadaware.fleet.discovery.catalog import DiscoveryCatalog
-from loadaware.fleet.health import EndpointHealth
-from loadaware.fleet.registry import EndpointRegistry
+from loadaware.api.view import FleetView, SidecarView
 from loadaware.load.signals import SignalTracker
-from loadaware.load.tracker import LoadTracker
-from loadaware.prefix.queued import QueuedPrefixes
-from loadaware.prefix.wiring import PrefixWiring
-from loadaware.prefix.working_set import BLOCK_TOKENS, WorkingSet
+from loadaware.prefix.working_set import BLOCK_TOKENS
 from loadaware.telemetry.epp import PodLoad
 from loadaware.telemetry.metrics import Metrics
-from loadaware.tokenize.tokenizer import AsyncTokenizer
 
 
 class MetricsPage:
-    def __init__(self, metrics: Metrics, registry: EndpointRegistry, loads: LoadTracker, health: EndpointHealth,
-                 signals: SignalTracker, prefixes: PrefixWiring, tokenizer: AsyncTokenizer | None,
-                 working_set: WorkingSet | None = None, queued: QueuedPrefixes | None = None) -> None:
-        self.working_set = working_set
-        self.queued = queued
+    def __init__(self, view: SidecarView, metrics: Metrics) -> None:
+        self.fleet = view.fleet
+        self.prefix = view.prefix
+        self.tokenizer = view.decision.tokenizer
+        self.metrics = metrics  # the only thing written: the gauges read at render time
         self._credited_seen = 0
-        self.metrics = metrics
-        self.registry = registry
-        self.loads = loads
-        self.health = health
-        self.signals = signals
-        self.prefixes = prefixes
-        self.tokenizer = tokenizer
 
     async def render(self) -> bytes:
-        fleet = self.registry.snapshot()
+        registry = self.fleet.registry
+        fleet = registry.snapshot()
         text = await off_loop(lambda: self.render_now(fleet))
-        if self.registry.snapshot() is not fleet:
+        if registry.snapshot() is not fleet:
             for endpoint in fleet:
-                if endpoint not in self.registry:
+                if endpoint not in registry:
                     self.metrics.forget_endpoint(endpoint)
         return text
 
     def render_now(self, fleet: tuple[str, ...]) -> bytes:
-        self.prefixes.refresh_gauges()
+        self.prefix.sources.refresh_gauges()
         for endpoint in fleet:  # every endpoint has a state series, not only those that changed
-            self.metrics.routing_state_now(endpoint, self.health.state(endpoint))
+            self.metrics.routing_state_now(endpoint, self.fleet.health.state(endpoint))
         if self.tokenizer is not None:
             pieces = self.tokenizer.tokenizer.pieces
             self.metrics.tokenizer_pieces_seen(pieces.hits, pieces.misses, pieces.enabled)
             if self.tokenizer.conversations is not None:
                 self.metrics.tokenizer_conversations_seen(self.tokenizer.conversations.cache.counts())
-        self.metrics.fleet_kv_capacity.set(self.loads.kv_capacity_tokens())
-        ws = self.working_set
+        self.metrics.fleet_kv_capacity.set(self.fleet.loads.kv_capacity_tokens())
+        ws = self.prefix.working_set
         if ws is not None:  # two int reads: safe from this thread
             self.metrics.working_set_tokens.set(ws.recurring_blocks() * BLOCK_TOKENS)
             self.metrics.working_set_new_heads.set(ws.singletons)
-        queued = self.queued
+        queued = self.prefix.queued
         if queued is not None:  # int reads; the counter catches up with the running total
             self.metrics.queued_blocks.set(queued.index.total_blocks)
             credited = queued.credited_tokens
             if credited > self._credited_seen:
                 self.metrics.queued_credited.inc(credited - self._credited_seen)
                 self._credited_seen = credited
-        now = self.signals.clock()
+        if self.fleet.signals is not None:
+            self._token_signals(self.fleet.signals, fleet)
+        return self.metrics.render(self.fleet.loads.snapshot, fleet)
+
+    def _token_signals(self, signals: SignalTracker, fleet: tuple[str, ...]) -> None:
+        now = signals.clock()
         for endpoint in fleet:
-            sig = self.signals.peek(endpoint)  # off the loop: a pure read, never the settling `get`
+            sig = signals.peek(endpoint)  # off the loop: a pure read, never the settling `get`
             if sig is not None:  # the clock's lead read, not viewed: a render off the loop never refits its model
                 lane = sig.prefill_clock.lead(now)
                 self.metrics.token_signals(endpoint, sig.prefill_tokens, sig.uncached_tokens, sig.decoding, sig.ttft_s,
                                            lane)
-        return self.metrics.render(self.loads.snapshot, fleet)
 
 
-def pool_loads(registry: EndpointRegistry, loads: LoadTracker, catalog: DiscoveryCatalog) -> list[PodLoad]:
+def pool_loads(fleet: FleetView) -> list[PodLoad]:
     """Each endpoint's scraped load under its pod's name, for the endpoint picker's inference_pool_* gauges."""
     rows = []
-    for ep in registry.snapshot():
-        st = loads.fresh_stats(ep)
-        pod = catalog.entry(ep).pod or ep
+    for ep in fleet.registry.snapshot():
+        st = fleet.loads.fresh_stats(ep)
+        pod = fleet.catalog.entry(ep).pod or ep
         rows.append(PodLoad(pod, None, None, None) if st is None else PodLoad(pod, st.running, st.waiting,
                                                                               st.kv_usage))
     return rows

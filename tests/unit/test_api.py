@@ -15,6 +15,7 @@ from loadaware.api import explain
 from loadaware.api.servicer import RouterServicer
 from loadaware.api.v1 import loadaware_pb2 as pb
 from loadaware.api.v1 import loadaware_pb2_grpc as pb_grpc
+from loadaware.api.view import DecisionView, FleetView, PrefixView, ProcessView, SidecarView
 from loadaware.config import resolve
 from loadaware.fleet.discovery.catalog import DiscoveredEndpoint, DiscoveryCatalog
 from loadaware.fleet.health import EndpointHealth, HealthOptions
@@ -53,6 +54,28 @@ class Clock:
         return self.now
 
 
+class AlwaysReady:
+    def ready(self) -> bool:
+        return True
+
+    def reason(self) -> str:
+        return ""
+
+
+class NoStreams:
+    def __init__(self) -> None:
+        self.open_streams = 0
+        self.modes: dict[str, int] = {}
+
+
+class NoPrefixSources:
+    def state(self) -> dict[str, object]:
+        return {}
+
+    def refresh_gauges(self) -> None:
+        pass
+
+
 def build(policy: str = "loadaware", answer: dict[str, int] | None = None,
           discovered: list[DiscoveredEndpoint] | None = None) -> tuple[RouterServicer, Any]:
     settings = resolve({"policy": policy, "loadaware_beta": "0.5", "endpoints": ",".join(FLEET)}, {})
@@ -76,8 +99,10 @@ def build(policy: str = "loadaware", answer: dict[str, int] | None = None,
     if discovered is not None:
         catalog = DiscoveryCatalog("kubernetes", registry)
         catalog.apply(discovered)
-    servicer = RouterServicer(settings.effective_policy, settings.loadaware_beta, settings.describe, decider, registry,
-                              loads, bridge, catalog, lambda: True, health=health)
+    view = SidecarView(FleetView(registry, catalog, loads, health), PrefixView(NoPrefixSources(), bridge),
+                       DecisionView(decider, settings.effective_policy, settings.loadaware_beta),
+                       ProcessView(AlwaysReady(), lambda: [], NoStreams(), settings.describe))
+    servicer = RouterServicer(view)
     return servicer, type("Parts", (), {"loads": loads, "inflight": inflight, "metrics": metrics,
                                         "clock": clock, "decider": decider, "recent": recent, "health": health,
                                         "lifecycle": lifecycle})
