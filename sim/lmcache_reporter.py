@@ -2,13 +2,15 @@
 
 Wire protocol, read from lmcache 0.5.6 (`lmcache/v1/cache_controller/`):
 - RegisterMsg is a worker *request*: DEALER -> the controller's ROUTER `reply` socket, frames [b"", payload];
-  the controller answers [b"", msgpack(RegisterRetMsg)] (controller_manager.py handle_batched_req_request).
+  the controller answers [b"", msgpack(RegisterRetMsg)]
+  (cache_controller/controller_manager.py handle_batched_req_request).
 - BatchedKVOperationMsg and DeRegisterMsg are worker *messages*: PUSH -> the controller's PULL `pull` socket,
-  one message per frame (controller_manager.py handle_batched_push_request).
+  one message per frame (cache_controller/controller_manager.py handle_batched_push_request).
 - Both sockets accept a frame starting with b"{" as JSON (`msgspec.convert(json.loads(part), type=Msg)`),
   anything else as msgpack. Messages are msgspec tagged unions: the tag field is "type" = the class name.
 - seq_num is a per-(worker, location) counter starting at 0 that the controller expects to grow by exactly 1
-  per operation (utils.py WorkerNode.handle_batched_kv_operations logs a gap but still applies the op).
+  per operation (cache_controller/utils.py WorkerNode.handle_batched_kv_operations logs a gap but still
+  applies the op).
 The controller connects a REQ socket back to the registered ip:port for control messages; we bind a
 socket there so that connection lands somewhere quiet instead of retrying against nothing (or, worse,
 against the engine's HTTP port).

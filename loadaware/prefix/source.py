@@ -1,6 +1,6 @@
 """The seam every prefix source implements: "how many of this prompt's tokens does each endpoint hold?"
 
-Sources: the LMCache controller (lmcache.py), and any later index (KV events, approximate). The decision
+Sources: the LMCache controller (lmcache/source.py), and any later index (KV events, approximate). The decision
 pipeline only knows this interface.
 
 Tenant isolation (vLLM's `cache_salt`): vLLM adds a request's salt to the extra keys of the hash of the

@@ -2,7 +2,7 @@
 
 Ready = endpoints known, their loads scraped once, the engines' models asked once (else an unknown model
 could reach an engine in the first seconds), the LMCache instance map tried once (when configured), and no
-required background task failing over and over (runtime/supervisor.py).
+required background task failing over and over (tasks/supervisor.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """A chat template rendered as the engine renders it.
 
 vLLM renders chat requests with transformers' `apply_chat_template`; this module reproduces its semantics
-(transformers 4.45+ / 5.x, src/transformers/utils/chat_template_utils.py and tokenization_utils_base.py):
+(transformers 4.45+ / 5.x, src/transformers/utils/chat_template_utils.py and
+src/transformers/tokenization_utils_base.py):
 
 - a jinja2 ImmutableSandboxedEnvironment with trim_blocks and lstrip_blocks, the `loopcontrols` extension,
   a `{% generation %}` block tag (its body, unchanged), the globals `raise_exception` (a TemplateError),
