@@ -19,6 +19,7 @@ until the response ends, so the in-flight count still lives on the stream.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -29,24 +30,31 @@ from loadaware.extproc.replies import streamed_request_body, streamed_response_b
 from loadaware.routing.request import STATE_KIND, inference_kind, state_request
 
 
+@dataclass(slots=True)
+class HeldRequest:
+    """What the request's headers said, and its body while the headers reply waits for it."""
+
+    held: bool = False  # the headers reply waits for the body
+    kind: str | None = None
+    request_id: str = ""
+    subset: frozenset[str] | None = None
+    # The held body's chunks, joined once when it ends (a growing bytearray re-copies what it holds each time
+    # it outgrows its allocation).
+    parts: list[bytes] = field(default_factory=list)
+    size: int = 0
+
+
 class DuplexConversation(Conversation):
     json_errors = True
     sees_every_response = True
 
     async def run(self, first: Any, read: Read, write: Write, stream: StreamState) -> None:
         replies = self.replies
-        held = False  # the headers reply waits for the body
-        kind: str | None = None
-        request_id = ""
-        subset: frozenset[str] | None = None
-        # The held body's chunks, joined once when it ends (a growing bytearray re-copies what it holds each time
-        # it outgrows its allocation).
-        parts: list[bytes] = []
-        size = 0
+        request = HeldRequest()
         msg: Any = first
         while msg is not grpc.aio.EOF:
             which = msg.WhichOneof("request")
-            if which == "response_body":  # the hottest message: one per streamed token chunk
+            if which == "response_body":  # the hottest message: one per streamed token chunk, handled inline
                 chunk = msg.response_body
                 if stream.reader is not None:  # a Responses request's: the stored response's id names its holder
                     self.read_state(stream, chunk.body)  # before the client can see the id and follow up
@@ -57,42 +65,15 @@ class DuplexConversation(Conversation):
                 if chunk.end_of_stream:
                     stream.response_done = True
             elif which == "request_headers":
-                stream.headers = head = headers_of(msg.request_headers, self.options.session_header)
-                method, path, request_id = head.method, head.path, head.request_id or new_request_id()
-                subset = subset_hint(msg)
-                kind = inference_kind(method, path)
-                if kind is not None and kind != STATE_KIND and not msg.request_headers.end_of_stream:
-                    held = True
-                else:  # nothing to read in a body: decide on load alone (or a stored response's state) now
-                    stream.decided = True
-                    decision = await self.decide(state_request(method, path), request_id, stream, subset=subset)
-                    reply = self.unroutable_reply(decision, picker=True)
-                    if reply is not None:
-                        await write(reply)
-                        return
-                    await write(replies.headers_route(decision.ranked) if decision.ranked
-                                else replies.headers_continue)
+                if not await self._request_headers(msg, request, stream, write):
+                    return
             elif which == "request_body":
-                part = msg.request_body
-                if not held:
-                    await write(streamed_request_body(part.body, part.end_of_stream))
-                else:
-                    parts.append(part.body)
-                    size += len(part.body)
-                    if size > self.options.max_body_bytes:
-                        await write(self.rejected(413, "request_too_large", "request body is too large", request_id))
-                        return
-                    if part.end_of_stream:
-                        held = False
-                        if not await self._route(kind or "completions", b"".join(parts), request_id, subset,
-                                                 stream, write, end_of_stream=True):
-                            return
+                if not await self._request_body(msg.request_body, request, stream, write):
+                    return
             elif which == "request_trailers":
-                if held:  # the trailers end the request: decide now, the body goes back before them
-                    held = False
-                    if not await self._route(kind or "completions", b"".join(parts), request_id, subset,
-                                             stream, write, end_of_stream=False):
-                        return
+                # The trailers end the request: decide now, the body goes back before them.
+                if request.held and not await self._route_held(request, stream, write, end_of_stream=False):
+                    return
                 await write(replies.request_trailers_continue)
             elif which == "response_headers":
                 self.responded(stream, msg)
@@ -102,6 +83,46 @@ class DuplexConversation(Conversation):
                 await write(replies.response_trailers_continue)
                 stream.response_done = True
             msg = await read()
+
+    async def _request_headers(self, msg: Any, request: HeldRequest, stream: StreamState, write: Write) -> bool:
+        """An inference POST with a body is held for it; anything else is decided now. False: answered locally."""
+        stream.headers = head = headers_of(msg.request_headers, self.options.session_header)
+        method, path = head.method, head.path
+        request.request_id = head.request_id or new_request_id()
+        request.subset = subset_hint(msg)
+        request.kind = kind = inference_kind(method, path)
+        if kind is not None and kind != STATE_KIND and not msg.request_headers.end_of_stream:
+            request.held = True
+            return True
+        # Nothing to read in a body: decide on load alone (or a stored response's state) now.
+        stream.decided = True
+        decision = await self.decide(state_request(method, path), request.request_id, stream, subset=request.subset)
+        reply = self.unroutable_reply(decision, picker=True)
+        if reply is not None:
+            await write(reply)
+            return False
+        await write(self.replies.headers_route(decision.ranked) if decision.ranked else self.replies.headers_continue)
+        return True
+
+    async def _request_body(self, part: Any, request: HeldRequest, stream: StreamState, write: Write) -> bool:
+        """A body chunk: echoed once decided, else held (within --max-request-body-bytes) and, at the body's
+        end, decided on. False: answered locally."""
+        if not request.held:
+            await write(streamed_request_body(part.body, part.end_of_stream))
+            return True
+        request.parts.append(part.body)
+        request.size += len(part.body)
+        if request.size > self.options.max_body_bytes:
+            await write(self.rejected(413, "request_too_large", "request body is too large", request.request_id))
+            return False
+        if part.end_of_stream:
+            return await self._route_held(request, stream, write, end_of_stream=True)
+        return True
+
+    async def _route_held(self, request: HeldRequest, stream: StreamState, write: Write, end_of_stream: bool) -> bool:
+        request.held = False
+        return await self._route(request.kind or "completions", b"".join(request.parts), request.request_id,
+                                 request.subset, stream, write, end_of_stream=end_of_stream)
 
     async def _route(self, kind: str, body: bytes, request_id: str, subset: frozenset[str] | None,
                      stream: StreamState, write: Write, end_of_stream: bool) -> bool:
