@@ -1,4 +1,5 @@
-"""Every Prometheus metric the sidecar exports, declared in one place.
+"""Every Prometheus metric the sidecar exports, declared here and in the two family groups Metrics mixes in
+(telemetry/prefix_metrics.py, telemetry/flow_metrics.py).
 
 Label children are cached: the hot path pays a dictionary lookup and an increment, not a label parse. The
 per-endpoint gauges and counters are TableGauges and TableCounters (telemetry/table_series.py): plain numbers the
@@ -12,19 +13,51 @@ from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from loadaware.telemetry.flow_metrics import FlowControlFamilies
+from loadaware.telemetry.prefix_metrics import PrefixIndexFamilies
 from loadaware.telemetry.table_series import TableCounter, TableGauge
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
-QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 STAGES = ("parse", "tokenize", "lookup", "state", "score")
 ROUTING_STATES = ("healthy", "ejected", "probing")
 
 
-class Metrics:
+class Metrics(PrefixIndexFamilies, FlowControlFamilies):
+    """The sidecar's families, declared in groups by concern (the order of their declaration is the order of
+    /metrics, which the golden list checks); the KV-event and approximate indexes' families and admission's
+    are groups of their own modules, mixed in."""
+
     def __init__(self, policy: str) -> None:
         self.policy = policy
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self._declare_decision_families(r)
+        self._declare_load_families(r)
+        self._declare_cache_families(r)
+        self._declare_request_families(r)
+        self._declare_endpoint_families(r)
+        self._declare_prefix_index_metrics(r)
+        self._declare_flow_control_metrics(r)
+        self._model_labels: dict[str, frozenset[str]] = {}
+        # What the per-endpoint gauges set at render time show now, so a render at 10,000 endpoints only
+        # touches the series that changed (set from the render thread; forget_endpoint clears them).
+        self._state_shown: dict[str, str] = {}
+        self._inflight_shown: dict[str, int] = {}
+        # Counter series an endpoint has besides its gauges, so its departure removes them all
+        # (endpoint -> (index into _endpoint_tables, label values)...): tuples of strings and ints, which the
+        # garbage collector does not track either.
+        self._endpoint_series: dict[str, tuple[tuple[int, tuple[str, ...]], ...]] = {}
+        self._endpoint_tables = (self.decisions, self.responses, self.ejections, self.scrape_failures,
+                                 self.models_fetch_failures)
+        self._status_classes = {c: f"{c}xx" for c in range(1, 6)}
+        self._fallback_children: dict[str, Counter] = {}
+        self._stage_children = {s: self.stage_seconds.labels(stage=s) for s in STAGES}
+        self._lookup_children = {k: self.lookups.labels(result=k) for k in ("match", "empty", "failed")}
+        self._lookup_seen = 0
+        self._lookup_matched = 0
+
+    def _declare_decision_families(self, r: CollectorRegistry) -> None:
+        """Each decision: its outcome, fallbacks, time by stage, prefix lookups."""
         self.decisions = TableCounter("loadaware_decisions", "Routing decisions by policy, endpoint and outcome "
                                  "(routed, fallback_load_only, no_endpoints, unknown_model, passthrough, rejected)",
                                  ["policy", "endpoint", "outcome"], registry=r)
@@ -42,6 +75,9 @@ class Metrics:
                                     registry=r)
         self.unmapped_holders = Counter("loadaware_lmcache_unmapped_holders",
                                         "LMCache holders that mapped to no live endpoint", ["kind"], registry=r)
+
+    def _declare_load_families(self, r: CollectorRegistry) -> None:
+        """The engines' load as scraped and as counted here, the streams, the fleet."""
         self.inflight = TableGauge("loadaware_inflight_requests", "Requests this sidecar has in flight per endpoint",
                               ["endpoint"], registry=r)
         self.scraped_running = TableGauge("loadaware_engine_running", "Scraped vllm:num_requests_running",
@@ -59,6 +95,9 @@ class Metrics:
         self.fleet_kv_capacity = Gauge("loadaware_fleet_kv_capacity_tokens", "The fleet's GPU KV cache in tokens: "
                                        "each engine's vllm:cache_config_info num_gpu_blocks x block_size, summed",
                                        registry=r)
+
+    def _declare_cache_families(self, r: CollectorRegistry) -> None:
+        """The fleet's prefix working set, the prompts queued at engines, the tokenizer's caches."""
         self.working_set_tokens = Gauge("loadaware_prefix_working_set_tokens", "ESTIMATED: prompt-prefix tokens "
                                         "routed again while recent (the recurring working set that lane-spread "
                                         "compares with the fleet's KV capacity; sampled)", registry=r)
@@ -78,6 +117,9 @@ class Metrics:
                                              "Tokenizer conversation cache (--conversation-cache-mb): hits, misses "
                                              "and tokens reused since start, entries and bytes held, and disabled (1 "
                                              "after an exactness check failed)", ["what"], registry=r)
+
+    def _declare_request_families(self, r: CollectorRegistry) -> None:
+        """The response path and the APIs: responses, generation APIs, stored responses."""
         self.responses = TableCounter("loadaware_responses", "Responses seen on the response path, by the endpoint "
                                  "that served and status class (2xx, 4xx, 5xx, ...)", ["endpoint", "code"],
                                  registry=r)
@@ -91,6 +133,9 @@ class Metrics:
                                      "the response", registry=r)
         self.state_holders = Gauge("loadaware_state_holders", "Stored responses whose holder the sidecar knows "
                                    "(bounded by --state-max-entries)", registry=r)
+
+    def _declare_endpoint_families(self, r: CollectorRegistry) -> None:
+        """Per endpoint: failure-aware routing state, token signals, served models."""
         self.routing_state = TableGauge("loadaware_endpoint_routing_state", "1 for each endpoint's failure-aware "
                                    "routing state: healthy, ejected (out of rotation), probing (one request at a time)",
                                    ["endpoint", "state"], registry=r)
@@ -115,104 +160,6 @@ class Metrics:
         self.models_fetch_failures = TableCounter("loadaware_models_fetch_failures", "Failed /v1/models fetches (the "
                                              "last good list is kept until stale)", ["endpoint", "reason"],
                                              registry=r)
-        self._model_labels: dict[str, frozenset[str]] = {}
-        # What the per-endpoint gauges set at render time show now, so a render at 10,000 endpoints only
-        # touches the series that changed (set from the render thread; forget_endpoint clears them).
-        self._state_shown: dict[str, str] = {}
-        self._inflight_shown: dict[str, int] = {}
-        # Counter series an endpoint has besides its gauges, so its departure removes them all
-        # (endpoint -> (metric, label values)).
-        # (endpoint -> (index into _endpoint_tables, label values)...): tuples of strings and ints, which the
-        # garbage collector does not track either.
-        self._endpoint_series: dict[str, tuple[tuple[int, tuple[str, ...]], ...]] = {}
-        self._endpoint_tables = (self.decisions, self.responses, self.ejections, self.scrape_failures,
-                                 self.models_fetch_failures)
-        self._status_classes = {c: f"{c}xx" for c in range(1, 6)}
-        self._fallback_children: dict[str, Counter] = {}
-        self._stage_children = {s: self.stage_seconds.labels(stage=s) for s in STAGES}
-        self._lookup_children = {k: self.lookups.labels(result=k) for k in ("match", "empty", "failed")}
-        self._lookup_seen = 0
-        self._lookup_matched = 0
-        self._declare_prefix_index_metrics(r)
-        self._declare_flow_control_metrics(r)
-
-    def _declare_flow_control_metrics(self, r: CollectorRegistry) -> None:
-        # The EPP's flow-control families (llm_d_epp_flow_control_*, formerly inference_extension_flow_control_*)
-        # under this sidecar's prefix. Priority values come from the objectives table, never from a client.
-        self.flow_queue_size = Gauge("loadaware_flow_control_queue_size", "Requests held in admission, by priority",
-                                     ["priority"], registry=r)
-        self.flow_queue_bytes = Gauge("loadaware_flow_control_queue_bytes", "Bytes of the requests held in "
-                                      "admission, by priority", ["priority"], registry=r)
-        self.flow_queue_seconds = Histogram("loadaware_flow_control_request_queue_duration_seconds",
-                                            "Time a request spent held in admission, by priority and outcome",
-                                            ["priority", "outcome"], buckets=QUEUE_BUCKETS, registry=r)
-        self.flow_requests = Counter("loadaware_flow_control_requests", "Admission outcomes by priority "
-                                     "(admitted, released, placed_ttl, placed_full, rejected_queue_full, "
-                                     "rejected_ttl, evicted)", ["priority", "outcome"], registry=r)
-        self.flow_saturation = Gauge("loadaware_flow_control_pool_saturation", "Share of eligible endpoints "
-                                     "saturated (1: the pool is, and new requests are held)", registry=r)
-        self._flow_children: dict[tuple[int, str], tuple[Counter, Histogram]] = {}
-
-    def admission(self, priority: int, outcome: str, wait_s: float) -> None:
-        key = (priority, outcome)
-        children = self._flow_children.get(key)
-        if children is None:
-            labels = (str(priority), outcome)
-            children = self._flow_children[key] = (self.flow_requests.labels(*labels),
-                                                   self.flow_queue_seconds.labels(*labels))
-        children[0].inc()
-        children[1].observe(wait_s)
-
-    def held(self, bands: dict[int, tuple[int, int]]) -> None:
-        for priority, (count, size) in bands.items():
-            self.flow_queue_size.labels(str(priority)).set(count)
-            self.flow_queue_bytes.labels(str(priority)).set(size)
-
-    def _declare_prefix_index_metrics(self, r: CollectorRegistry) -> None:
-        """The KV-events index (exact, from the engines' own events) and the approximate index (from our
-        own decisions). Every approximate figure says so in its name: it is a guess, never a fact."""
-        self.prefix_source_info = Gauge("loadaware_prefix_source_info", "Prefix sources in use; exact=false "
-                                        "marks a source that guesses from its own routing decisions",
-                                        ["source", "exact"], registry=r)
-        self.kv_events = Counter("loadaware_kv_events_received", "KV events received, by kind "
-                                 "(block_stored, block_removed, all_blocks_cleared, skipped)", ["kind"], registry=r)
-        self.kv_event_blocks = Counter("loadaware_kv_events_blocks", "Block hashes carried by KV events, by "
-                                       "what they did to the index (stored, removed, cleared, orphan, evicted; "
-                                       "uncredited_group: blocks of a sliding-window, mamba or other "
-                                       "non-full-attention KV-cache group, not indexed)",
-                                       ["op"], registry=r)
-        self.kv_batches = TableCounter("loadaware_kv_events_batches", "KV-event batches applied, by endpoint and "
-                                  "path (live, replay)", ["endpoint", "path"], registry=r)
-        self.kv_gaps = TableCounter("loadaware_kv_events_gaps", "Sequence gaps seen on an engine's feed", ["endpoint"],
-                               registry=r)
-        self.kv_replays = Counter("loadaware_kv_events_replays", "Replay requests by reason (gap, join) and "
-                                  "result (ok, partial, timeout, error)", ["reason", "result"], registry=r)
-        self.kv_resets = Counter("loadaware_kv_events_index_resets", "Engine indexes dropped, by reason "
-                                 "(all_blocks_cleared, sequence_reset, vanished, gap_unrecovered, removed)",
-                                 ["reason"], registry=r)
-        self.kv_decode_errors = Counter("loadaware_kv_events_decode_errors", "KV-event messages that could not "
-                                        "be decoded", registry=r)
-        self.kv_connected = TableGauge("loadaware_kv_events_connected", "1 while the engine's KV-event publisher is "
-                                  "connected", ["endpoint"], registry=r)
-        self.kv_lag = TableGauge("loadaware_kv_events_lag_seconds", "How old the engine's last live KV-event batch "
-                                 "was when the sidecar applied it (its publish time to now; a growing lag is a "
-                                 "backlog in the feed's queue)", ["endpoint"], registry=r)
-        self.kv_index_blocks = TableGauge("loadaware_kv_index_blocks", "Blocks the KV-events index holds per engine",
-                                     ["endpoint"], registry=r)
-        self.kv_index_bytes = Gauge("loadaware_kv_index_bytes", "Estimated memory of the KV-events index",
-                                    registry=r)
-        self.kv_index_limit = Gauge("loadaware_kv_index_max_blocks", "Bound on the KV-events index, in blocks "
-                                    "summed over engines", registry=r)
-        self.approx_blocks = TableGauge("loadaware_approx_index_blocks", "APPROXIMATE: blocks the sidecar guesses each "
-                                   "engine holds, from its own routing decisions", ["endpoint"], registry=r)
-        self.approx_bytes = Gauge("loadaware_approx_index_bytes", "Estimated memory of the approximate index",
-                                  registry=r)
-        self.approx_evictions = Counter("loadaware_approx_index_evictions", "APPROXIMATE: guessed blocks "
-                                        "forgotten, by reason (capacity = the engine's KV is full, decay = too "
-                                        "old to trust, endpoint_removed)", ["reason"], registry=r)
-        self.approx_credited = Counter("loadaware_approx_credited_tokens", "APPROXIMATE: prompt tokens the "
-                                       "approximate index credited to the chosen engine; compare with the engines' "
-                                       "vllm:prefix_cache_hits_total to see how good the guess is", registry=r)
 
     # ---- hot path ----
     def decided(self, endpoint: str, outcome: str) -> None:
