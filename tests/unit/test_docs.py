@@ -1,4 +1,4 @@
-"""The documents say only what the code has: README.md and every docs/*.md.
+"""The documents say only what the code has: README.md, every docs/*.md and every research/*.md.
 
 Rules (each a small matcher below; `test_matchers_catch_made_up_names` proves each can fail):
 
@@ -30,6 +30,10 @@ left out here, and tests/unit/test_adding_a_policy.py runs its code as written i
 
 docs/operations.md's "What each panel answers at 3 a.m." table lists exactly the dashboard's panels.
 docs/configuration.md is generated from the settings table: it must equal `testkit.config_doc.render()`.
+docs/architecture.md's layer diagram (between its `BEGIN layers` and `END layers` lines) is generated from the
+import-linter contracts in pyproject.toml: it must equal `testkit.layers_doc.render()`.
+
+tests/unit/test_doc_paths.py checks the paths and modules that comments, docstrings and pyproject.toml name.
 """
 
 from __future__ import annotations
@@ -43,11 +47,11 @@ from pathlib import Path
 from loadaware.config import SETTINGS
 from loadaware.policies import POLICY_NAMES
 from loadaware.policies.auto import AUTO
-from testkit import config_doc
+from testkit import config_doc, layers_doc
 from testkit.paths import REPO
 
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-OTHER_CLI_DOCS = {"findings.md", "results.md", "development.md"}
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "research").glob("*.md"))]
+OTHER_CLI_DOCS = {"notebook.md", "results.md", "development.md"}
 GENERATED = ("out/", "build/", ".venv/", ".lmcache-venv/", ".peers-venv/", ".vllm-venv/")
 NOT_METRICS = {"loadaware_sidecar": "envoy/envoy.yaml"}  # the Envoy cluster that reaches the sidecar
 PATH_SUFFIXES = (".py", ".yaml", ".yml", ".json", ".md", ".proto", ".toml", ".txt", ".png", ".csv", ".svg")
@@ -230,6 +234,26 @@ def problems_of(doc: Path) -> list[str]:
 def test_configuration_doc_is_generated_from_the_settings_table() -> None:
     assert (REPO / "docs" / "configuration.md").read_text() == config_doc.render(), (
         f"docs/configuration.md is stale: regenerate it with `{config_doc.COMMAND}`")
+
+
+def test_architecture_layer_diagram_is_generated_from_the_import_contracts() -> None:
+    assert layers_doc.region(layers_doc.DOC.read_text()) == layers_doc.render(), (
+        f"docs/architecture.md's layer diagram is stale: regenerate it with `{layers_doc.COMMAND}`")
+
+
+def test_layer_diagram_shows_every_module_of_every_contract(tmp_path: Path) -> None:
+    diagram = layers_doc.render()
+    for contract in layers_doc.contracts():
+        for layer in contract.get("layers", []):
+            assert f"{layer} ─▶ " in diagram or f"─▶ {layer}" in diagram, layer
+        for key in ("containers", "source_modules", "forbidden_modules"):
+            for module in contract.get(key, []):
+                assert module in diagram, (key, module)
+    changed = tmp_path / "pyproject.toml"
+    changed.write_text(layers_doc.PYPROJECT.read_text().replace('"cli",', '"cli",\n  "made_up",', 1))
+    assert "cli ─▶ made_up ─▶ app" in layers_doc.render(changed)
+    doc = "before\n" + layers_doc.render() + "after\n"
+    assert layers_doc.rewrite(doc, changed) == "before\n" + layers_doc.render(changed) + "after\n"
 
 
 def test_every_flag_variable_metric_and_path_in_the_docs_exists() -> None:
