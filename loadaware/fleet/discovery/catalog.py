@@ -1,6 +1,6 @@
 """What discovery knows about each endpoint, and the one place that turns it into the routable fleet.
 
-Every discovery source (Envoy admin, Kubernetes EndpointSlices) reports a full list of DiscoveredEndpoint;
+Every discovery source (Envoy admin, Kubernetes EndpointSlices, InferencePool) reports a full list of endpoints;
 the catalog keeps it for ListEndpoints and hands the routable subset to the EndpointRegistry. An endpoint
 that vanishes or stops being routable leaves the registry at once, whose removal listeners release its
 in-flight counts and end its LMCache credit. Static and file discovery feed the registry directly and
