@@ -4,7 +4,7 @@ Why (grpcio 1.85, grpc issue #43360): when Envoy resets an ext_proc stream (a cl
 end of many completed requests), gRPC first completes the handler's pending read with EOF and announces the
 cancellation a moment later. A handler that returns at that EOF makes grpc.aio send a status on the
 cancelled call; that batch fails, and grpc.aio never frees a failed batch's native op array. Measured with
-`python -m bench.stream_leak`: ~100 bytes of malloc heap left per cancelled stream, each a small chunk that
+`python -m research.probes.stream_leak`: ~100 bytes of malloc heap left per cancelled stream, each a small chunk that
 also keeps its page from being trimmed or reused. Yielding one turn of the event loop at EOF lets a
 cancellation gRPC has already seen land first (the handler then ends with CancelledError and no status is
 sent); the call's own `cancelled()` catches one announced but not yet delivered.

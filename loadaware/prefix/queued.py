@@ -7,7 +7,7 @@ one is scheduled. Until then the exact source shows the engine as not holding th
 or evicted prefix looks cold everywhere, is placed by load alone, and computes the prefix again on another
 engine, whose copy evicts some other prefix. On a fleet that queues for long (the placement grid's overload
 point: ~14 s) that happened to ~1 request in 15, and a saturated fleet's queue grows with every prefill it
-repeats (docs/findings.md).
+repeats (research/notebook.md).
 
 So the sidecar remembers the prompts it routed to an engine that had an admission queue, until they end
 (`QueuedPrefixes`, a lifecycle listener), and a decision credits such an engine, while it still queues, with
@@ -24,7 +24,7 @@ releasing every key cost ~26 µs a request; every 4th, a quarter of that.
 
 Cost: nothing while no candidate queues; then the prompt's key chain (shared with the KV-events lookup of the
 same decision, else ~40 µs for a 1,578-token prompt), a walk, and a refcount per block held and released
-(python -m bench.queued_cost). Bounded: `max_blocks` (engine, block) entries
+(python -m research.probes.queued_cost). Bounded: `max_blocks` (engine, block) entries
 in all; past it a routed prompt is not remembered (less credit, never more).
 """
 

@@ -12,7 +12,7 @@ how often each was routed while recent:
 - recurring: the blocks of sampled keys routed again while still in the LRU, each key standing for the
   `stride` blocks from its own (fewer at a prompt's end), x mod: the blocks that come back soon enough to be
   worth caching (a request's unique suffix never counts). On the placement grid's workloads it follows the
-  count over every block (stride 1) to within 3% (docs/findings.md). A key that straddles a prefix's end
+  count over every block (stride 1) to within 3% (research/notebook.md). A key that straddles a prefix's end
   counts the prompt's tail as recurring, so where prefixes are short and tails long it over-counts, which
   makes `lane-spread` fall back to `lane` sooner, never later.
 - popularity(keys, matched): the count of the deepest sampled key inside the prompt's longest match, an
