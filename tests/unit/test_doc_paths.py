@@ -28,7 +28,8 @@ Rules (`test_matchers_catch_made_up_names` proves each can fail):
    a module, whose next part (if any) must be a name it defines at top level (a `def`, `class`, assignment
    or import; `NAME_*` a prefix of one). Further parts (attributes of that name) are not checked. A name
    ending in a file suffix (`loadaware.yaml`) is a file, not a module; NOT_MODULES lists the dotted names
-   that are not Python (the gRPC package `loadaware.v1`, the span `loadaware.route`).
+   that are not Python (the gRPC package `loadaware.v1`, the span `loadaware.route`); a part in PLACEHOLDERS
+   stands for any module (`python -m experiment.MODULE`).
 
 The failure lists every stale reference as `file:line: name: why`.
 """
@@ -54,6 +55,7 @@ GENERATED = ("out", "build", ".venv", ".lmcache-venv", ".peers-venv", ".vllm-ven
 # dotted names that are not Python modules, each with the file that must hold it
 NOT_MODULES = {"loadaware.v1": "proto/loadaware/v1/loadaware.proto",  # the API's gRPC package
                "loadaware.route": "loadaware/telemetry/tracing.py"}  # the decision's trace span
+PLACEHOLDERS = {"MODULE", "NAME"}
 FILE_SUFFIXES = ("py", "md", "yaml", "yml", "json", "toml", "txt", "proto", "sh", "csv", "svg", "png", "log",
                  "html", "cfg", "ini", "lock", "jsonl", "gz")
 
@@ -140,7 +142,7 @@ def top_level_names(module: Path) -> frozenset[str] | None:
 
 
 def defines(names: frozenset[str] | None, part: str) -> bool:
-    if names is None:
+    if names is None or part in PLACEHOLDERS:
         return True
     return any(n.startswith(part[:-1]) for n in names) if part.endswith("*") else part in names
 
@@ -211,7 +213,7 @@ def test_matchers_catch_made_up_names() -> None:
     assert path_problems("prefix/kvevents/feeds.py", REPO / "sim" / "made_up.py") == []
     text = ("`loadaware.prefix.queued`, `loadaware.prefix.nowhere`, `testkit.config_doc.render()`, "
             "`testkit.config_doc.no_such_name`, `loadaware.v1.Router`, `sim.nowhere`, policies/loadaware.py, "
-            "`testkit.config_doc.COMM*`, `testkit.config_doc.NOPE_*`, "
+            "`testkit.config_doc.COMM*`, `testkit.config_doc.NOPE_*`, `python -m experiment.MODULE`, "
             "loadaware.yaml, loadaware-sidecar, python -m bench.run")
     assert module_problems(text) == ["loadaware.prefix.nowhere: no such module",
                                      "testkit.config_doc.no_such_name: no such module",
