@@ -24,6 +24,10 @@ Rules (each a small matcher below; `test_matchers_catch_made_up_names` proves ea
    paths docs/architecture.md writes, like `routing/pipeline.py`). `path::test` and `path:LINE` are checked
    as `path`. Run outputs and virtual environments (GENERATED) are not in the repository and are not checked.
    Another project's file is written `project:path` (`envoy:source/...`), which is not a repository path.
+5. **Modules.** Every dotted name rooted at one of the projects (`python -m bench.run`, `loadaware.prefix.queued`,
+   `loadaware.config.SETTINGS`) is a module, or a name its module defines: tests/unit/test_doc_paths.py's rule
+   3, `module_problems`, which knows the names that are not modules (the trace span's attributes, the gRPC
+   package).
 
 docs/architecture.md's "Adding a policy" section is a worked example of a policy that does not exist: it is
 left out here, and tests/unit/test_adding_a_policy.py runs its code as written instead.
@@ -49,6 +53,7 @@ from loadaware.policies import POLICY_NAMES
 from loadaware.policies.auto import AUTO
 from testkit import config_doc, layers_doc
 from testkit.paths import REPO
+from tests.unit.test_doc_paths import module_problems
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "research").glob("*.md"))]
 OTHER_CLI_DOCS = {"notebook.md", "results.md", "development.md"}
@@ -226,7 +231,7 @@ def without_worked_example(text: str) -> str:
 def problems_of(doc: Path) -> list[str]:
     text = without_worked_example(doc.read_text())
     return (sidecar_flag_problems(text, all_spans=doc.name not in OTHER_CLI_DOCS) + env_problems(text)
-            + metric_problems(text) + path_problems(text, doc))
+            + metric_problems(text) + path_problems(text, doc) + module_problems(text))
 
 
 # ---- the tests ----
@@ -256,7 +261,7 @@ def test_layer_diagram_shows_every_module_of_every_contract(tmp_path: Path) -> N
     assert layers_doc.rewrite(doc, changed) == "before\n" + layers_doc.render(changed) + "after\n"
 
 
-def test_every_flag_variable_metric_and_path_in_the_docs_exists() -> None:
+def test_every_flag_variable_metric_path_and_module_in_the_docs_exists() -> None:
     found = {str(doc.relative_to(REPO)): problems for doc in DOCS if (problems := sorted(set(problems_of(doc))))}
     assert not found, json.dumps(found, indent=2)
 
@@ -300,6 +305,8 @@ and [the page](../docs/nowhere.md), [policies](policies.md#no-such-heading), [we
     assert metric_problems(text) == ["loadaware_made_up_total: no such metric"]
     assert metric_problems("`loadaware_engine_{running,nope}`") == ["loadaware_engine_nope: no such metric"]
     assert metric_problems("`loadaware_decision_seconds_bucket`, `loadaware_approx_*`, `loadaware_sidecar`") == []
+    assert module_problems("`python -m bench.nowhere`, `loadaware.route`, `loadaware.v1.Router`") == [
+        "bench.nowhere: no such module"]
     assert path_problems("`envoy:source/extensions/override_host/load_balancer.cc`, `/etc/x.yaml`", doc) == []
     assert sorted(path_problems(text, doc)) == ["../docs/nowhere.md: no such file in the repository",
                                                 "https://example.com: points outside the repository",
