@@ -25,9 +25,17 @@ from loadaware.fleet.addresses import (
     parse_instance_map,
     parse_topic_map,
 )
+from loadaware.fleet.discovery.registry import discovery_help, discovery_problem, in_cluster, modes
 from loadaware.policies import POLICIES
 from loadaware.policies.auto import AUTO, auto_policy
 from loadaware.prefix.blocks import DEFAULT_MAX_BLOCKS
+from loadaware.prefix.registry import (
+    SOURCES,
+    default_reason,
+    default_sources,
+    prefix_source_help,
+    selection_problem,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +46,10 @@ class ConfigError(ValueError):
 
 # ---- value parsers: each raises ValueError with a short reason ----
 
-DISCOVERY_MODES = ("static", "file", "envoy-admin", "kubernetes", "inference-pool")
-
-
 def parse_discovery(text: str) -> str:
     mode = text.strip().lower()
-    if mode not in DISCOVERY_MODES:
-        raise ValueError(f"{text!r}: expected one of {', '.join(DISCOVERY_MODES)}")
+    if mode not in modes():  # the registry itself: a backend added there is accepted here
+        raise ValueError(f"{text!r}: expected one of {', '.join(modes())}")
     return mode
 
 
@@ -79,6 +84,11 @@ def parse_policy(text: str) -> str:
     if text != AUTO and text not in POLICIES:  # the registry itself: a policy added there is accepted here
         raise ValueError(f"{text!r}: expected {AUTO} or one of {', '.join(POLICIES)}")
     return text
+
+
+def policy_help() -> str:
+    """--policy's help, from the registry: a policy registered there is named here."""
+    return f"{' | '.join((AUTO, *POLICIES))} (auto: {auto_policy(True)[0]}; docs/policies.md)"
 
 
 def parse_url(text: str) -> str:
@@ -141,18 +151,16 @@ def parse_ratio(text: str) -> float:
     return value
 
 
-PREFIX_SOURCES = ("lmcache", "kv-events", "approx")
-
-
 def parse_prefix_sources(text: str) -> tuple[str, ...]:
-    """`lmcache`, `kv-events`, `approx`, or a comma combination; `auto` (or empty) = the default."""
+    """Sources of the registry (prefix/registry.py), one or a comma combination; `auto` (or empty) = the
+    default."""
     items = [t.strip().lower() for t in text.split(",") if t.strip()]
     if not items or items == ["auto"]:
         return ()
-    unknown = [t for t in items if t not in PREFIX_SOURCES]
+    unknown = [t for t in items if t not in SOURCES]
     if unknown:
-        raise ValueError(f"{', '.join(unknown)}: expected a comma list of {', '.join(PREFIX_SOURCES)}")
-    return tuple(s for s in PREFIX_SOURCES if s in items)  # canonical order, no duplicates
+        raise ValueError(f"{', '.join(unknown)}: expected a comma list of {', '.join(SOURCES)}")
+    return tuple(s for s in SOURCES if s in items)  # canonical order, no duplicates
 
 
 def parse_port(text: str) -> int:
@@ -206,7 +214,9 @@ def parse_positive_int(text: str) -> int:
 class Setting:
     default: Any
     parse: Callable[[str], Any]
-    help: str
+    # The help text, or what derives it from a registry when asked (so a policy, prefix source or discovery
+    # backend registered there is named in --help and docs/configuration.md).
+    help_text: str | Callable[[], str]
     # A bad environment value of a strict setting is refused at start like a flag: a listener on a default
     # address the operator did not mean, a TLS file silently dropped (plain text instead of TLS) or an ejection
     # rule quietly reset would each change the pod's exposure or failure behaviour without a sign. Tuning knobs
@@ -216,13 +226,17 @@ class Setting:
     env: str = ""  # default: LOADAWARE_NAME
     name: str = ""  # the Settings field; set by named()
 
+    @property
+    def help(self) -> str:
+        return self.help_text if isinstance(self.help_text, str) else self.help_text()
+
     def named(self, name: str) -> Setting:
         return replace(self, name=name, flag=self.flag or "--" + name.replace("_", "-"),
                        env=self.env or "LOADAWARE_" + name.upper())
 
 
-def setting(default: Any, parse: Callable[[str], Any], help: str, *, strict: bool = False, flag: str = "",
-            env: str = "") -> Any:
+def setting(default: Any, parse: Callable[[str], Any], help: str | Callable[[], str], *, strict: bool = False,
+            flag: str = "", env: str = "") -> Any:
     """A Settings field: its default and, in the field's metadata, how it is given and parsed."""
     spec = {"setting": Setting(default, parse, help, strict, flag, env)}
     if isinstance(default, dict):
@@ -242,9 +256,7 @@ class Settings:
     endpoints_file: str = setting("", parse_path,
             "file of HOST:PORT lines or commas, re-read when it changes")
     # Endpoint discovery (loadaware/fleet/discovery/); the default follows --endpoints / --endpoints-file.
-    discovery: str = setting("", parse_discovery,
-            "static | file | envoy-admin | kubernetes | inference-pool (default: file with --endpoints-file, "
-            "else static)", strict=True)
+    discovery: str = setting("", parse_discovery, discovery_help, strict=True)
     envoy_admin_url: str = setting("", parse_url,
             "envoy-admin discovery: Envoy's admin API, e.g. http://127.0.0.1:9901", strict=True)
     envoy_cluster: str = setting("engines", parse_name,
@@ -261,9 +273,7 @@ class Settings:
             "kubernetes discovery outside a cluster: kubeconfig file (default: in-cluster service account)")
     inference_pool: str = setting("", parse_name,
             "inference-pool discovery: the InferencePool whose pods are the engines (in --k8s-namespace)")
-    policy: str = setting(AUTO, parse_policy,
-            "auto | banded | lane-spread | loadaware | kvaware | roundrobin | leastload (auto: loadaware; "
-            "docs/policies.md)", strict=True)
+    policy: str = setting(AUTO, parse_policy, policy_help, strict=True)
     loadaware_beta: float = setting(1.0, parse_beta,
             "exchange rate between prefix benefit and relative load (>= 0)", env='LOADAWARE_BETA')
     lmcache_url: str = setting("", parse_url,
@@ -383,9 +393,7 @@ class Settings:
             "PEM private key for --tls-cert", strict=True)
     tls_client_ca: str = setting("", parse_path,
             "PEM CA bundle: require and verify client certificates (mutual TLS)", strict=True)
-    prefix_source: tuple[str, ...] = setting((), parse_prefix_sources,
-            "lmcache | kv-events | approx, or a comma combination (default: lmcache,approx with --lmcache-url "
-            "and --tokenizer, else approx)", strict=True)
+    prefix_source: tuple[str, ...] = setting((), parse_prefix_sources, prefix_source_help, strict=True)
     kv_events_port: int = setting(5557, parse_port,
             "port of each engine's vLLM KV-event PUB socket, on the endpoint's host (0 = explicit map only)")
     kv_events_replay_port: int = setting(5558, parse_port,
@@ -439,24 +447,19 @@ class Settings:
 
     @property
     def prefix_sources(self) -> tuple[str, ...]:
-        """The prefix sources in effect: the flag's; else, with a tokenizer and --lmcache-url, LMCache and the
-        sidecar's own record beside it (LMCache names one holder per chunk: the record adds the others); else
-        the record alone (LMCache is asked by token ids, so without a tokenizer it could not be asked)."""
+        """The prefix sources in effect: the flag's; else `auto`'s (prefix/registry.py: every source its options
+        select and that can be asked; with a tokenizer and --lmcache-url, LMCache and the sidecar's own record
+        beside it, else the record alone)."""
         if self.prefix_source:
             return self.prefix_source
-        return ("lmcache", "approx") if self.lmcache_url and self.tokenizer else ("approx",)
+        return default_sources(self, bool(self.tokenizer))
 
     @property
     def prefix_reason(self) -> str:
         """Why the prefix sources in effect are the ones: the operator's flag, or the default's reason."""
         if self.prefix_source:
             return "--prefix-source"
-        if self.lmcache_url and self.tokenizer:
-            return ("default: LMCache credits one holder per chunk, so the sidecar's record of where it sent each "
-                    "prefix adds the other holders")
-        if self.lmcache_url:
-            return "default: no tokenizer, so LMCache cannot be asked; the sidecar's record guesses from text"
-        return "default: no exact source configured; the sidecar's record of where it sent each prefix"
+        return default_reason(self, bool(self.tokenizer))
 
     @property
     def effective_policy(self) -> str:
@@ -476,7 +479,7 @@ class Settings:
     @property
     def objectives_from_cluster(self) -> bool:
         """Whether the InferenceObjective resources are watched: admission on, Kubernetes discovery, not refused."""
-        return self.admission and self.watch_objectives and self.discovery_mode in ("kubernetes", "inference-pool")
+        return self.admission and self.watch_objectives and in_cluster(self.discovery_mode)
 
     def describe(self) -> list[dict[str, Any]]:
         """The effective configuration with each value's origin (for GetConfig and logs)."""
@@ -546,10 +549,9 @@ def resolve(flags: Mapping[str, str | None], environ: Mapping[str, str] | None =
 
 
 def _check_combination(settings: Settings) -> None:
-    if "lmcache" in settings.prefix_source and not settings.lmcache_url:
-        raise ConfigError("--prefix-source: lmcache needs --lmcache-url")
-    if settings.kv_events_bind and "kv-events" not in settings.prefix_sources:
-        raise ConfigError("--kv-events-bind: the engines' KV events feed --prefix-source kv-events; add it")
+    problem = selection_problem(settings.prefix_sources, settings)  # each source's own rules (prefix/registry.py)
+    if problem:
+        raise ConfigError(problem)
     if not settings.listen:
         raise ConfigError("--listen: the gRPC server needs an address")
     if settings.session_header and settings.session_header == settings.destination_header:
@@ -588,19 +590,9 @@ def _check_addresses(settings: Settings) -> None:
 
 
 def _check_discovery(settings: Settings) -> None:
-    mode = settings.discovery_mode
-    if mode == "file" and not settings.endpoints_file:
-        raise ConfigError("--discovery: file needs --endpoints-file")
-    if mode in ("envoy-admin", "kubernetes", "inference-pool") and (settings.endpoints or settings.endpoints_file):
-        raise ConfigError(f"--discovery: {mode} finds the endpoints itself; drop --endpoints / --endpoints-file")
-    if mode == "static" and settings.endpoints_file:
-        raise ConfigError("--discovery: static takes --endpoints; use --discovery file for --endpoints-file")
-    if mode == "envoy-admin" and not settings.envoy_admin_url:
-        raise ConfigError("--envoy-admin-url: --discovery envoy-admin needs Envoy's admin address")
-    if mode == "kubernetes" and not settings.k8s_service:
-        raise ConfigError("--k8s-service: --discovery kubernetes needs the engines' Service name")
-    if mode == "inference-pool" and not settings.inference_pool:
-        raise ConfigError("--inference-pool: --discovery inference-pool needs the InferencePool's name")
+    problem = discovery_problem(settings.discovery_mode, settings)  # the backend's own rules (discovery/registry.py)
+    if problem:
+        raise ConfigError(problem)
 
 
 def from_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Settings:

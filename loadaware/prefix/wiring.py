@@ -1,121 +1,131 @@
-"""Builds the prefix sources `--prefix-source` asks for and owns their background work, so the app only
-starts, shows and stops them. It takes plain options, never the configuration object: the app translates."""
+"""Builds the prefix sources `--prefix-source` selects (from prefix/registry.py) and owns their life, so the
+app only starts, shows and stops them. It takes plain options, never the configuration object: each source
+reads the settings its spec names (prefix/spec.py).
+
+Combination: exact sources are asked together, each endpoint getting the best of their answers; at most one
+guess (the sidecar's record) speaks for the endpoints no complete exact source covers (prefix/combined.py).
+One source alone is asked directly.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
 
-from loadaware.fleet.addresses import FeedAddress
-from loadaware.prefix.approx import ApproxIndex, ApproxPrefixSource
-from loadaware.prefix.blocks import BlockIndex
-from loadaware.prefix.combined import CombinedPrefixSource, Covered, Member
+from loadaware.fleet.registry import FleetListener
+from loadaware.lifecycle import LifecycleListener
+from loadaware.prefix.combined import CombinedPrefixSource, Member
 from loadaware.prefix.counted import SourceLookups
-from loadaware.prefix.kvevents.feeds import KvEventsFeeds, Spawn
-from loadaware.prefix.kvevents.inbound import InboundKvEvents
-from loadaware.prefix.kvevents.query import KvEventsPrefixSource
+from loadaware.prefix.registry import SOURCES
 from loadaware.prefix.source import PrefixSource
-from loadaware.telemetry.metrics import Metrics
+from loadaware.prefix.sources.approx import APPROX_TOKEN_BLOCK
+from loadaware.prefix.spec import BuildContext, Built, Task, options_of
 
-SOURCE_NAMES = ("lmcache", "kv-events", "approx")
-# The approximate index counts blocks of 16 tokens (vLLM's default block), or of 16 text units without a tokenizer.
-APPROX_TOKEN_BLOCK = 16
+__all__ = ["APPROX_TOKEN_BLOCK", "PrefixOptions", "PrefixWiring"]
+
+B = TypeVar("B", bound=Built)
 
 
 @dataclass(frozen=True)
 class PrefixOptions:
-    names: tuple[str, ...]  # among SOURCE_NAMES
-    have_tokenizer: bool
-    kv_events_max_blocks: int = 1_500_000
-    kv_events_endpoints: Mapping[str, FeedAddress] = field(default_factory=dict)
-    kv_events_port: int = 5557
-    kv_events_replay_port: int = 5558
-    kv_events_topic: str = ""
-    kv_events_replay_timeout_s: float = 2.0
-    kv_events_dp_ranks: int = 1
-    kv_events_bind: str = ""  # HOST:PORT the engines connect to ("" = engines bind, the sidecar connects)
-    kv_events_topic_map: Mapping[str, str] = field(default_factory=dict)
-    approx_capacity_tokens: int = 100_000
-    approx_ttl_s: float = 300.0
-    approx_max_blocks: int = 500_000
+    """The selection, and where its sources read their options: `settings`, any object with attributes named
+    after the settings (the app's Settings); else `values`; else each option's default."""
+
+    names: tuple[str, ...]  # among the registry's
+    have_tokenizer: bool = False
+    values: Mapping[str, Any] = field(default_factory=dict)
+    settings: object | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        """A source option by its setting's name (tools read the defaults this way)."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if self.settings is not None and hasattr(self.settings, name):
+            return getattr(self.settings, name)
+        if name in self.values:
+            return self.values[name]
+        for spec in SOURCES.values():
+            for f in fields(spec.options):
+                if f.name == name:
+                    return getattr(spec.options(), name)
+        raise AttributeError(name)
 
 
 class PrefixWiring:
-    def __init__(self, options: PrefixOptions, metrics: Metrics, endpoints: Callable[[], tuple[str, ...]],
-                 lmcache: PrefixSource | None, lmcache_covered: Covered | None, spawn: Spawn | None = None) -> None:
-        o = options
-        self.names = o.names
-        self.kv_feeds: KvEventsFeeds | None = None
-        self.kv_inbound: InboundKvEvents | None = None
-        self.approx: ApproxPrefixSource | None = None
+    def __init__(self, options: PrefixOptions, context: BuildContext) -> None:
+        self.names = options.names
+        self.parts: dict[str, Built] = {}  # every source built, selected or only configured
         exact: list[Member] = []
-        lookups = SourceLookups(metrics.registry)  # each source's answers counted apart (its match fraction)
-        if "lmcache" in self.names and lmcache is not None:
-            exact.append(Member(lookups.wrap(lmcache), lmcache_covered or (lambda eps: set(eps)), complete=False))
-        if "kv-events" in self.names:
-            index = BlockIndex(o.kv_events_max_blocks)
-            # With a bind address the engines connect to us: only explicitly mapped engines are dialled.
-            pub_port = 0 if o.kv_events_bind else o.kv_events_port
-            self.kv_feeds = KvEventsFeeds(index, metrics, endpoints, dict(o.kv_events_endpoints), pub_port,
-                                          o.kv_events_replay_port, o.kv_events_topic, o.kv_events_replay_timeout_s,
-                                          dp_ranks=o.kv_events_dp_ranks, spawn=spawn)
-            if o.kv_events_bind:
-                self.kv_inbound = InboundKvEvents(self.kv_feeds, o.kv_events_bind, o.kv_events_topic_map,
-                                                  o.kv_events_replay_port, endpoints)
-            kv = KvEventsPrefixSource(index, self.kv_feeds)
-            exact.append(Member(lookups.wrap(kv), kv.covered))
-        if "approx" in self.names:
-            # Tokens, or without a tokenizer text units of ~a token each (tokenize/text_units.py): one block size.
-            self.approx = ApproxPrefixSource(
-                ApproxIndex(max(1, o.approx_capacity_tokens // APPROX_TOKEN_BLOCK), APPROX_TOKEN_BLOCK, o.approx_ttl_s,
-                            o.approx_max_blocks), metrics)
-        for name in SOURCE_NAMES:
-            metrics.prefix_source_info.labels(name, "false" if name == "approx" else "true").set(
+        guess: PrefixSource | None = None
+        lookups = SourceLookups(context.metrics.registry)  # each source's answers counted apart
+        for name, spec in SOURCES.items():
+            values = options_of(spec, options)
+            if name not in self.names and not spec.configured(values):
+                continue
+            built = self.parts[name] = spec.build(values, context)
+            if name not in self.names:
+                continue
+            if spec.exact:
+                exact.append(Member(lookups.wrap(built.source), built.covered, complete=spec.complete))
+            else:
+                guess = lookups.wrap(built.source)
+        for name, spec in SOURCES.items():
+            context.metrics.prefix_source_info.labels(name, "true" if spec.exact else "false").set(
                 1 if name in self.names else 0)
         self.source: PrefixSource | None
-        if len(exact) == 1 and self.approx is None:
+        if len(exact) == 1 and guess is None:
             self.source = exact[0].source
-        elif not exact and self.approx is not None:
-            self.source = lookups.wrap(self.approx)
-        elif exact or self.approx is not None:
-            self.source = CombinedPrefixSource(exact, lookups.wrap(self.approx) if self.approx else None)
+        elif exact:
+            self.source = CombinedPrefixSource(exact, guess)
         else:
-            self.source = None
+            self.source = guess
 
-    def tasks(self) -> list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]]:
-        out: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = []
-        if self.kv_feeds is not None:
-            out.append(("kv-events", self.kv_feeds.run))
-        if self.kv_inbound is not None:
-            out.append(("kv-events-inbound", self.kv_inbound.run))
-        if self.approx is not None:
-            out.append(("approx-decay", self.approx.run))
-        return out
+    @property
+    def text_will_do(self) -> bool:
+        """Every selected source can be asked with text units (~a token each) when there is no tokenizer."""
+        return bool(self.names) and not any(SOURCES[name].needs_tokenizer for name in self.names)
+
+    def part(self, name: str, kind: type[B]) -> B | None:
+        """The built source `name` if it was built and is a `kind` (tools and tests reach its internals)."""
+        built = self.parts.get(name)
+        return built if isinstance(built, kind) else None
+
+    def _selected(self) -> list[Built]:
+        return [built for name, built in self.parts.items() if name in self.names]
+
+    def lifecycle_listeners(self) -> list[LifecycleListener]:
+        return [b.lifecycle_listener for b in self._selected() if b.lifecycle_listener is not None]
+
+    def fleet_listeners(self) -> list[FleetListener]:
+        return [b.fleet_listener for b in self._selected() if b.fleet_listener is not None]
+
+    def tasks(self) -> list[tuple[str, Task]]:
+        return [task for built in self.parts.values() for task in built.tasks()]
+
+    def ready(self) -> bool:
+        return all(built.ready() for built in self.parts.values())
 
     def endpoint_removed(self, endpoint: str) -> None:
-        if self.kv_feeds is not None:
-            self.kv_feeds.remove(endpoint)
-        if self.approx is not None:
-            self.approx.drop(endpoint)
+        for built in self.parts.values():
+            built.endpoint_removed(endpoint)
+
+    def endpoints_changed(self, endpoints: tuple[str, ...]) -> None:
+        for built in self.parts.values():
+            built.endpoints_changed(endpoints)
 
     def refresh_gauges(self) -> None:
-        if self.kv_feeds is not None:
-            self.kv_feeds.refresh_gauges()
-        if self.approx is not None:
-            self.approx.refresh_gauges()
+        for built in self.parts.values():
+            built.refresh_gauges()
 
     def state(self) -> dict[str, object]:
         out: dict[str, object] = {"sources": list(self.names)}
-        if self.kv_feeds is not None:
-            kv_events = self.kv_feeds.state()
-            if self.kv_inbound is not None:
-                kv_events["inbound"] = self.kv_inbound.state()
-            out["kv_events"] = kv_events
-        if self.approx is not None:
-            out["approx"] = self.approx.state()
+        for name, built in self.parts.items():
+            shown = built.state()
+            if shown is not None:
+                out[name.replace("-", "_")] = shown
         return out
 
     async def close(self) -> None:
-        if self.kv_feeds is not None:
-            await self.kv_feeds.close()
+        for built in self.parts.values():
+            await built.close()

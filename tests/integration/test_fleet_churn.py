@@ -16,6 +16,10 @@ from loadaware.extproc.replies import ROUTE_CACHE_LIMIT
 from loadaware.fleet.health import HTTP_5XX
 from loadaware.fleet.models import ServedModels
 from loadaware.load.tracker import EngineStats
+from loadaware.prefix.approx import ApproxPrefixSource
+from loadaware.prefix.kvevents.feeds import KvEventsFeeds
+from loadaware.prefix.sources.approx import ApproxParts
+from loadaware.prefix.sources.kv_events import KvEventsParts
 from loadaware.routing.request import InferenceRequest
 from testkit.paths import TINY_TOKENIZER
 from tests.conftest import wait_until_async
@@ -29,13 +33,24 @@ def series(app: Sidecar) -> int:
                if line and not line.startswith("#"))
 
 
+def kv_feeds(app: Sidecar) -> KvEventsFeeds:
+    parts = app.prefixes.part("kv-events", KvEventsParts)
+    assert parts is not None
+    return parts.feeds
+
+
+def approx_source(app: Sidecar) -> ApproxPrefixSource:
+    parts = app.prefixes.part("approx", ApproxParts)
+    assert parts is not None
+    return parts.approx
+
+
 def sizes(app: Sidecar) -> dict[str, int]:
     """Every per-endpoint map the sidecar keeps, by owner."""
     t, h, m = app.loads, app.endpoint_health, app.metrics
-    assert app.models is not None and app.models_poller is not None and app.prefixes.approx is not None
-    feeds = app.prefixes.kv_feeds
-    assert feeds is not None
-    index, approx = feeds.index, app.prefixes.approx.index
+    assert app.models is not None and app.models_poller is not None
+    feeds = kv_feeds(app)
+    index, approx = feeds.index, approx_source(app).index
     order = t.ordered()
     out: dict[str, Any] = {
         "tracker.counts": t._counts, "tracker.generation": t._generation, "tracker.stats": t._stats,
@@ -56,8 +71,7 @@ def sizes(app: Sidecar) -> dict[str, int]:
 
 def settled(app: Sidecar) -> bool:
     """No feed task of a departed engine still running, and the KV index's sweeper has nothing left to do."""
-    feeds = app.prefixes.kv_feeds
-    assert feeds is not None
+    feeds = kv_feeds(app)
     fleet = set(app.registry.snapshot())
     departed = [row for row in app.supervisor.state()
                 if str(row["task"]).startswith("kv-events-feed") and str(row["task"]).split()[1] not in fleet]
@@ -72,8 +86,8 @@ async def test_ten_thousand_add_remove_cycles_leave_every_map_and_series_at_base
                              "--kv-events-port", "1", "--kv-events-replay-port", "2"], environ={}))
     await app.start()
     replies = app.extproc.buffered.replies
-    feeds = app.prefixes.kv_feeds
-    assert feeds is not None and app.models is not None and app.prefixes.approx is not None
+    feeds, approx = kv_feeds(app), approx_source(app)
+    assert app.models is not None
     tokens = list(range(64))
     try:
         async def cycle(i: int) -> None:
@@ -90,12 +104,12 @@ async def test_ten_thousand_add_remove_cycles_leave_every_map_and_series_at_base
                 app.endpoint_health.failed(ep, HTTP_5XX)
             app.metrics.decided(ep, "routed")
             app.metrics.responded(ep, 503)
-            assert app.models is not None and app.prefixes.approx is not None
+            assert app.models is not None
             app.models.record(ep, ServedModels(frozenset({"m", f"lora-{i % 7}"})))
             app.metrics.models_seen(ep, frozenset({"m", f"lora-{i % 7}"}))
             app.metrics.models_fetch_failure(ep, "timeout")
             feeds.index.store(ep, [i * 4 + k for k in range(4)], None, tokens, 16)
-            app.prefixes.approx.routed(tokens, ep)
+            approx.routed(tokens, ep)
             replies.body_route((ep, *BASE))
             if i % 1000 == 0:
                 await app.metrics_page.render()

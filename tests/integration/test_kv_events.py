@@ -14,7 +14,7 @@ from prometheus_client import Counter
 
 from loadaware.fleet.addresses import FeedAddress, parse_feed_map
 from loadaware.prefix.blocks import BlockIndex, block_keys
-from loadaware.prefix.kvevents.feeds import KvEventsFeeds
+from loadaware.prefix.kvevents.feeds import FeedOptions, KvEventsFeeds
 from loadaware.prefix.kvevents.query import KvEventsPrefixSource
 from loadaware.telemetry.metrics import Metrics
 from loadaware.telemetry.table_series import TableCounter
@@ -55,8 +55,8 @@ class Rig:
         self.endpoints = tuple(self.caches)
         self.index = BlockIndex()
         self.metrics = Metrics("loadaware")
-        self.feeds = KvEventsFeeds(self.index, self.metrics, lambda: self.endpoints, self.explicit, 0, 0,
-                                   replay_timeout_s=1.0)
+        self.feeds = KvEventsFeeds(self.index, self.metrics, lambda: self.endpoints,
+                                   FeedOptions(self.explicit, replay_timeout_s=1.0))
         self.source = KvEventsPrefixSource(self.index, self.feeds)
         self.task: asyncio.Task[None] | None = None
 
@@ -185,9 +185,8 @@ async def test_late_joiner_replays_the_history() -> None:
     assert pub.published == 1  # on the wire, to nobody: only the replay can deliver it
     index, metrics = BlockIndex(), Metrics("loadaware")
     ep = "127.0.0.38:8000"
-    feeds = KvEventsFeeds(index, metrics, lambda: (ep,),
-                          {ep: FeedAddress(f"tcp://127.0.0.38:{pub.port}", f"tcp://127.0.0.38:{pub.replay_port}")},
-                          0, 0)
+    feeds = KvEventsFeeds(index, metrics, lambda: (ep,), FeedOptions(
+        {ep: FeedAddress(f"tcp://127.0.0.38:{pub.port}", f"tcp://127.0.0.38:{pub.replay_port}")}))
     task = asyncio.create_task(feeds.run())
     try:
         source = KvEventsPrefixSource(index, feeds)
@@ -249,7 +248,7 @@ async def test_simulated_engines_publish_and_every_holder_is_credited(hash_forma
                     for e in fleet.engines}
         endpoints = tuple(explicit)
         index, metrics = BlockIndex(), Metrics("loadaware")
-        feeds = KvEventsFeeds(index, metrics, lambda: endpoints, explicit, 0, 0)
+        feeds = KvEventsFeeds(index, metrics, lambda: endpoints, FeedOptions(explicit))
         task = asyncio.create_task(feeds.run())
         source = KvEventsPrefixSource(index, feeds)
         try:
@@ -296,8 +295,8 @@ async def test_hybrid_model_credits_only_its_full_attention_groups() -> None:
     cache.add_observer(pub)
     ep = "127.0.0.60:8000"
     index, metrics = BlockIndex(), Metrics("loadaware")
-    feeds = KvEventsFeeds(index, metrics, lambda: (ep,), {ep: FeedAddress(
-        f"tcp://127.0.0.60:{pub.port}", f"tcp://127.0.0.60:{pub.replay_port}")}, 0, 0)
+    feeds = KvEventsFeeds(index, metrics, lambda: (ep,), FeedOptions({ep: FeedAddress(
+        f"tcp://127.0.0.60:{pub.port}", f"tcp://127.0.0.60:{pub.replay_port}")}))
     source = KvEventsPrefixSource(index, feeds)
     task = asyncio.create_task(feeds.run())
     try:
@@ -357,7 +356,7 @@ async def test_data_parallel_engine_is_credited_with_the_minimum_over_its_ranks(
         pubs.append(pub)
     ep = f"{ip}:8000"
     index, metrics = BlockIndex(), Metrics("loadaware")
-    feeds = KvEventsFeeds(index, metrics, lambda: (ep,), {}, pub_port, replay_port, dp_ranks=2)
+    feeds = KvEventsFeeds(index, metrics, lambda: (ep,), FeedOptions({}, pub_port, replay_port, dp_ranks=2))
     source = KvEventsPrefixSource(index, feeds)
     task = asyncio.create_task(feeds.run())
     try:
@@ -393,7 +392,7 @@ async def test_feeds_subscribe_and_replay_over_ipv6() -> None:
     explicit = parse_feed_map(",".join(f"{ep}=[::1]:{p.port}/{p.replay_port}" for ep, p in zip(endpoints, pubs)))
     assert explicit[endpoints[0]].pub == f"tcp://[::1]:{pubs[0].port}"
     index, metrics = BlockIndex(), Metrics("loadaware")
-    feeds = KvEventsFeeds(index, metrics, lambda: endpoints, explicit, 0, 0, replay_timeout_s=1.0)
+    feeds = KvEventsFeeds(index, metrics, lambda: endpoints, FeedOptions(explicit, replay_timeout_s=1.0))
     source = KvEventsPrefixSource(index, feeds)
     task = asyncio.create_task(feeds.run())
     try:

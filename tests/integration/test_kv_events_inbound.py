@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 from loadaware.fleet.addresses import parse_topic_map
 from loadaware.prefix.blocks import BlockIndex
-from loadaware.prefix.kvevents.feeds import KvEventsFeeds
+from loadaware.prefix.kvevents.feeds import FeedOptions, KvEventsFeeds
 from loadaware.prefix.kvevents.inbound import InboundKvEvents, convention_ip, endpoint_of_topic
 from loadaware.prefix.kvevents.query import KvEventsPrefixSource
 from loadaware.telemetry.metrics import Metrics
@@ -53,8 +53,8 @@ class Rig:
         self.endpoints = endpoints
         self.index = BlockIndex()
         self.metrics = Metrics("loadaware")
-        self.feeds = KvEventsFeeds(self.index, self.metrics, lambda: self.endpoints, {}, 0, 0,
-                                   replay_timeout_s=1.0)
+        self.feeds = KvEventsFeeds(self.index, self.metrics, lambda: self.endpoints,
+                                   FeedOptions(replay_timeout_s=1.0))
         self.inbound = InboundKvEvents(self.feeds, bind, topic_map or {}, replay_port, lambda: self.endpoints)
         self.source = KvEventsPrefixSource(self.index, self.feeds)
         self.tasks: list[asyncio.Task[None]] = []

@@ -27,6 +27,7 @@ from loadaware.fleet.discovery.inference_pool import (
     pod_health,
     pool_spec,
 )
+from loadaware.fleet.discovery.listwatch import WatchTiming
 from testkit.k8s_apiserver import StandInApiServer, make_pod, make_pool
 from tests.conftest import wait_until_async
 from tests.k8s.crd_schemas import INFERENCE_POOL
@@ -107,8 +108,7 @@ def test_pod_set_folds_events_and_drops_pods_relabelled_out() -> None:
 class Harness(DiscoveryHarness[InferencePoolDiscovery]):
     def __init__(self, server: StandInApiServer, tmp_path: Path) -> None:
         super().__init__(server, tmp_path, "inference-pool", lambda catalog, metrics, client: InferencePoolDiscovery(
-            "llm", "vllm", catalog, metrics, client, pool_interval_s=0.05, request_timeout_s=5.0,
-            watch_timeout_s=30, backoff_s=(0.05, 0.2)))
+            "llm", "vllm", catalog, metrics, client, WatchTiming(30, 5.0, (0.05, 0.2), recheck_s=0.05)))
 
     def pod_requests(self, watch: bool) -> list[dict[str, str]]:
         return [r.params for r in self.server.requests if r.resource == "pods" and r.watch == watch]

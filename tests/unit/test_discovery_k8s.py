@@ -13,10 +13,12 @@ import pytest
 
 from loadaware.fleet.discovery.kubernetes import (
     KubernetesDiscovery,
+    ServiceRef,
     SliceSet,
     endpoint_health,
     slice_endpoints,
 )
+from loadaware.fleet.discovery.listwatch import WatchTiming
 from loadaware.fleet.discovery.metrics import DiscoveryMetrics
 from testkit.k8s_apiserver import PodEndpoint, StandInApiServer, make_slice, recorded_events, recorded_list
 from tests.unit.discovery_harness import DiscoveryHarness, on_stand_in_server
@@ -80,7 +82,7 @@ def test_recorded_watch_events_fold_into_the_set() -> None:
 class Harness(DiscoveryHarness[KubernetesDiscovery]):
     def __init__(self, server: StandInApiServer, tmp_path: Path) -> None:
         super().__init__(server, tmp_path, "kubernetes", lambda catalog, metrics, client: KubernetesDiscovery(
-            "llm", "vllm", "http", catalog, metrics, client, watch_timeout_s=30, backoff_s=(0.05, 0.2)))
+            ServiceRef("llm", "vllm", "http"), catalog, metrics, client, WatchTiming(30, backoff_s=(0.05, 0.2))))
 
     def watches(self) -> list[dict[str, str]]:
         return [r.params for r in self.server.requests if r.watch]

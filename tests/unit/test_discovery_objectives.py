@@ -23,6 +23,7 @@ from loadaware.app import Sidecar
 from loadaware.config import from_args, resolve
 from loadaware.fleet.discovery import objectives as discovery_objectives
 from loadaware.fleet.discovery.kubernetes import make_api_client
+from loadaware.fleet.discovery.listwatch import WatchTiming
 from loadaware.fleet.discovery.metrics import DiscoveryMetrics
 from loadaware.fleet.discovery.objectives import (
     API_CALLS,
@@ -143,8 +144,8 @@ class Harness:
         kubeconfig = tmp_path / "kubeconfig"
         kubeconfig.write_text(json.dumps(server.kubeconfig()))
         self.watch = InferenceObjectivesWatch("llm", pool, self._changed, self.metrics,
-                                              lambda: make_api_client(str(kubeconfig)), watch_timeout_s=30,
-                                              request_timeout_s=5.0, backoff_s=(0.05, 0.2), unavailable_retry_s=0.2)
+                                              lambda: make_api_client(str(kubeconfig)),
+                                              WatchTiming(30, 5.0, (0.05, 0.2), recheck_s=0.2))
         self.task: asyncio.Task[None] | None = None
 
     def _changed(self, priorities: dict[str, int]) -> None:

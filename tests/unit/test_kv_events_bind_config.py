@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 
 from loadaware.config import ConfigError, resolve
+from loadaware.prefix.lmcache.bridge import InstanceBridge
+from loadaware.prefix.sources.kv_events import KvEventsParts
+from loadaware.prefix.spec import BuildContext
 from loadaware.prefix.wiring import PrefixOptions, PrefixWiring
 from loadaware.telemetry.metrics import Metrics
 
@@ -30,12 +33,15 @@ def test_bad_values_are_refused_naming_the_flag(flags: dict[str, str], message: 
 
 
 def test_bind_turns_off_dialling_and_adds_the_inbound_task() -> None:
-    def wiring(bind: str) -> PrefixWiring:
-        return PrefixWiring(PrefixOptions(names=("kv-events",), have_tokenizer=True, kv_events_bind=bind),
-                            Metrics("loadaware"), lambda: ("10.0.0.5:8000",), None, None)
+    def wiring(bind: str) -> KvEventsParts:
+        built = PrefixWiring(PrefixOptions(("kv-events",), True, {"kv_events_bind": bind}), BuildContext(
+            Metrics("loadaware"), lambda: ("10.0.0.5:8000",), InstanceBridge()))
+        parts = built.parts["kv-events"]
+        assert isinstance(parts, KvEventsParts) and getattr(built.source, "source", None) is parts.source
+        return parts
     dialling = wiring("")
-    assert dialling.kv_inbound is None and dialling.kv_feeds is not None and dialling.kv_feeds.pub_port == 5557
+    assert dialling.inbound is None and dialling.feeds.pub_port == 5557
     bound = wiring("127.0.0.1:0")
-    assert bound.kv_inbound is not None and bound.kv_feeds is not None and bound.kv_feeds.pub_port == 0
+    assert bound.inbound is not None and bound.feeds.pub_port == 0
     assert [name for name, _ in bound.tasks()] == ["kv-events", "kv-events-inbound"]
-    assert bound.state()["kv_events"]["inbound"]["bind"] == "tcp://127.0.0.1:0"  # type: ignore[index]
+    assert bound.state()["inbound"]["bind"] == "tcp://127.0.0.1:0"  # type: ignore[index]

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from loadaware.fleet.addresses import FeedAddress
 from loadaware.prefix.blocks import BlockIndex
-from loadaware.prefix.kvevents.feeds import FEED_SERIES, EngineFeed, KvEventsFeeds
+from loadaware.prefix.kvevents.feeds import FEED_SERIES, EngineFeed, FeedOptions, KvEventsFeeds
 from loadaware.tasks.supervisor import Supervisor, SupervisorOptions
 from loadaware.telemetry.metrics import Metrics
 from tests.conftest import wait_until_async
@@ -33,7 +33,7 @@ async def test_a_crashing_feed_is_reset_and_restarted_with_backoff(monkeypatch: 
     supervisor = Supervisor(registry, SupervisorOptions(base_s=0.01, max_s=0.04, failing_after=3, stable_s=5))
     endpoints = [EP]
     feeds = KvEventsFeeds(BlockIndex(), Metrics("loadaware"), lambda: tuple(endpoints),
-                          {EP: FeedAddress("tcp://127.0.0.61:1", None)}, 0, 0, spawn=supervisor.spawn)
+                          FeedOptions({EP: FeedAddress("tcp://127.0.0.61:1", None)}), spawn=supervisor.spawn)
     manager = asyncio.create_task(feeds.run())
     try:
         await wait_until_async(lambda: len(runs) >= 4, message="the feed restarted after each crash")

@@ -13,7 +13,7 @@ from loadaware.config import from_args
 from loadaware.fleet.addresses import FeedAddress, parse_feed_address, parse_feed_map
 from loadaware.prefix.blocks import BlockIndex
 from loadaware.prefix.kvevents.codec import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, decode_batch
-from loadaware.prefix.kvevents.feeds import EngineFeed, KvEventsFeeds, feed_address
+from loadaware.prefix.kvevents.feeds import EngineFeed, FeedOptions, FeedShared, KvEventsFeeds, feed_address
 from loadaware.prefix.kvevents.groups import GroupRouter, credited
 from loadaware.prefix.kvevents.query import KvEventsPrefixSource
 from loadaware.prefix.kvevents.sync import apply_batch
@@ -40,7 +40,7 @@ def remove(idx: list[int], group: int | None, tag: str = "p") -> BlockRemoved:
 
 @pytest.fixture
 def feeds() -> Iterator[KvEventsFeeds]:
-    f = KvEventsFeeds(BlockIndex(), Metrics("loadaware"), lambda: (), {}, 0, 0)
+    f = KvEventsFeeds(BlockIndex(), Metrics("loadaware"), lambda: ())
     yield f
     f.ctx.destroy(linger=0)
 
@@ -48,7 +48,7 @@ def feeds() -> Iterator[KvEventsFeeds]:
 def attach(feeds: KvEventsFeeds, endpoint: str, ranks: tuple[int, ...] = (0,)) -> list[EngineFeed]:
     """Feeds for `endpoint` as sync_endpoints makes them, without running their sockets."""
     address = FeedAddress("tcp://10.0.0.1:5557", "tcp://10.0.0.1:5558", ranks)
-    made = [EngineFeed(endpoint, address.for_rank(r), feeds.index, feeds.metrics, feeds.ctx, "", 1.0, r)
+    made = [EngineFeed(endpoint, address.for_rank(r), FeedShared(feeds.index, feeds.metrics, feeds.ctx, 1.0), "", r)
             for r in ranks]
     feeds.attach(endpoint, made)
     return made
@@ -223,8 +223,8 @@ def test_rank_ports_and_settings() -> None:
 
 
 async def test_sync_endpoints_starts_one_feed_per_rank() -> None:
-    feeds = KvEventsFeeds(BlockIndex(), Metrics("loadaware"), lambda: (), {"10.0.0.9:8000": FeedAddress(
-        "tcp://127.0.0.1:1", None, (0, 2))}, 5557, 0, dp_ranks=3)
+    feeds = KvEventsFeeds(BlockIndex(), Metrics("loadaware"), lambda: (), FeedOptions({"10.0.0.9:8000": FeedAddress(
+        "tcp://127.0.0.1:1", None, (0, 2))}, 5557, 0, dp_ranks=3))
     try:
         feeds.sync_endpoints(["10.0.0.9:8000", "10.0.0.8:8000"])
         assert [f.rank for f in feeds.feeds["10.0.0.9:8000"]] == [0, 2]  # the explicit ranks

@@ -21,7 +21,7 @@ import pytest
 
 from loadaware.fleet.addresses import parse_feed_map
 from loadaware.prefix.blocks import BlockIndex
-from loadaware.prefix.kvevents.feeds import KvEventsFeeds
+from loadaware.prefix.kvevents.feeds import FeedOptions, KvEventsFeeds
 from loadaware.prefix.kvevents.inbound import InboundKvEvents
 from loadaware.prefix.kvevents.query import KvEventsPrefixSource
 from loadaware.telemetry.metrics import Metrics
@@ -136,8 +136,8 @@ class KvView:
         self.endpoints = tuple(endpoints)
         self.index = BlockIndex()
         self.metrics = Metrics("loadaware")
-        self.feeds = KvEventsFeeds(self.index, self.metrics, lambda: self.endpoints, parse_feed_map(feed_map), 0,
-                                   replay_port, replay_timeout_s=5.0)
+        self.feeds = KvEventsFeeds(self.index, self.metrics, lambda: self.endpoints, FeedOptions(
+            parse_feed_map(feed_map), 0, replay_port, replay_timeout_s=5.0))
         self.inbound = InboundKvEvents(self.feeds, bind, topic_map or {}, replay_port, lambda: self.endpoints) \
             if bind else None
         self.source = KvEventsPrefixSource(self.index, self.feeds)

@@ -29,7 +29,7 @@ from typing import Any
 from loadaware.fleet.addresses import endpoint_of
 from loadaware.fleet.discovery.catalog import DRAINING, HEALTHY, UNHEALTHY, DiscoveredEndpoint, DiscoveryCatalog
 from loadaware.fleet.discovery.kubernetes import ApiClientFactory
-from loadaware.fleet.discovery.listwatch import Collection, ListWatch
+from loadaware.fleet.discovery.listwatch import Collection, ListWatch, WatchTiming
 from loadaware.fleet.discovery.metrics import DiscoveryMetrics
 
 log = logging.getLogger(__name__)
@@ -163,23 +163,24 @@ def _name(obj: Mapping[str, Any]) -> str:
 
 # ---- I/O -----------------------------------------------------------------------------------------------
 
+# One pool read or list page within 10 s; the pool's spec re-read every 5 s.
+POOL_TIMING = WatchTiming(request_timeout_s=10.0, recheck_s=5.0)
+
+
 class InferencePoolDiscovery:
     name = SOURCE
 
     def __init__(self, namespace: str, pool: str, catalog: DiscoveryCatalog, metrics: DiscoveryMetrics,
-                 client_factory: ApiClientFactory, pool_interval_s: float = 5.0, request_timeout_s: float = 10.0,
-                 watch_timeout_s: int = 290, backoff_s: tuple[float, float] = (0.5, 15.0)) -> None:
+                 client_factory: ApiClientFactory, timing: WatchTiming = POOL_TIMING) -> None:
         self.namespace = namespace
         self.pool = pool
         self.catalog = catalog
         self.metrics = metrics
         self.client_factory = client_factory
-        self.pool_interval_s = pool_interval_s  # how soon a change of the pool's selector or ports is seen
-        self.request_timeout_s = request_timeout_s  # time box of one pool read or one list page
-        # Server-side watch timeout: the API server ends the watch cleanly and we resume; it also bounds
-        # how long a silently dead connection can go unnoticed.
-        self.watch_timeout_s = watch_timeout_s
-        self.backoff_s = backoff_s
+        self.timing = timing
+        self.pool_interval_s = timing.recheck_s  # how soon a change of the pool's selector or ports is seen
+        self.request_timeout_s = timing.request_timeout_s  # time box of one pool read or one list page
+        self.backoff_s = timing.backoff_s
         self.spec: PoolSpec | None = None
         self.pods: PodSet | None = None
         self.follower: ListWatch | None = None  # the pods of the current spec, listed then watched
@@ -280,8 +281,7 @@ class InferencePoolDiscovery:
             collection = Collection("pods", core.list_namespaced_pod_without_preload_content,
                                     core.list_namespaced_pod, self.namespace, self.pods.spec.label_selector)
             self.follower = ListWatch(collection, self.pods, self._publish, self.metrics,
-                                      lambda exc, retry_s: self._failed("watch", exc, retry_s), self.watch_timeout_s,
-                                      self.request_timeout_s, self.backoff_s)
+                                      lambda exc, retry_s: self._failed("watch", exc, retry_s), self.timing)
         await self.follower.run()
 
     # ---- reporting ----

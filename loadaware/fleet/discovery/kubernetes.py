@@ -13,11 +13,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from loadaware.fleet.addresses import endpoint_of
 from loadaware.fleet.discovery.catalog import DRAINING, HEALTHY, UNHEALTHY, DiscoveredEndpoint, DiscoveryCatalog
-from loadaware.fleet.discovery.listwatch import Collection, ListWatch
+from loadaware.fleet.discovery.listwatch import LIST_WATCH_TIMING, Collection, ListWatch, WatchTiming
 from loadaware.fleet.discovery.metrics import DiscoveryMetrics
 
 log = logging.getLogger(__name__)
@@ -126,21 +127,28 @@ async def make_api_client(kubeconfig: str = "") -> Any:
 ApiClientFactory = Callable[[], Awaitable[Any]]
 
 
+@dataclass(frozen=True)
+class ServiceRef:
+    """The engines' Service: its namespace, its name, and the port Envoy sends to ("": its only port)."""
+
+    namespace: str
+    name: str
+    port_name: str = ""
+
+
 class KubernetesDiscovery:
     name = SOURCE
 
-    def __init__(self, namespace: str, service: str, port_name: str, catalog: DiscoveryCatalog,
-                 metrics: DiscoveryMetrics, client_factory: ApiClientFactory,
-                 watch_timeout_s: int = 290, backoff_s: tuple[float, float] = (0.5, 15.0)) -> None:
-        self.namespace = namespace
-        self.service = service
-        self.selector = f"{SERVICE_LABEL}={service}"
-        self.slices = SliceSet(port_name)
+    def __init__(self, service: ServiceRef, catalog: DiscoveryCatalog, metrics: DiscoveryMetrics,
+                 client_factory: ApiClientFactory, timing: WatchTiming = LIST_WATCH_TIMING) -> None:
+        self.namespace = service.namespace
+        self.service = service.name
+        self.selector = f"{SERVICE_LABEL}={service.name}"
+        self.slices = SliceSet(service.port_name)
         self.catalog = catalog
         self.metrics = metrics
         self.client_factory = client_factory
-        self.watch_timeout_s = watch_timeout_s
-        self.backoff_s = backoff_s
+        self.timing = timing
         self.follower: ListWatch | None = None
 
     @property
@@ -154,8 +162,7 @@ class KubernetesDiscovery:
         api = client.DiscoveryV1Api(api_client)
         collection = Collection("endpointslices", api.list_namespaced_endpoint_slice_without_preload_content,
                                 api.list_namespaced_endpoint_slice, self.namespace, self.selector)
-        self.follower = ListWatch(collection, self.slices, self._publish, self.metrics, self._failed,
-                                  self.watch_timeout_s, backoff_s=self.backoff_s)
+        self.follower = ListWatch(collection, self.slices, self._publish, self.metrics, self._failed, self.timing)
         try:
             await self.follower.run()
         finally:

@@ -51,20 +51,33 @@ class Collection:
     label_selector: str
 
 
+@dataclass(frozen=True)
+class WatchTiming:
+    """How a follower of the API server paces itself."""
+
+    # Server-side watch timeout: the API server ends the watch cleanly and we resume; it also bounds how long a
+    # silently dead connection can go unnoticed.
+    watch_timeout_s: int = 290
+    request_timeout_s: float = 30.0  # time box of one list page (or one read)
+    backoff_s: tuple[float, float] = (0.5, 15.0)  # first and longest wait after a failure (doubling between)
+    # How soon a change the watch cannot show is seen: the InferencePool's own spec, a CRD installed later.
+    recheck_s: float = 5.0
+
+
+LIST_WATCH_TIMING = WatchTiming()
+
+
 class ListWatch:
     def __init__(self, collection: Collection, fold: Fold, on_change: Callable[[], None], metrics: DiscoveryMetrics,
-                 failed: Callable[[Exception, float], None], watch_timeout_s: int = 290,
-                 request_timeout_s: float = 30.0, backoff_s: tuple[float, float] = (0.5, 15.0)) -> None:
+                 failed: Callable[[Exception, float], None], timing: WatchTiming = LIST_WATCH_TIMING) -> None:
         self.collection = collection
         self.fold = fold
         self.on_change = on_change
         self.metrics = metrics
         self.failed = failed
-        # Server-side watch timeout: the API server ends the watch cleanly and we resume; it also bounds
-        # how long a silently dead connection can go unnoticed.
-        self.watch_timeout_s = watch_timeout_s
-        self.request_timeout_s = request_timeout_s
-        self.backoff_s = backoff_s
+        self.watch_timeout_s = timing.watch_timeout_s
+        self.request_timeout_s = timing.request_timeout_s
+        self.backoff_s = timing.backoff_s
         self.resource_version: str | None = None
         self.lists = 0
         self.watches = 0

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from loadaware.fleet.discovery.kubernetes import ApiClientFactory
-from loadaware.fleet.discovery.listwatch import Collection, ListWatch
+from loadaware.fleet.discovery.listwatch import Collection, ListWatch, WatchTiming
 from loadaware.fleet.discovery.metrics import DiscoveryMetrics
 
 log = logging.getLogger(__name__)
@@ -196,23 +196,24 @@ async def _checked(call: Any) -> Any:
     return resp
 
 
+# One list page within 10 s; a missing CRD (or Role) asked about again every minute.
+OBJECTIVES_TIMING = WatchTiming(request_timeout_s=10.0, recheck_s=60.0)
+
+
 class InferenceObjectivesWatch:
     name = SOURCE
 
     def __init__(self, namespace: str, pool: str, on_change: Callable[[dict[str, int]], None],
-                 metrics: DiscoveryMetrics, client_factory: ApiClientFactory, watch_timeout_s: int = 290,
-                 request_timeout_s: float = 10.0, backoff_s: tuple[float, float] = (0.5, 15.0),
-                 unavailable_retry_s: float = 60.0) -> None:
+                 metrics: DiscoveryMetrics, client_factory: ApiClientFactory,
+                 timing: WatchTiming = OBJECTIVES_TIMING) -> None:
         self.namespace = namespace
         self.pool = pool  # "" takes every objective of the namespace
         self.objectives = ObjectiveSet(pool)
         self.on_change = on_change
         self.metrics = metrics
         self.client_factory = client_factory
-        self.watch_timeout_s = watch_timeout_s
-        self.request_timeout_s = request_timeout_s
-        self.backoff_s = backoff_s
-        self.unavailable_retry_s = unavailable_retry_s  # how soon a CRD installed (or a Role granted) later is seen
+        self.timing = timing
+        self.unavailable_retry_s = timing.recheck_s  # how soon a CRD installed (or a Role granted) later is seen
         self.follower: ListWatch | None = None
         self.unavailable: int | None = None  # the 403 / 404 last answered, until a list succeeds
 
@@ -223,8 +224,7 @@ class InferenceObjectivesWatch:
         try:
             custom = client.CustomObjectsApi(api_client)
             self.follower = ListWatch(objectives_collection(custom, self.namespace), self.objectives, self._publish,
-                                      self.metrics, self._failed, self.watch_timeout_s, self.request_timeout_s,
-                                      self.backoff_s)
+                                      self.metrics, self._failed, self.timing)
             while True:
                 try:
                     await self.follower.run()

@@ -20,6 +20,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import zmq
 import zmq.asyncio
@@ -61,21 +62,43 @@ def feed_address(endpoint: str, explicit: Mapping[str, FeedAddress], pub_port: i
     return FeedAddress(tcp_url(host, pub_port), tcp_url(host, replay_port) if replay_port > 0 else None)
 
 
+@dataclass(frozen=True)
+class FeedShared:
+    """What every engine's feed of one sidecar shares: the index they fill, the metrics, the ZMQ context and
+    the replay time box."""
+
+    index: BlockIndex
+    metrics: Metrics
+    ctx: zmq.asyncio.Context
+    replay_timeout_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class FeedOptions:
+    """Where the engines' publishers are: explicit entries, else each endpoint's host with these ports."""
+
+    explicit: Mapping[str, FeedAddress] = field(default_factory=dict)
+    pub_port: int = 0  # 0: only the explicit entries are dialled
+    replay_port: int = 0  # 0: no replay
+    topic: str = ""
+    replay_timeout_s: float = 2.0
+    dp_ranks: int = 1
+
+
 class EngineFeed:
     """One engine's feed: subscribe, keep in sequence, replay what was missed, drop the index on restart."""
 
-    def __init__(self, endpoint: str, address: FeedAddress, index: BlockIndex, metrics: Metrics,
-                 ctx: zmq.asyncio.Context, topic: str, replay_timeout_s: float, rank: int = 0) -> None:
+    def __init__(self, endpoint: str, address: FeedAddress, shared: FeedShared, topic: str, rank: int = 0) -> None:
         self.endpoint = rank_name(endpoint, rank)  # the feed's name: in the index, metrics and logs
         self.rank = rank
         self.router = GroupRouter(self.endpoint)
         self.rank_mismatches = 0
         self.address = address
-        self.index = index
-        self.metrics = metrics
-        self.ctx = ctx
+        self.index = shared.index
+        self.metrics = metrics = shared.metrics
+        self.ctx = shared.ctx
         self.topic = topic.encode()
-        self.replay_timeout_s = replay_timeout_s
+        self.replay_timeout_s = shared.replay_timeout_s
         self.sync = FeedSync()
         self.connected = False
         self.synced = False  # connected and caught up once: the index speaks for this engine
@@ -252,9 +275,9 @@ class KvEventsFeeds:
     endpoints, stops them and drops their index for endpoints that left."""
 
     def __init__(self, index: BlockIndex, metrics: Metrics, endpoints: Callable[[], tuple[str, ...]],
-                 explicit: Mapping[str, FeedAddress], pub_port: int, replay_port: int, topic: str = "",
-                 replay_timeout_s: float = 2.0, dp_ranks: int = 1, spawn: Spawn | None = None) -> None:
-        if dp_ranks < 1:
+                 options: FeedOptions | None = None, spawn: Spawn | None = None) -> None:
+        options = options or FeedOptions()
+        if options.dp_ranks < 1:
             raise ValueError("dp_ranks must be >= 1")
         # Each feed and the sweeper run supervised (restarted with backoff, counted): the sidecar's supervisor,
         # or a private one where the feeds run alone (tests, tools).
@@ -262,13 +285,14 @@ class KvEventsFeeds:
         self.index = index
         self.metrics = metrics
         self.endpoints = endpoints
-        self.explicit = dict(explicit)
-        self.pub_port = pub_port
-        self.replay_port = replay_port
-        self.topic = topic
-        self.replay_timeout_s = replay_timeout_s
-        self.dp_ranks = tuple(range(dp_ranks))
+        self.explicit = dict(options.explicit)
+        self.pub_port = options.pub_port
+        self.replay_port = options.replay_port
+        self.topic = options.topic
+        self.replay_timeout_s = options.replay_timeout_s
+        self.dp_ranks = tuple(range(options.dp_ranks))
         self.ctx = zmq.asyncio.Context()
+        self.shared = FeedShared(index, metrics, self.ctx, options.replay_timeout_s)
         self.feeds: dict[str, list[EngineFeed]] = {}  # endpoint -> one feed per data-parallel rank
         # endpoint -> its parts, for endpoints whose credit is not simply the index entry of their own name
         # (several ranks, several credited groups): what the hot path reads
@@ -301,8 +325,7 @@ class KvEventsFeeds:
             address = feed_address(endpoint, self.explicit, self.pub_port, self.replay_port)
             if address is None:
                 continue
-            feeds = [EngineFeed(endpoint, address.for_rank(rank), self.index, self.metrics, self.ctx, self.topic,
-                                self.replay_timeout_s, rank)
+            feeds = [EngineFeed(endpoint, address.for_rank(rank), self.shared, self.topic, rank)
                      for rank in (address.ranks if address.ranks is not None else self.dp_ranks)]
             self.attach(endpoint, feeds)
             self._tasks[endpoint] = [

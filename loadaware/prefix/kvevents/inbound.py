@@ -83,8 +83,7 @@ class InboundKvEvents:
         host = endpoint.rpartition(":")[0].strip("[]")
         replay = tcp_url(host, self.replay_port) if self.replay_port > 0 else None
         feed = EngineFeed(endpoint, FeedAddress(f"{self.bound_url} (topic {topic.decode(errors='replace')})", replay),
-                          self.feeds.index, self.feeds.metrics, self.feeds.ctx, topic.decode(errors="replace"),
-                          self.feeds.replay_timeout_s)
+                          self.feeds.shared, topic.decode(errors="replace"))
         self.feeds.attach(endpoint, [feed])
         self._by_topic[topic] = (endpoint, feed)
         return feed
