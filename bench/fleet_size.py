@@ -297,7 +297,7 @@ async def measure_size(n: int, reps: dict[str, int], policy: str = "loadaware", 
         if learned:
             teach_prices(app, rng)
         if full_scan:
-            app.decider.ranking = None  # every endpoint scored
+            app.decider.selection.ranking = None  # every endpoint scored
         if all_queueing:  # fresh scrapes with a queue on every engine (the bench runs well within --scrape-stale-s)
             for endpoint in app.registry.snapshot():
                 app.loads.record(endpoint, EngineStats(64, 2, None, time.monotonic()))

@@ -26,7 +26,8 @@ from loadaware.prefix.approx import ApproxIndex, ApproxPrefixSource
 from loadaware.prefix.combined import CombinedPrefixSource, Member
 from loadaware.prefix.source import PrefixSource
 from loadaware.prefix.wiring import APPROX_TOKEN_BLOCK
-from loadaware.routing.pipeline import Decider, StateLocator
+from loadaware.routing.builder import build_decider
+from loadaware.routing.producers import StateLocator
 from loadaware.routing.request import InferenceRequest
 from loadaware.telemetry.metrics import Metrics
 
@@ -113,7 +114,7 @@ class ProductRouter:
         # Where stored responses live (loadaware.fleet.state_holders.StateHolders, as the app wires it; None: no
         # state routing, as a peer router has none): the simulator teaches it each stored response's engine.
         self.state = state
-        self.decider = Decider(policy, self.registry, self.loads, self.lifecycle, None, prefix,
+        self.decider = build_decider(policy, self.registry, self.loads, self.lifecycle, None, prefix,
                                signals=self.signals, state=state)
         # As loadaware.app subscribes them: counts first, then the token signals, then the approximate index.
         self.lifecycle.subscribe(self.loads)
@@ -133,7 +134,7 @@ class ProductRouter:
 
     def attach_state(self, state: StateLocator) -> None:
         """State routing on (an arm that runs it: every sidecar arm, as the app always wires it)."""
-        self.state = self.decider.state = state
+        self.state = self.decider.producers.state = state
 
     def decide_request(self, request: InferenceRequest) -> Decision:
         """The sidecar's decision for a request built by the caller (e.g. one naming a stored response:

@@ -26,6 +26,7 @@ from loadaware.fleet.addresses import (
     parse_topic_map,
 )
 from loadaware.fleet.discovery.registry import discovery_help, discovery_problem, in_cluster, modes
+from loadaware.fleet.health import HealthOptions
 from loadaware.policies import POLICIES
 from loadaware.policies.auto import AUTO, auto_policy
 from loadaware.prefix.blocks import DEFAULT_MAX_BLOCKS
@@ -36,6 +37,7 @@ from loadaware.prefix.registry import (
     prefix_source_help,
     selection_problem,
 )
+from loadaware.routing.builder import CoreOptions
 
 log = logging.getLogger(__name__)
 
@@ -600,3 +602,17 @@ def from_args(argv: Sequence[str] | None = None, environ: Mapping[str, str] | No
     add_arguments(parser)
     ns = parser.parse_args(argv)
     return resolve(vars(ns), environ)
+
+
+def core_options(s: Settings) -> CoreOptions:
+    """What the decision core reads of the settings (loadaware/routing/builder.py): the sidecar and the simulator
+    build it from the same table."""
+    return CoreOptions(
+        policy=s.effective_policy, beta=s.loadaware_beta, fallbacks=s.fallback_endpoints,
+        scrape_stale_s=s.scrape_stale_s,
+        health=HealthOptions(s.eject_after_failures, s.ejection_base_s, s.ejection_max_s, s.unreachable_after_scrapes,
+                             s.max_ejection_percent),
+        models_refresh_s=s.models_refresh_s, sessions=bool(s.session_header),
+        session_max_entries=s.session_max_entries, session_ttl_s=s.session_ttl_s,
+        state_max_entries=s.state_max_entries, state_ttl_s=s.state_ttl_s,
+        state_probe_timeout_s=s.state_probe_timeout_s)

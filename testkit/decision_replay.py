@@ -35,7 +35,7 @@ from loadaware.lifecycle import Decision
 from loadaware.policies import POLICY_NAMES
 from loadaware.policies.base import Candidate
 from loadaware.routing.request import InferenceRequest
-from testkit.decision_core import SimClock, build_core
+from testkit.decision_core import SimClock, build_replayed
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "decisions"
 SOURCES = ("exact", "approx", "exact+approx", "none")
@@ -176,7 +176,7 @@ def record_of(decision: Decision) -> dict[str, Any]:
 async def replay(config: StreamConfig, events: list[Event]) -> list[dict[str, Any]]:
     """Every decision the current code makes on the stream, as `record_of` describes it."""
     clock = SimClock()
-    core = build_core(config.policy, config.source, endpoint_names(config.endpoints), clock,
+    core = build_replayed(config.policy, config.source, endpoint_names(config.endpoints), clock,
                       Settings(session_header="x-session-id"), text_encoder=not config.tokens)
     decisions: list[Decision] = []
     for event in events:

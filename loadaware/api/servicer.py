@@ -59,8 +59,8 @@ class RouterServicer(pb_grpc.RouterServicer):
         except BadRequest as exc:
             return pb.ExplainResponse(outcome="rejected", reasons=[exc.reason], message=exc.message,
                                       policy=self.routing.policy, kind=kind)
-        decider = copy.copy(self.routing.decider)  # shares every source; only the policy's own state is copied
-        decider.policy = copy.copy(decider.policy)
+        live = self.routing.decider
+        decider = live.with_policy(copy.copy(live.policy))  # shares every source; only the policy's state is copied
         decision = await decider.decide(parsed, f"explain-{uuid.uuid4().hex[:12]}", count=False,
                                         parse_s=time.perf_counter() - t)
         excluded = self._excluded(decider, parsed.model, decision.pool_size) if decision.candidates else []

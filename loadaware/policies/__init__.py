@@ -1,6 +1,7 @@
 """The routing policies and their registry: a policy is one module (its formula and parameters on top, its
 Needs declared on its class) and one line in POLICIES. The default, `auto`, picks one of them at start
-(auto.py)."""
+(auto.py). Each policy's optional capabilities are checked when it is registered (here, at import) and when it is
+made, never mid-decision (`check_capabilities`)."""
 
 from __future__ import annotations
 
@@ -25,12 +26,37 @@ POLICIES: dict[str, Callable[[float], Policy]] = {
 }
 POLICY_NAMES = tuple(POLICIES)
 
+# What a policy that selects its own candidates over a large pool (policies/large_pool.py) must have, by the Needs
+# flag that declares it.
+CAPABILITIES = {
+    "floored": ("select", "cost_in", "floor", "bounds", "prior", "max_share"),
+    "turns": ("select", "turn"),
+}
+
+
+def check_capabilities(policy: Policy) -> Policy:
+    """The policy, if what its Needs declare it has; else ValueError naming what is missing."""
+    needs = policy.needs
+    declared = [flag for flag in CAPABILITIES if getattr(needs, flag)]
+    for flag in declared:
+        missing = [name for name in CAPABILITIES[flag] if not hasattr(policy, name)]
+        if missing:
+            raise ValueError(f"policy {policy.name!r} declares Needs.{flag} without {', '.join(missing)}")
+    if callable(getattr(policy, "select", None)) and not declared:
+        raise ValueError(f"policy {policy.name!r} selects its own candidates (select) but declares neither "
+                         f"Needs.floored nor Needs.turns")
+    return policy
+
 
 def make_policy(name: str, beta: float = 1.0) -> Policy:
     factory = POLICIES.get(name)
     if factory is None:
         raise ValueError(f"unknown policy {name!r}; expected one of {', '.join(POLICIES)}")
-    return factory(beta)
+    return check_capabilities(factory(beta))
+
+
+for _factory in POLICIES.values():  # registration: a policy lacking what it declares fails at import
+    check_capabilities(_factory(1.0))
 
 
 __all__ = [
@@ -46,6 +72,7 @@ __all__ = [
     "Needs",
     "Policy",
     "RoundRobin",
+    "check_capabilities",
     "make_policy",
     "ranked",
 ]

@@ -42,6 +42,7 @@ class Candidate:
     # Of matched_tokens, those credited because requests routed here while it queued hold them (not yet
     # computed, so no exact source shows them: loadaware.prefix.queued). Filled only for a policy that reads it.
     queued_tokens: float = 0.0
+    scraped: dict[str, float] | None = None  # registered scraped signals beyond the above, by name (load/scraped/)
 
 
 @dataclass(frozen=True, slots=True)

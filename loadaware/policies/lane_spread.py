@@ -26,9 +26,10 @@ every one of them, and the prefill clock counts routed prefill, not the admissio
 went to its holder whatever that holder's queue, and the queues drifted apart. Balancing requests in flight,
 with the match as a bonus of at most one mean load, keeps the queues even (docs/findings.md).
 
-Over a large pool the pipeline scores the holders and then the rest by load only until `floor` (a lower bound on
-a non-holder's cost) passes the best costs found (Needs.floored, routing/pruning.py); while the whole pool
-queues it scores them and the least loaded, as loadaware's pruning does.
+Over a large pool it selects its own candidates (`select`, policies/large_pool.py): the holders, then the rest by
+load only until `floor` (a lower bound on a non-holder's cost) passes the best costs found (Needs.floored,
+policies/floored_scan.py); while the whole pool queues, the holders and the least loaded, as loadaware's pruning
+does (routing/pruning.py says why that is enough for loadaware's choice).
 
 How it fares against `lane` and the peers is in docs/findings.md and docs/results.md (figures live there, not
 here); no constant is tuned per workload: the thresholds are the fleet's capacity (1) and its size.
@@ -41,8 +42,10 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from loadaware.policies.base import Candidate, Choice, Needs, lowest_cost
-from loadaware.policies.bounded import MAX_SHARE, load_cap, priced_out
+from loadaware.policies.bounded import MAX_SHARE, load_cap, past_cap, pool_cap, priced_out
+from loadaware.policies.floored_scan import Bound, FlooredScan
 from loadaware.policies.lane import Lane
+from loadaware.policies.large_pool import LargePool, Selected
 from loadaware.policies.loadaware import LoadAware
 from loadaware.policies.ttft_model import Prices
 
@@ -121,6 +124,71 @@ class LaneSpread(Lane):
         return [(b, ep) for ep in endpoints
                 if (b := ((p := prices_of(ep) or prior)[1] * prompt_tokens + p[0] + p[2] * load) * factor + extra)
                 <= kth]
+
+
+    def select(self, pool: LargePool) -> Selected | None:
+        """Its candidates over a large pool (policies/large_pool.py): while every endpoint queues, its holders and
+        the least loaded of the rest, chosen as loadaware; else the floored scan. None: score the pool as usual."""
+        if not pool.signals or not pool.ordered():
+            return None
+        must = pool.must_score()
+        if pool.all_queue():
+            return self._all_queueing(pool, must)
+        return self._floored(pool, must)
+
+    def _all_queueing(self, pool: LargePool, must: dict[str, int]) -> Selected | None:
+        """While every endpoint queues the choice is loadaware's: its holders and the least loaded of the rest are
+        all that can rank (routing/pruning.py), each of them queueing."""
+        least = pool.least(pool.limit, lambda ep: ep in must or not pool.in_pool(ep))
+        candidates = tuple(pool.candidate(ep, must.get(ep, 0), pool.load(ep))
+                           for ep in sorted((*must, *least), key=pool.position))
+        pool.credit(candidates)
+        pool.fill_working_set(candidates)
+        mean = pool.total_load() / pool.size
+        choice = self.choose(pool.prompt_tokens, candidates, mean)
+        return (candidates, choice, mean) if choice is not None else None
+
+    def _floored(self, pool: LargePool, must: dict[str, int]) -> Selected:
+        """The holders and whom they must score, then the floored scan (policies/floored_scan.py); the choice is
+        the lowest cost over them, in pool order."""
+        size = pool.size
+        scored = [pool.candidate(ep, matched, pool.load(ep)) for ep, matched in must.items()]
+        pool.mark_read(scored)
+        pool.credit(scored)
+        demand, routes = pool.working_view(scored)
+        spread = demand is not None and demand < 1.0 and routes >= size
+        total = pool.total_load()
+        cost, floor, bound = self._prices(pool, spread, pool_cap(total, size, self.max_share))
+        scored_costs = [cost(c) for c in scored]
+        scan = FlooredScan(must, pool.in_pool, pool.limit, lambda ep, load: pool.candidate(ep, 0, load), cost, floor)
+        rest, rest_costs = scan.run(scored, scored_costs, pool.by_load(), bound)
+        position = pool.position
+        pairs = sorted(zip((*scored, *rest), (*scored_costs, *rest_costs)),
+                       key=lambda pair: position(pair[0].endpoint))
+        candidates = tuple(c for c, _ in pairs)
+        pool.fill_working_set(candidates, (demand, routes))
+        return candidates, lowest_cost([x for _, x in pairs], candidates), total / size
+
+    def _prices(self, pool: LargePool, spread: bool, cap: int | None
+                ) -> tuple[Callable[[Candidate], float], Callable[[float], float], Bound]:
+        """(cost of a candidate, floor at a load at the fleet's lowest prices, bounds of endpoints at a load at
+        their own prices), the pile-up guard's price included."""
+        n_tokens = pool.prompt_tokens
+        prior = self.prior.prices()
+        lowest = pool.price_floor(prior)
+        read = pool.prices_of
+
+        def cost(c: Candidate) -> float:
+            return self.cost_in(n_tokens, c, spread) + past_cap(c.load, cap)
+
+        def floor(load: float) -> float:  # any endpoint's, at the lowest prices
+            return self.floor(n_tokens, load, lowest, spread) + past_cap(load, cap)
+
+        def bound(load: float) -> Callable[[Sequence[str], float], list[tuple[float, str]]]:
+            extra = past_cap(load, cap)
+            return lambda eps, kth: self.bounds(n_tokens, load, spread, eps, read, prior, kth, extra)
+
+        return cost, floor, bound
 
 
 def in_flight_costs(lane: Lane, prompt_tokens: int, candidates: Sequence[Candidate]) -> list[float]:

@@ -17,7 +17,7 @@ from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import RequestLifecycle
 from loadaware.load.signals import SignalTracker
 from loadaware.load.tracker import LoadTracker
-from loadaware.routing.pipeline import Decider
+from loadaware.routing.builder import build_decider
 from loadaware.routing.request import InferenceRequest
 from testkit.paths import REPO
 
@@ -55,7 +55,7 @@ def test_the_documented_policy_is_one_module_and_one_registry_line(monkeypatch: 
     signals = SignalTracker()
     lifecycle = RequestLifecycle()
     lifecycle.subscribe(signals)
-    decider = Decider(policy, EndpointRegistry(FLEET), LoadTracker(stale_s=5), lifecycle,
+    decider = build_decider(policy, EndpointRegistry(FLEET), LoadTracker(stale_s=5), lifecycle,
                       prefix_source=Matches(), signals=signals)
     first = asyncio.run(decider.decide(InferenceRequest("completions", prompt=list(range(1000))), "r1"))
     assert first.policy == name and first.endpoint == FLEET[0]  # 400 uncached tokens against 1,000

@@ -21,7 +21,7 @@ from loadaware.load.order import LoadOrder
 from loadaware.load.tracker import EngineStats, LoadTracker
 from loadaware.policies import Candidate, make_policy, ranked
 from loadaware.routing.affinity import EXPIRED_DROPPED_PER_BINDING, SessionAffinity, saturated
-from loadaware.routing.pipeline import Decider
+from loadaware.routing.builder import build_decider
 from loadaware.routing.pruning import MIN_POOL, pruned_candidates
 from loadaware.routing.request import InferenceRequest
 from tests.unit.test_extproc_duplex import Recorder
@@ -113,7 +113,8 @@ class Rig:
                                                    max_ejection_percent=100), clock=clock)
         self.lifecycle.subscribe(self.health)
         self.affinity = SessionAffinity(1000, 600, clock=clock) if affinity else None
-        self.decider = Decider(make_policy(policy), self.registry, self.loads, self.lifecycle, fallbacks=fallbacks,
+        self.decider = build_decider(
+            make_policy(policy), self.registry, self.loads, self.lifecycle, fallbacks=fallbacks,
                                health=self.health, ranking=self.loads if ranking else None, affinity=self.affinity)
 
     async def decide(self, session: str = "", count: bool = True, end: bool = True,
@@ -250,7 +251,8 @@ class Broken(SessionAffinity):
 @pytest.mark.parametrize("fail", ["sticky", "remember"])
 async def test_a_failing_store_degrades_to_the_normal_decision(fail: str) -> None:
     rig = Rig()
-    rig.decider.affinity = Broken(fail)
+    assert rig.decider.stickiness is not None
+    rig.decider.stickiness.affinity = Broken(fail)
     decision = await rig.decide("alice")
     assert decision.endpoint is not None and "affinity_error" in decision.reasons
     assert decision.outcome == "fallback_load_only"  # counted like any failing helper

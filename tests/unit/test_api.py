@@ -27,7 +27,7 @@ from loadaware.policies import Candidate, make_policy
 from loadaware.policies.loadaware import loadaware_scores
 from loadaware.prefix.approx import ApproxIndex, ApproxPrefixSource
 from loadaware.prefix.lmcache.bridge import InstanceBridge
-from loadaware.routing.pipeline import Decider
+from loadaware.routing.builder import build_decider
 from loadaware.routing.request import parse_body
 from loadaware.telemetry.decisions import DecisionMetrics, RecentDecisions
 from loadaware.telemetry.metrics import Metrics
@@ -91,7 +91,7 @@ def build(policy: str = "loadaware", answer: dict[str, int] | None = None,
     health = EndpointHealth(HealthOptions(failures_to_eject=1), clock=clock)
     lifecycle.subscribe(health)
     lifecycle.subscribe_outcomes(health)
-    decider = Decider(make_policy(policy, 0.5), registry, loads, lifecycle, tokenizer, FixedSource(answer or {}),
+    decider = build_decider(make_policy(policy, 0.5), registry, loads, lifecycle, tokenizer, FixedSource(answer or {}),
                       health=health)
     bridge = InstanceBridge({"engine-1": FLEET[1]})
     bridge.set_endpoints(FLEET)
@@ -232,9 +232,9 @@ async def test_failing_engines_show_in_explain_and_list_endpoints() -> None:
 def observable_state(servicer: RouterServicer, parts: Any) -> dict[str, Any]:
     """Everything a decision could leave a trace in: metrics, health, caches, memos, counts, the ring."""
     decider = parts.decider
-    tokenizer = decider.tokenizer
+    tokenizer = decider.producers.tokenizer
     pieces = tokenizer.tokenizer.pieces
-    approx = decider.prefix_source
+    approx = decider.producers.prefix_source
     return {
         "metrics": parts.metrics.render(parts.loads.snapshot, FLEET),
         "health": [parts.health.view(ep) for ep in FLEET], "health_states": [parts.health.state(ep) for ep in FLEET],
@@ -253,8 +253,8 @@ async def test_explain_is_read_only(policy: str) -> None:
     """No metric, health, cache or memo changes: Explain run many times leaves every observable as it was."""
     servicer, parts = build(policy=policy)
     index = ApproxIndex(capacity_blocks=1000, block_size=16, ttl_s=60)
-    parts.decider.prefix_source = ApproxPrefixSource(index, parts.metrics, clock=parts.clock)
-    parts.lifecycle.subscribe(parts.decider.prefix_source)
+    approx = parts.decider.producers.prefix_source = ApproxPrefixSource(index, parts.metrics, clock=parts.clock)
+    parts.lifecycle.subscribe(approx)
     for i in range(3):  # real traffic first: a warm piece cache, a guess in the index, a memo
         real = await parts.decider.decide(await _parsed(PROMPT + f" real {i}"), f"r{i}")
         parts.lifecycle.ended(real)

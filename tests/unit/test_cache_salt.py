@@ -28,7 +28,7 @@ from loadaware.prefix.lmcache.bridge import InstanceBridge
 from loadaware.prefix.lmcache.client import LMCacheClient
 from loadaware.prefix.lmcache.source import LMCachePrefixSource
 from loadaware.prefix.source import PartlyUnavailable, PrefixUnavailable, PromptTokens, salt_of
-from loadaware.routing.pipeline import Decider
+from loadaware.routing.builder import build_decider
 from loadaware.routing.request import InferenceRequest, parse_body
 from loadaware.telemetry.decisions import DecisionMetrics
 from loadaware.telemetry.metrics import Metrics
@@ -131,7 +131,7 @@ async def test_salt_reaches_the_source_through_the_pipeline(salted_fleet: KvEven
     lifecycle = RequestLifecycle()
     loads = LoadTracker(stale_s=5)
     lifecycle.subscribe(loads)
-    decider = Decider(make_policy("loadaware", 1.0), EndpointRegistry((A, B, C)), loads, lifecycle, None,
+    decider = build_decider(make_policy("loadaware", 1.0), EndpointRegistry((A, B, C)), loads, lifecycle, None,
                       salted_fleet)
     for salt, holder in ((SALT_A, A), (SALT_B, B), (None, C)):
         d = await decider.decide(InferenceRequest("completions", prompt=PROMPT, cache_salt=salt), "r", count=False)
@@ -189,7 +189,7 @@ async def test_lmcache_only_deployment_counts_the_salted_fallback() -> None:
     loads = LoadTracker(stale_s=5)
     for listener in (loads, DecisionMetrics(metrics)):
         lifecycle.subscribe(listener)
-    decider = Decider(make_policy("loadaware", 1.0), EndpointRegistry((A, B)), loads, lifecycle, None, source)
+    decider = build_decider(make_policy("loadaware", 1.0), EndpointRegistry((A, B)), loads, lifecycle, None, source)
     d = await decider.decide(InferenceRequest("completions", prompt=PROMPT * 2, cache_salt=SALT_A), "r")
     assert d.outcome == "fallback_load_only" and d.reasons == ("lmcache_salted",)
     assert all(c.matched_tokens == 0 for c in d.candidates)
@@ -233,7 +233,7 @@ async def test_approx_learns_salted_decisions_under_their_salt() -> None:
     loads = LoadTracker(stale_s=5)
     for listener in (loads, source):
         lifecycle.subscribe(listener)
-    decider = Decider(make_policy("loadaware", 1.0), EndpointRegistry((A, B, C)), loads, lifecycle, None, source)
+    decider = build_decider(make_policy("loadaware", 1.0), EndpointRegistry((A, B, C)), loads, lifecycle, None, source)
     first = await decider.decide(InferenceRequest("completions", prompt=PROMPT, cache_salt=SALT_A), "r1")
     holder = first.endpoint
     assert holder is not None

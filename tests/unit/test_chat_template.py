@@ -17,7 +17,7 @@ from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import RequestLifecycle
 from loadaware.load.tracker import LoadTracker
 from loadaware.policies import make_policy
-from loadaware.routing.pipeline import Decider
+from loadaware.routing.builder import build_decider
 from loadaware.routing.request import InferenceRequest, parse_body
 from loadaware.tokenize.chat_template import ChatTemplate, ChatTemplateError, read_tokenizer_config
 from loadaware.tokenize.tokenizer import AsyncTokenizer, ChatTemplateUnavailable, PromptTokenizer, TokenizerError
@@ -160,7 +160,7 @@ async def test_a_template_that_cannot_render_is_told_once(tmp_path: Path, caplog
     assert tok.encode_prompt("completions still tokenize")
     # Through the pipeline: chat routes on load with its own reason, and nothing more is logged per request.
     caplog.clear()
-    decider = Decider(make_policy("loadaware"), EndpointRegistry(("127.0.0.2:8000", "127.0.0.3:8000")),
+    decider = build_decider(make_policy("loadaware"), EndpointRegistry(("127.0.0.2:8000", "127.0.0.3:8000")),
                       LoadTracker(stale_s=5), RequestLifecycle(), AsyncTokenizer(tok, timeout_s=2.0))
     with caplog.at_level(logging.INFO):
         for _ in range(3):
@@ -195,7 +195,7 @@ async def test_the_request_options_reach_the_template(tmp_path: Path) -> None:
     source = ("{% if tools %}[{{ tools | length }} tools]{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}"
               "{% if add_generation_prompt %}<|im_start|>assistant{% endif %}")
     tok = AsyncTokenizer(PromptTokenizer(str(_model_with(tmp_path, source))), timeout_s=2.0)
-    decider = Decider(make_policy("loadaware"), EndpointRegistry(("127.0.0.2:8000",)), LoadTracker(stale_s=5),
+    decider = build_decider(make_policy("loadaware"), EndpointRegistry(("127.0.0.2:8000",)), LoadTracker(stale_s=5),
                       RequestLifecycle(), tok)
     body = {"messages": [{"role": "user", "content": "hi"}]}
     plain = await decider.prompt_tokens(parse_body("chat", json.dumps(body).encode()))

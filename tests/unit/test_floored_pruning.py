@@ -1,6 +1,6 @@
 """A floored policy (lane-spread, Needs.floored) over a large pool scores its holders, the endpoints it must
 score, and the rest in load order only until the cost floor passes the best costs found
-(routing/pruning.py, floored_candidates); it must rank exactly what scoring every endpoint ranks.
+(policies/floored_scan.py); it must rank exactly what scoring every endpoint ranks.
 
 Two deciders share one load tracker, registry, signal tracker, working set and queued-prompt index: one with
 the load order (the scan), one scoring every endpoint. Randomized, seeded: counted decisions book the prefill
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import pytest
 
@@ -24,11 +24,11 @@ from loadaware.load.order import LoadOrder
 from loadaware.load.signals import SignalTracker
 from loadaware.load.tracker import EngineStats, LoadTracker
 from loadaware.policies import Candidate, make_policy
+from loadaware.policies.floored_scan import Bound, FlooredScan
 from loadaware.policies.lane_spread import ALL_QUEUEING, LaneSpread
 from loadaware.policies.ttft_model import TtftPrior
 from loadaware.prefix.working_set import WorkingSet
-from loadaware.routing.pipeline import Decider
-from loadaware.routing.pruning import floored_candidates
+from loadaware.routing.builder import build_decider
 from loadaware.routing.request import InferenceRequest
 from tests.unit.test_pruning import Fixed
 
@@ -71,11 +71,11 @@ def test_the_floored_scan_ranks_as_scoring_every_endpoint() -> None:
     lifecycle.subscribe_progress(signals)
     source = Fixed()
     working_set = WorkingSet()
-    scan = Decider(make_policy("lane-spread", 1.0), registry, tracker, lifecycle, prefix_source=source,
+    scan = build_decider(make_policy("lane-spread", 1.0), registry, tracker, lifecycle, prefix_source=source,
                    fallbacks=2, ranking=tracker, signals=signals, working_set=working_set)
-    full = Decider(make_policy("lane-spread", 1.0), registry, tracker, RequestLifecycle(), prefix_source=source,
+    full = build_decider(make_policy("lane-spread", 1.0), registry, tracker, RequestLifecycle(), prefix_source=source,
                    fallbacks=2, signals=signals, working_set=working_set)
-    full.queued = scan.queued  # one index of queued prompts, held by the counted decisions
+    full.data.queued = scan.data.queued  # one index of queued prompts, held by the counted decisions
     seen = {"pruned": 0, "spread": 0, "learned": 0, "credited": 0, "queueing": 0, "all_queueing": 0}
     open_decisions: list[Decision] = []
     queueing = eps[:8]  # engines whose scrapes show an admission queue now and then
@@ -110,7 +110,7 @@ def test_the_floored_scan_ranks_as_scoring_every_endpoint() -> None:
             holders = rng.sample(live, rng.choice((0, 1, 2, 5))) + [ep for ep in queueing if ep in live][:2]
             source.answer = {ep: rng.choice((16, 128, 256)) for ep in holders}
             fallbacks = rng.randrange(5)
-            scan.fallbacks = full.fallbacks = fallbacks
+            scan.selection.limit = full.selection.limit = 1 + fallbacks
             request = InferenceRequest(kind="completions", model=None, prompt=prompt_of(family, step))
             want = await full.decide(request, f"full-{step}", count=False)
             got = await scan.decide(request, f"scan-{step}")
@@ -155,13 +155,22 @@ def test_the_scan_stops_where_the_floor_passes_the_best_costs() -> None:
     def floor(load: float) -> float:
         return policy.floor(100, load, TtftPrior().prices(), False)
 
-    rest, costs = floored_candidates(order, (), eps, (), [], [], 3, build, cost, floor)
+    rest, costs = scan(order, (), eps, [], [], 3, build, cost, floor)
     assert [c.endpoint for c in rest] == built == ["e000", "e004", "e008"]
     assert costs == [floor(0.0)] * 3
     # A holder cheaper than any idle endpoint leaves only the `limit` - 1 others to find.
     holder = Candidate("e199", 100, 3.0)
-    rest, _ = floored_candidates(order, {"e199"}, eps, (), [holder], [cost(holder)], 3, build, cost, floor)
+    rest, _ = scan(order, {"e199"}, eps, [holder], [cost(holder)], 3, build, cost, floor)
     assert [c.endpoint for c in rest] == ["e000", "e004"]
+
+
+def scan(order: LoadOrder, leave: Collection[str], eps: Collection[str], scored: list[Candidate],
+         scored_costs: list[float], limit: int, build: Callable[[str, float], Candidate],
+         cost: Callable[[Candidate], float], floor: Callable[[float], float], bound: Bound | None = None
+         ) -> tuple[list[Candidate], list[float]]:
+    """The floored scan over `order`, choosing among `eps`."""
+    return FlooredScan(leave, eps.__contains__, limit, build, cost, floor).run(scored, scored_costs, order.by_load(),
+                                                                               bound)
 
 
 def taught(lifecycle: RequestLifecycle, endpoint: str, ttft_s: float, now: list[float], n: int) -> None:
@@ -198,9 +207,9 @@ def test_an_endpoint_that_learned_it_is_fast_is_found_behind_the_idle_ones() -> 
         # pile-up guard leaves it eligible
         lifecycle.decided(Decision(f"busy-{ep}", ep, "routed", (), 10, (Candidate(ep, 0, 0.0),), (0.0,), {}, 0.0))
     now[0] += 1.0
-    scan = Decider(make_policy("lane-spread", 1.0), registry, tracker, lifecycle, prefix_source=Fixed(),
+    scan = build_decider(make_policy("lane-spread", 1.0), registry, tracker, lifecycle, prefix_source=Fixed(),
                    ranking=tracker, signals=signals)
-    full = Decider(make_policy("lane-spread", 1.0), registry, tracker, RequestLifecycle(), prefix_source=Fixed(),
+    full = build_decider(make_policy("lane-spread", 1.0), registry, tracker, RequestLifecycle(), prefix_source=Fixed(),
                    signals=signals)
     request = InferenceRequest(kind="completions", model=None, prompt=list(range(2000)))
 
@@ -270,8 +279,8 @@ def scan_case(rng: random.Random, with_bounds: bool) -> tuple[set[str], set[str]
     def build(ep: str, at_load: float) -> Candidate:
         return Candidate(ep, 0, at_load)
 
-    rest, costs = floored_candidates(order, (), eps, (), [], [], limit, build, lambda c: true[c.endpoint], floor,
-                                     bound if with_bounds else None)
+    rest, costs = scan(order, (), eps, [], [], limit, build, lambda c: true[c.endpoint], floor,
+                       bound if with_bounds else None)
     assert costs == [true[c.endpoint] for c in rest]
     ranking = sorted(eps, key=lambda ep: (true[ep], load[ep], ep))
     return set(ranking[:limit]), {c.endpoint for c in rest}

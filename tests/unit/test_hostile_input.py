@@ -187,7 +187,7 @@ async def test_a_failing_policy_falls_back_to_the_least_loaded() -> None:
 
 async def test_failing_loads_and_health_still_decide() -> None:
     rig = make_rig(policy="leastload")
-    rig.decider.loads = RaisingLoads()
+    rig.decider.data.loads = RaisingLoads()
     decision = await rig.decide(PROMPT, "r")
     assert decision.endpoint == min(FLEET) and "loads_error" in decision.reasons
 

@@ -10,8 +10,6 @@ from typing import ClassVar
 
 import pytest
 
-from experiment.candidates import with_ttft_models
-from experiment.predictive import Predictive
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import RequestLifecycle
 from loadaware.load.signals import EndpointSignals, SignalTracker
@@ -20,8 +18,11 @@ from loadaware.policies import Candidate, Needs, Policy, make_policy
 from loadaware.policies.kvaware import KvAware
 from loadaware.policies.lane import Lane
 from loadaware.policies.ttft_model import TtftPrior
+from loadaware.routing.builder import build_decider
 from loadaware.routing.pipeline import Decider
 from loadaware.routing.request import InferenceRequest
+from research.candidates import with_ttft_models
+from research.predictive import Predictive
 
 FLEET = ("127.0.0.2:8000", "127.0.0.3:8000")
 
@@ -69,7 +70,8 @@ def rig(answer: dict[str, int], policy: str = "kvaware", ttft_model: bool = True
     lifecycle.subscribe(signals)
     lifecycle.subscribe_progress(signals)
     registry = EndpointRegistry(FLEET)
-    decider = Decider(RESEARCH[policy]() if policy in RESEARCH else make_policy(policy), registry, loads, lifecycle,
+    decider = build_decider(
+        RESEARCH[policy]() if policy in RESEARCH else make_policy(policy), registry, loads, lifecycle,
                       prefix_source=Matches(answer), signals=signals)
     return decider, signals, lifecycle, clock, loads
 
@@ -115,7 +117,7 @@ def test_prefix_held_tokens_are_counted_beside_the_uncached_and_feed_the_ttft_mo
     assert (s.prefill_tokens, s.prefill_matched_tokens) == (0, 0)
     fourth = asyncio.run(decider.decide(prompt(1000), "r4"))
     held = {c.endpoint: c for c in fourth.candidates}[FLEET[0]]
-    # learned from the two first chunks, as the research arm that reads it sees it (experiment.candidates)
+    # learned from the two first chunks, as the research arm that reads it sees it (research.candidates)
     assert with_ttft_models([held], signals)[0].ttft_per_matched_token_s is not None
 
 

@@ -11,7 +11,7 @@ from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import RequestLifecycle
 from loadaware.load.tracker import LoadTracker
 from loadaware.policies import make_policy
-from loadaware.routing.pipeline import Decider
+from loadaware.routing.builder import build_decider
 from loadaware.routing.request import InferenceRequest
 from loadaware.tokenize.tokenizer import HEAD_SLACK_TOKENS, AsyncTokenizer, PromptTokenizer, TokenHead, TokenizerBusy
 
@@ -67,7 +67,8 @@ async def test_a_backlog_that_cannot_start_an_encode_in_time_refuses_it_at_once(
 async def test_the_decision_counts_the_whole_prompt_and_names_a_busy_tokenizer() -> None:
     fleet = ("127.0.0.2:8000", "127.0.0.3:8000")
     tok = AsyncTokenizer(PromptTokenizer(TOKENIZER), timeout_s=5.0, max_chars=4_000)
-    decider = Decider(make_policy("loadaware"), EndpointRegistry(fleet), LoadTracker(stale_s=5), RequestLifecycle(),
+    decider = build_decider(
+        make_policy("loadaware"), EndpointRegistry(fleet), LoadTracker(stale_s=5), RequestLifecycle(),
                       tok)
     text = prompt(20_000)
     whole = len(PromptTokenizer(TOKENIZER).encode_prompt(text))

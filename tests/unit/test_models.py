@@ -189,7 +189,7 @@ async def test_buffered_sidecar_answers_an_unknown_model_404_whatever_the_no_end
 
 def test_models_off_with_zero_refresh() -> None:
     app = Sidecar(from_args(["--endpoints", A1, "--metrics-listen", "off", "--models-refresh-s", "0"], environ={}))
-    assert app.models is None and app.models_poller is None and app.decider.models is None
+    assert app.models is None and app.models_poller is None and app.decider.filters.models is None
 
 
 # ---- the simulator's model specs ----

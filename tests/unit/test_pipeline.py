@@ -14,7 +14,8 @@ from loadaware.load.tracker import LoadTracker
 from loadaware.policies import make_policy
 from loadaware.policies.base import Candidate
 from loadaware.prefix.source import PrefixUnavailable
-from loadaware.routing.pipeline import Decider, ModelPools
+from loadaware.routing.builder import build_decider
+from loadaware.routing.filters import ModelPools
 from loadaware.routing.request import InferenceRequest
 from loadaware.telemetry.decisions import DecisionMetrics, RecentDecisions
 from loadaware.telemetry.metrics import Metrics
@@ -59,7 +60,7 @@ class Rig:
         for listener in (self.loads, DecisionMetrics(self.metrics), self.recent):
             lifecycle.subscribe(listener)
         tok = AsyncTokenizer(PromptTokenizer(TOKENIZER), timeout_s=2.0) if tokenizer else None
-        self.decider = Decider(make_policy(policy), EndpointRegistry(fleet), self.loads, lifecycle, tok, source,
+        self.decider = build_decider(make_policy(policy), EndpointRegistry(fleet), self.loads, lifecycle, tok, source,
                                fallbacks=fallbacks, models=models)
         self.decide = self.decider.decide
 
@@ -119,8 +120,8 @@ async def test_tokenizer_missing_or_failing() -> None:
 
 async def test_tokenizer_timeout_is_time_boxed() -> None:
     d = make(source=FixedSource())
-    assert isinstance(d.decider.tokenizer, AsyncTokenizer)
-    d.decider.tokenizer.timeout_s = 1e-6
+    assert isinstance(d.decider.producers.tokenizer, AsyncTokenizer)
+    d.decider.producers.tokenizer.timeout_s = 1e-6
     decision = await d.decide(InferenceRequest("completions", prompt=" ".join(str(i) for i in range(50000))))
     assert "tokenizer_timeout" in decision.reasons and decision.endpoint is not None
 
@@ -136,7 +137,7 @@ async def test_no_prompt_and_empty_fleet() -> None:
 
 async def test_endpoint_vanishing_during_lookup_is_never_chosen() -> None:
     d = make()
-    d.decider.prefix_source = FixedSource({"127.0.0.2:8000": 10_000}, registry=d.decider.registry)
+    d.decider.producers.prefix_source = FixedSource({"127.0.0.2:8000": 10_000}, registry=d.decider.registry)
     decision = await d.decide(PROMPT)
     assert decision.endpoint in FLEET[1:]
     assert [c.endpoint for c in decision.candidates] == list(FLEET[1:])

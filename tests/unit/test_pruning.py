@@ -20,7 +20,7 @@ from loadaware.lifecycle import Decision, RequestLifecycle
 from loadaware.load.order import LoadOrder
 from loadaware.load.tracker import EngineStats, LoadTracker
 from loadaware.policies import POLICIES, Candidate, make_policy, ranked
-from loadaware.routing.pipeline import Decider
+from loadaware.routing.builder import build_decider
 from loadaware.routing.pruning import MIN_POOL, pruned_candidates
 from loadaware.routing.request import InferenceRequest
 
@@ -140,9 +140,9 @@ def test_the_decider_with_a_load_order_decides_as_without(policy_name: str) -> N
     policy = make_policy(policy_name, 1.0)
     health = EndpointHealth(HealthOptions(failures_to_eject=1, base_ejection_s=2.0), clock=lambda: now[0])
     registry.on_removed(health.forget)
-    pruning = Decider(policy, registry, tracker, lifecycle, prefix_source=source, fallbacks=3, ranking=tracker,
+    pruning = build_decider(policy, registry, tracker, lifecycle, prefix_source=source, fallbacks=3, ranking=tracker,
                       health=health)
-    full = Decider(make_policy(policy_name, 1.0), registry, tracker, RequestLifecycle(), prefix_source=source,
+    full = build_decider(make_policy(policy_name, 1.0), registry, tracker, RequestLifecycle(), prefix_source=source,
                    fallbacks=3, health=health)
     open_decisions: list[Decision] = []
     prompt = list(range(160))

@@ -25,6 +25,7 @@ from loadaware.prefix.queued import (
     sampled,
 )
 from loadaware.prefix.source import PromptTokens
+from loadaware.routing.builder import build_decider
 from loadaware.routing.pipeline import Decider
 from loadaware.routing.request import InferenceRequest
 from tests.unit.test_load_signals import Matches
@@ -144,7 +145,7 @@ def test_keys_are_shared_between_the_credit_and_the_hold_and_honour_the_salt() -
 def _decider(loads: LoadTracker) -> Decider:
     lifecycle = RequestLifecycle()
     lifecycle.subscribe(loads)
-    return Decider(make_policy("lane-spread"), EndpointRegistry((A, B)), loads, lifecycle,
+    return build_decider(make_policy("lane-spread"), EndpointRegistry((A, B)), loads, lifecycle,
                    prefix_source=Matches({}), signals=SignalTracker())
 
 
@@ -190,7 +191,7 @@ def test_a_failing_credit_keeps_the_exact_matches_and_says_so() -> None:
 
 def test_policies_without_the_signal_carry_no_index() -> None:
     for policy in (make_policy("loadaware"), Lane(), make_policy("kvaware")):
-        assert Decider(policy, EndpointRegistry((A,)), LoadTracker(stale_s=5), RequestLifecycle()).queued is None
+        assert build_decider(policy, EndpointRegistry((A,)), LoadTracker(stale_s=5), RequestLifecycle()).queued is None
 
 
 # ---- in the simulator ----
@@ -230,8 +231,8 @@ def test_the_simulator_keeps_no_index_for_other_policies(name: str) -> None:
 
 
 def test_the_cost_bench_exercises_the_credit() -> None:
-    """bench.queued_cost measures a sidecar whose decisions really credit, hold and release queued prompts."""
-    from bench.queued_cost import HELD_PER_ENDPOINT, run, table
+    """research.probes.queued_cost measures a sidecar whose decisions really credit, hold and release queued prompts."""
+    from research.probes.queued_cost import HELD_PER_ENDPOINT, run, table
 
     result = run(quick=True)
     state = result["queued"]

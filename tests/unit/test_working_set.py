@@ -16,6 +16,7 @@ from loadaware.policies import Candidate, make_policy
 from loadaware.policies.lane import Lane
 from loadaware.policies.lane_spread import LaneSpread, spreading
 from loadaware.prefix.working_set import BLOCK_TOKENS, STRIDE, WorkingSet, fill_candidates, sampled_keys
+from loadaware.routing.builder import build_decider
 from loadaware.routing.pipeline import Decider
 from loadaware.routing.request import InferenceRequest
 from sim.metrics import EngineMetrics
@@ -186,7 +187,7 @@ FLEET = ("127.0.0.2:8000", "127.0.0.3:8000")
 def _decider(loads: LoadTracker) -> Decider:
     lifecycle = RequestLifecycle()
     lifecycle.subscribe(loads)
-    return Decider(make_policy("lane-spread"), EndpointRegistry(FLEET), loads, lifecycle,
+    return build_decider(make_policy("lane-spread"), EndpointRegistry(FLEET), loads, lifecycle,
                    prefix_source=Matches({FLEET[0]: 2 * SPAN}), signals=SignalTracker())
 
 
@@ -219,15 +220,15 @@ def test_a_failing_capacity_read_degrades_to_lane_and_says_so() -> None:
     def broken() -> float:
         raise RuntimeError("boom")
 
-    decider._fleet_capacity = broken
+    decider.data._fleet_capacity = broken
     d = asyncio.run(decider.decide(InferenceRequest("completions", prompt=list(range(2 * SPAN)), model="m"), "r"))
     assert d.endpoint is not None and "working_set_error" in d.reasons
     assert {(c.cache_demand, c.prefix_routes) for c in d.candidates} == {(None, 0.0)}
 
 
 def test_the_cost_bench_exercises_the_working_set() -> None:
-    """bench.working_set_cost measures a sidecar whose decisions really feed and read the working set."""
-    from bench.working_set_cost import run, table
+    """research.probes.working_set_cost measures a sidecar whose decisions really feed and read the working set."""
+    from research.probes.working_set_cost import run, table
 
     result = run(quick=True)
     state = result["working_set"]
