@@ -1,8 +1,10 @@
-"""The sidecar's own decision pipeline, wired as `loadaware.app` wires it, on a simulation's clock.
+"""The sidecar's own decision core, built by the sidecar's own builder (loadaware/routing/builder.py, as
+`loadaware.app` builds it) from the settings table's defaults, on a simulation's clock.
 
-The discrete-event simulator (experiment.des) routes every request through this: the product's `Decider`
-(candidates, the queued-prefix credit, the working set, the policy, its fallbacks), its `LoadTracker` (in-flight
-counts refined by scrapes), its `SignalTracker` (token signals, TTFT models, prefill clocks, the BUFFERED-mode
+The discrete-event simulator (experiment.des) routes every request through this: the product's `Decider` (every
+stage: the filter with endpoint health and models, the producers, the policy's selection with the queued-prefix
+credit and the working set, the ranked fallbacks), its `LoadTracker` (in-flight counts refined by scrapes; the
+ranking of a large pool), its `SignalTracker` (token signals, TTFT models, prefill clocks, the BUFFERED-mode
 estimate) and, for the approximate source, its `ApproxPrefixSource`, all hearing the same lifecycle events the
 ext_proc server emits. So a grid figure is the shipped code's figure, not a twin's.
 
@@ -17,45 +19,21 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from loadaware.config import Settings, core_options
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import Decision, RequestLifecycle
-from loadaware.load.signals import SignalTracker
-from loadaware.load.tracker import EngineStats, LoadTracker
+from loadaware.load.tracker import EngineStats
 from loadaware.policies.base import Candidate, Choice, Needs, Policy
-from loadaware.prefix.approx import ApproxIndex, ApproxPrefixSource
-from loadaware.prefix.combined import CombinedPrefixSource, Member
-from loadaware.prefix.source import PrefixSource
-from loadaware.prefix.wiring import APPROX_TOKEN_BLOCK
-from loadaware.routing.builder import build_decider
+from loadaware.routing.builder import CoreInputs, build_core
 from loadaware.routing.producers import StateLocator
 from loadaware.routing.request import InferenceRequest
-from loadaware.telemetry.metrics import Metrics
-
-# The sidecar's defaults (loadaware/config.py): the approximate source's per-engine capacity and decay.
-APPROX_CAPACITY_TOKENS = 100_000
-APPROX_TTL_S = 300.0
-SCRAPE_STALE_S = 5.0
-
-
-class FixedAnswer:
-    """An exact prefix source whose answer the simulator sets before each decision (what LMCache or the KV-events
-    index would say of the engines' caches at that moment)."""
-
-    name = "simulated"
-    exact = True
-
-    def __init__(self) -> None:
-        self.answer: dict[str, int] = {}
-
-    async def matches(self, tokens: Sequence[int], endpoints: tuple[str, ...],
-                      salt: str | None = None) -> dict[str, int]:
-        return self.answer
+from testkit.decision_core import SimulatedPrefix
 
 
 class TwoArgPolicy:
     """A policy whose `choose` takes no pool mean (the peers' and research arms): the pipeline passes one,
     unpruned it is None. `widen` turns the pipeline's candidates into what the arm reads, in the same order (the
-    simulator adds the signals only the experiment's arms read: experiment.candidates)."""
+    simulator adds the signals only the research arms read: research.candidates)."""
 
     def __init__(self, policy: Any, widen: Callable[[Sequence[Candidate]], Sequence[Candidate]] | None = None
                  ) -> None:
@@ -93,38 +71,20 @@ class ProductRouter:
                  ttft_model: bool = False, state: StateLocator | None = None) -> None:
         self.lifecycle = RequestLifecycle()
         self.registry = EndpointRegistry(endpoints)
-        self.loads = LoadTracker(SCRAPE_STALE_S, clock=clock)
-        self.signals = SignalTracker(clock, ttft_model=ttft_model)  # ttft_model: for a research arm that reads it
-        self.exact = FixedAnswer()
-        self.approx: ApproxPrefixSource | None = None
-        prefix: PrefixSource | None = None
-        if source in ("approx", "exact+approx"):
-            index = ApproxIndex(max(1, APPROX_CAPACITY_TOKENS // APPROX_TOKEN_BLOCK), APPROX_TOKEN_BLOCK,
-                                APPROX_TTL_S)
-            self.approx = prefix = ApproxPrefixSource(index, Metrics(policy.name), clock)
-        if source == "exact":
-            prefix = self.exact
-        elif source == "exact+approx":
-            # Stock LMCache with the sidecar's record beside it, as the sidecar's default combines them
-            # (loadaware/prefix/combined.py): LMCache names one holder per chunk, the record adds the others.
-            assert self.approx is not None
-            prefix = CombinedPrefixSource([Member(self.exact, set, complete=False)], self.approx)
-        elif source not in ("approx", "none"):
-            raise ValueError(f"unknown source {source!r}")
-        # Where stored responses live (loadaware.fleet.state_holders.StateHolders, as the app wires it; None: no
-        # state routing, as a peer router has none): the simulator teaches it each stored response's engine.
+        settings = Settings()  # the settings table's defaults: what a sidecar run with no flags decides with
+        prefix = SimulatedPrefix(source, clock, settings)
+        self.exact, self.approx = prefix.exact, prefix.approx
+        # The sidecar's own builder, on the simulation's clock: ranking, health, fallbacks and every default as the
+        # app has them. ttft_model: for a research arm that reads it.
+        self.core = build_core(core_options(settings), CoreInputs(
+            self.registry, self.lifecycle, clock, prefix_source=prefix.source, prefix_listener=prefix.approx,
+            ttft_model=ttft_model), policy=policy)
+        self.decider, self.loads, self.signals = self.core.decider, self.core.loads, self.core.signals
+        prefix.watch(self.registry)
+        # Where stored responses live (the app's StateHolders; None: no state routing, as a peer router has none):
+        # the simulator teaches it each stored response's engine.
         self.state = state
-        self.decider = build_decider(policy, self.registry, self.loads, self.lifecycle, None, prefix,
-                               signals=self.signals, state=state)
-        # As loadaware.app subscribes them: counts first, then the token signals, then the approximate index.
-        self.lifecycle.subscribe(self.loads)
-        self.lifecycle.subscribe(self.signals)
-        self.lifecycle.subscribe_progress(self.signals)
-        self.loads.subscribe_scrapes(self.signals.scraped)
-        if self.approx is not None:
-            self.lifecycle.subscribe(self.approx)
-        for endpoint in self.registry.snapshot():
-            self.loads.join(endpoint)
+        self.decider.producers.state = state
 
     def decide(self, tokens: list[int] | None) -> Decision:
         """The sidecar's decision for a completions request with these prompt token ids (None: a prompt the

@@ -7,7 +7,7 @@ models (`serve_models`), the fleet (`leave`, `join`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from loadaware.config import Settings, core_options
 from loadaware.fleet.models import ServedModels
@@ -44,9 +44,30 @@ class FixedAnswer:
         return self.answer
 
 
-def approx_source(s: Settings, clock: SimClock) -> ApproxPrefixSource:
-    index = ApproxIndex(max(1, s.approx_capacity_tokens // APPROX_TOKEN_BLOCK), APPROX_TOKEN_BLOCK, s.approx_ttl_s)
-    return ApproxPrefixSource(index, Metrics("replay"), clock)
+class SimulatedPrefix:
+    """A simulated sidecar's prefix source: "exact" (the caller sets `exact.answer`: what LMCache or the KV-events
+    index would say of the engines' caches), "approx" (the sidecar's own approximate index), "exact+approx" (both,
+    combined as the sidecar combines stock LMCache with its record: LMCache names one holder per chunk, the
+    record adds the others; loadaware/prefix/combined.py) or "none". Sized by the settings table's defaults."""
+
+    def __init__(self, source: str, clock: Callable[[], float], settings: Settings | None = None) -> None:
+        s = settings or Settings()
+        self.exact = FixedAnswer()
+        self.approx: ApproxPrefixSource | None = None
+        if source in ("approx", "exact+approx"):
+            index = ApproxIndex(max(1, s.approx_capacity_tokens // APPROX_TOKEN_BLOCK), APPROX_TOKEN_BLOCK,
+                                s.approx_ttl_s)
+            self.approx = ApproxPrefixSource(index, Metrics("simulated"), clock)
+        self.source: PrefixSource | None = {"exact": self.exact, "approx": self.approx, "none": None}.get(source)
+        if source == "exact+approx":
+            self.source = CombinedPrefixSource([Member(self.exact, set, complete=False)], self.approx)
+        elif source not in ("exact", "approx", "none"):
+            raise ValueError(f"unknown source {source!r}")
+
+    def watch(self, registry: EndpointRegistry) -> None:
+        """The approximate index forgets an endpoint that leaves, as the app's prefix wiring does."""
+        if self.approx is not None:
+            registry.on_removed(self.approx.drop)
 
 
 class ReplayedCore:
@@ -56,18 +77,14 @@ class ReplayedCore:
     def __init__(self, policy: str, source: str, endpoints: Sequence[str], clock: SimClock, settings: Settings,
                  text_encoder: bool) -> None:
         self.clock = clock
-        self.exact = FixedAnswer()
-        self.approx = approx_source(settings, clock) if source in ("approx", "exact+approx") else None
-        prefix: PrefixSource | None = {"exact": self.exact, "approx": self.approx, "none": None}.get(source)
-        if source == "exact+approx":
-            prefix = CombinedPrefixSource([Member(self.exact, set, complete=False)], self.approx)
+        prefix = SimulatedPrefix(source, clock, settings)
+        self.exact = prefix.exact
         self.registry = EndpointRegistry(endpoints)
         self.core: DecisionCore = build_core(
             core_options(dataclasses.replace(settings, policy=policy)),
             CoreInputs(self.registry, clock=clock, tokenizer=TextUnits() if text_encoder and source == "approx"
-                       else None, prefix_source=prefix, prefix_listener=self.approx))
-        if self.approx is not None:
-            self.registry.on_removed(self.approx.drop)
+                       else None, prefix_source=prefix.source, prefix_listener=prefix.approx))
+        prefix.watch(self.registry)
         self.decider, self.lifecycle, self.state = self.core.decider, self.core.lifecycle, self.core.state
 
     def leave(self, endpoint: str) -> None:
