@@ -12,7 +12,8 @@ from typing import Protocol
 class Candidate:
     """One endpoint as the policy sees it for one request. Read-only by convention (policies are pure), not
     frozen: a frozen dataclass sets each of these fields through object.__setattr__ in __init__, ~10x the
-    cost of plain slots, and a decision builds one candidate per endpoint it scores (bench/signals_cost.py)."""
+    cost of plain slots, and a decision builds one candidate per endpoint it scores
+    (research/probes/signals_cost.py)."""
 
     endpoint: str
     matched_tokens: int  # prompt tokens this endpoint already holds (prefix match)

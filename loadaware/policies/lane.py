@@ -19,16 +19,16 @@ without a fresh scrape).
   first token until the holder queues). The power was chosen once, on grid seeds 201-220 that neither the
   design (1-10) nor the held-out test (101-120) uses, from 0.5, 0.625, 0.75, 0.875 and 1: lower powers keep
   hot prefixes on too few engines (long-prefix and queueing lose to `lmetric`), higher ones pay misses the
-  batch does not repay (low-sharing and multi-turn lose) (docs/findings.md).
+  batch does not repay (low-sharing and multi-turn lose) (research/notebook.md).
 
 - per_token x uncached x waiting: what the request's own prefill costs the others on a saturated engine. There
   the admission queue is about as long behind a request as ahead of it, so the prefill a miss adds delays about
   waiting(i) later requests by its own length. On an engine with free slots (waiting 0) the term is 0; while
   the fleet is saturated it keeps prefixes where they are cached, which is what a saturated fleet's throughput
-  (and so its queue) depends on; what it changed on the placement grid is in docs/findings.md.
+  (and so its queue) depends on; what it changed on the placement grid is in research/notebook.md.
 
 No per-workload constant: the exponent is fixed, the speeds are learned per endpoint. How it fares on the
-placement grid (experiment.grid, `--credit gpu`): docs/findings.md.
+placement grid (experiment.grid, `--credit gpu`): research/notebook.md.
 """
 
 from __future__ import annotations

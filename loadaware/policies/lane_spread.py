@@ -24,14 +24,14 @@ the same candidates, queued credit included (rule `all_queueing`). There a reque
 for a batch slot to free, and lane's price does not see that wait: the decode batch is at the engines' limit on
 every one of them, and the prefill clock counts routed prefill, not the admission queue ahead of it; so a hit
 went to its holder whatever that holder's queue, and the queues drifted apart. Balancing requests in flight,
-with the match as a bonus of at most one mean load, keeps the queues even (docs/findings.md).
+with the match as a bonus of at most one mean load, keeps the queues even (research/notebook.md).
 
 Over a large pool it selects its own candidates (`select`, policies/large_pool.py): the holders, then the rest by
 load only until `floor` (a lower bound on a non-holder's cost) passes the best costs found (Needs.floored,
 policies/floored_scan.py); while the whole pool queues, the holders and the least loaded, as loadaware's pruning
 does (routing/pruning.py says why that is enough for loadaware's choice).
 
-How it fares against `lane` and the peers is in docs/findings.md and docs/results.md (figures live there, not
+How it fares against `lane` and the peers is in research/notebook.md and docs/results.md (figures live there, not
 here); no constant is tuned per workload: the thresholds are the fleet's capacity (1) and its size.
 """
 

@@ -3,14 +3,15 @@
 vLLM 0.32 converts both to chat messages and renders them with the model's chat template; the facts followed here
 (docs/architecture.md, "Generation APIs") are from its sources:
 
-- Responses (`vllm/entrypoints/openai/responses/utils.py::construct_input_messages`, `protocol.py`): `instructions`
-  becomes a leading system message; `input` as a string is one user message; as items: a `function_call` (or
-  `custom_tool_call`) joins the previous assistant message's tool calls, a `reasoning` item its reasoning, an
-  assistant `message` its content (the first part's text), a `function_call_output` is a tool message, and any
-  other item with a role is a message as it is. Function tools are flattened to chat tools (namespace tools as
-  `<namespace>__<name>`); other tool types never reach the template. A final assistant message or reasoning item
-  whose status is `in_progress` or `incomplete` is continued instead of answered. `reasoning.effort` reaches the
-  template as `reasoning_effort` (and `enable_thinking` unless the request sets it).
+- Responses (`vllm/entrypoints/openai/responses/utils.py::construct_input_messages` and the request's model in
+  `vllm/entrypoints/openai/responses/protocol.py`): `instructions` becomes a leading system message; `input` as a
+  string is one user message; as items: a `function_call` (or `custom_tool_call`) joins the previous assistant
+  message's tool calls, a `reasoning` item its reasoning, an assistant `message` its content (the first part's text),
+  a `function_call_output` is a tool message, and any other item with a role is a message as it is. Function tools are
+  flattened to chat tools (namespace tools as `<namespace>__<name>`); other tool types never reach the template. A
+  final assistant message or reasoning item whose status is `in_progress` or `incomplete` is continued instead of
+  answered. `reasoning.effort` reaches the template as `reasoning_effort` (and `enable_thinking` unless the request
+  sets it).
 - Messages (`vllm/entrypoints/anthropic/serving.py::to_chat_completion_request`): the `system` text (blocks joined
   with "", less Claude Code's `x-anthropic-billing-header` block) is a leading system message; blocks become text
   content, `thinking` the assistant's reasoning, `tool_use` tool calls (arguments as JSON), a user's `tool_result`
