@@ -123,7 +123,7 @@ class CandidateData:
             degraded(ctx.reasons, "working_set_error", exc)
             return None, 0.0
 
-    def observe(self, ctx: DecisionContext) -> None:
+    def observe_prompt(self, ctx: DecisionContext) -> None:
         """A counted decision's prompt feeds the working set."""
         ws = self.working_set
         if ctx.sampled and ctx.count and ws is not None:

@@ -70,7 +70,7 @@ class PoolFilter:
             reasons.append(ALL_FAILING)
         return endpoints
 
-    def run(self, ctx: DecisionContext) -> None:
+    def narrow(self, ctx: DecisionContext) -> None:
         """The pool as (ctx.endpoints, ctx.excluded): a large pool is not filtered one endpoint at a time; the few
         engines failing their requests come back as a set to leave out (empty for a small pool, which is
         filtered, and when failing open)."""
@@ -96,6 +96,6 @@ class PoolFilter:
             reasons.append(ALL_FAILING)
         return endpoints, frozenset()
 
-    def unknown_model(self, model: str | None) -> bool:
+    def model_unserved(self, model: str | None) -> bool:
         """No engine of the whole fleet serves `model` (the gateway answers 404 itself)."""
         return model is not None and self.models is not None and self.models.pool(model, self.registry.snapshot()) == ()

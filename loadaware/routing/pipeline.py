@@ -98,12 +98,12 @@ class Decider:
             return self._last_resort(request_id, reasons, count)
 
     async def _decide(self, ctx: DecisionContext) -> Decision:
-        self.filters.run(ctx)  # who to ask about the prefix (the excluded too: cheaper)
+        self.filters.narrow(ctx)  # who to ask about the prefix (the excluded too: cheaper)
         if not ctx.endpoints:
             return self._empty(ctx)
-        await self.producers.run(ctx, self.needs.prefix)
+        await self.producers.produce(ctx, self.needs.prefix)
         t = time.perf_counter()
-        self.filters.run(ctx)
+        self.filters.narrow(ctx)
         if not ctx.endpoints:
             return self._empty(ctx)
         if self.data.working_set is not None and ctx.tokens and ctx.request is not None:
@@ -115,7 +115,7 @@ class Decider:
             ctx.order = (ctx.holder,)  # state beats load: the holder alone (elsewhere finds no such response)
         if self.stickiness is not None:
             self.stickiness.bind(ctx)
-        self.data.observe(ctx)
+        self.data.observe_prompt(ctx)
         ctx.timed("score", t)
         # Failing engines left out is news, not a lost helper: the decision still used every signal.
         outcome = "fallback_load_only" if ctx.reasons and ctx.reasons != [ALL_FAILING] else "routed"
@@ -124,12 +124,12 @@ class Decider:
     def _choose(self, ctx: DecisionContext) -> None:
         """Selection, affinity and the ranked fallbacks; a failing policy: the least-loaded candidate instead."""
         try:
-            self.selection.run(ctx)
+            self.selection.pick(ctx)
             if self.stickiness is not None:
                 self.stickiness.stick(ctx, ctx.pool_size)
         except Exception as exc:  # noqa: BLE001 - a failing policy: the least-loaded candidate instead
             ctx.degrade("policy_error", exc)
-            self.selection.fallback(ctx)
+            self.selection.pick_least_loaded(ctx)
             if self.stickiness is not None:
                 self.stickiness.stick(ctx, len(ctx.candidates))
         assert ctx.choice is not None
@@ -151,7 +151,7 @@ class Decider:
     def _empty(self, ctx: DecisionContext) -> Decision:
         """Nobody to route to: the fleet is empty, nothing in it is in the proxy's subset, or no engine of the
         whole fleet serves the request's model (the gateway answers 404 itself)."""
-        if self.filters.unknown_model(ctx.model):
+        if self.filters.model_unserved(ctx.model):
             outcome = "unknown_model"
         else:
             outcome = "no_eligible_endpoints" if ctx.subset is not None and self.filters.registry.snapshot() \

@@ -44,7 +44,7 @@ class Producers:
         # the policy would say (state beats load). None: no state routing.
         self.state = state
 
-    async def run(self, ctx: DecisionContext, prefix: bool) -> None:
+    async def produce(self, ctx: DecisionContext, prefix: bool) -> None:
         """Tokens and prefix matches for a policy that reads them (`prefix`), then the state holder."""
         request = ctx.request
         if request is not None and request.state_id is not None and not request.has_prompt:

@@ -43,7 +43,7 @@ class Selection:
         self.policy = policy
         self._select = getattr(policy, "select", None)  # checked when the policy was registered (policies/)
 
-    def run(self, ctx: DecisionContext) -> None:
+    def pick(self, ctx: DecisionContext) -> None:
         """ctx.candidates, ctx.choice and ctx.mean_load (None: the candidates are the pool). Raises when the policy
         fails: the pipeline's fallback then chooses the least loaded."""
         selected = self._own(ctx) if self._select is not None else None
@@ -84,7 +84,7 @@ class Selection:
                 return pruned, mean
         return self.data.plain(ctx, needs.signals or previewing()), None
 
-    def fallback(self, ctx: DecisionContext) -> None:
+    def pick_least_loaded(self, ctx: DecisionContext) -> None:
         """The policy failed: every endpoint of the pool, the least loaded chosen."""
         ctx.candidates, ctx.mean_load = self.data.plain(ctx, self.policy.needs.signals or previewing()), None
         ctx.choice = least_loaded(ctx.candidates)
