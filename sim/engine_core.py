@@ -14,6 +14,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from loadaware.load.scraped.core import KV_USAGE, RUNNING, WAITING
 from sim.held_blocks import HeldBlocks, private_blocks
 from sim.lmcache_chunks import LMCacheStore
 from sim.lmcache_reporter import LMCacheReporter
@@ -61,10 +62,12 @@ class EngineCore:
 
     # ---- reported state --------------------------------------------------------------------------------
     def gauges(self) -> dict[str, float]:
+        """The load gauges the sidecar scrapes, named as its table of scraped signals names them
+        (loadaware/load/scraped/); the page renders each with the table's help text."""
         return {
-            "vllm:num_requests_running": self.scheduler.running + self.phantom.running,
-            "vllm:num_requests_waiting": self.scheduler.waiting + self.phantom.waiting,
-            "vllm:kv_cache_usage_perc": self._held.usage(self.service.kv_capacity_blocks),
+            RUNNING.gauge: self.scheduler.running + self.phantom.running,
+            WAITING.gauge: self.scheduler.waiting + self.phantom.waiting,
+            KV_USAGE.gauge: self._held.usage(self.service.kv_capacity_blocks),
         }
 
     def state(self) -> dict[str, Any]:

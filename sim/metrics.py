@@ -11,6 +11,8 @@ import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from loadaware.load.scraped import SIGNALS
+
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
@@ -60,13 +62,10 @@ class EngineMetrics:
     def render(self) -> str:
         lb = self.labels
         lines: list[str] = []
-        gauges = self._gauges()
-        for name, help_text in (
-            ("vllm:num_requests_running", "Number of requests in model execution batches."),
-            ("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
-            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
-        ):
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name}{{{lb}}} {_fmt(gauges[name])}"]
+        help_texts = {s.gauge: s.help for s in SIGNALS}  # the sidecar's table of scraped signals (load/scraped/)
+        for name, value in self._gauges().items():
+            lines += [f"# HELP {name} {help_texts.get(name, name)}", f"# TYPE {name} gauge",
+                      f"{name}{{{lb}}} {_fmt(value)}"]
         if self.cache_config is not None:
             # vLLM's info gauge: the cache configuration in labels (a subset of vLLM's, in its sorted order).
             blocks, size = self.cache_config

@@ -57,6 +57,8 @@ def scraped(stats: EngineStats | None, now: float, stale_s: float) -> pb.Scraped
         msg.kv_cache_usage = stats.kv_usage
     if stats.kv_capacity_tokens is not None:
         msg.kv_capacity_tokens = stats.kv_capacity_tokens
+    if stats.scraped:  # the registered signals beyond the core ones (loadaware/load/scraped/)
+        msg.signals.update(stats.scraped)
     return msg
 
 

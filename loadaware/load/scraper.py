@@ -15,9 +15,11 @@ import aiohttp
 from loadaware.fleet.engine_http import get_body
 from loadaware.fleet.health import EndpointHealth
 from loadaware.fleet.registry import EndpointRegistry
+from loadaware.load.scraped import extras_of, table
 from loadaware.load.tracker import EngineStats, LoadTracker
 from loadaware.load.vllm_metrics import parse_vllm_gauges
 from loadaware.telemetry.metrics import Metrics
+from loadaware.telemetry.table_series import TableGauge
 
 log = logging.getLogger(__name__)
 
@@ -26,18 +28,22 @@ SPREAD_SHARE = 0.8  # of the interval: the rest is slack for the last scrapes' t
 
 
 class MetricsScraper:
+    path = "/metrics"  # where vLLM serves its Prometheus page
+
     def __init__(self, registry: EndpointRegistry, loads: LoadTracker, metrics: Metrics,
-                 interval_s: float, timeout_s: float, path: str = "/metrics",
-                 health: EndpointHealth | None = None) -> None:
+                 interval_s: float, timeout_s: float, health: EndpointHealth | None = None) -> None:
         self.registry = registry
         self.health = health  # a scrape that times out or cannot connect says the engine is unreachable
         self.loads = loads
         self.metrics = metrics
         self.interval_s = interval_s
         self.timeout_s = timeout_s
-        self.path = path
         self.rounds = 0  # completed scrape rounds (readiness waits for the first)
         self._session: aiohttp.ClientSession | None = None
+        # The /metrics gauges of the registered signals beyond the core ones (load/scraped/), by signal name.
+        self._extra_gauges: dict[str, TableGauge] = {
+            s.name: metrics.scraped_signal(s.metric, f"Scraped {s.gauge}: {s.help}")
+            for s in table().extras if s.metric}
 
     async def scrape_one(self, endpoint: str) -> bool:
         assert self._session is not None
@@ -60,6 +66,10 @@ class MetricsScraper:
             return False
         if self.health is not None:
             self.health.scrape_ok(endpoint)
+        return self.take(endpoint, text)
+
+    def take(self, endpoint: str, text: str) -> bool:
+        """Record `endpoint`'s page: every registered signal (load/scraped/) into the tracker and /metrics."""
         gauges = parse_vllm_gauges(text)
         if "running" not in gauges:
             self._failed(endpoint, "no_vllm_metrics")
@@ -68,9 +78,14 @@ class MetricsScraper:
             return False  # vanished while we waited
         stats = EngineStats(gauges.get("running", 0.0), gauges.get("waiting", 0.0), gauges.get("kv_usage"),
                             time.monotonic(), gauges.get("ttft_sum"), gauges.get("ttft_count"),
-                            gauges.get("kv_capacity_tokens"))
+                            gauges.get("kv_capacity_tokens"), extras_of(gauges))
         self.loads.record(endpoint, stats)
         self.metrics.scraped(endpoint, stats.running, stats.waiting, stats.kv_usage)
+        if stats.scraped:
+            for name, value in stats.scraped.items():
+                gauge = self._extra_gauges.get(name)
+                if gauge is not None:
+                    gauge.labels(endpoint).set(value)
         return True
 
     def _failed(self, endpoint: str, reason: str) -> None:

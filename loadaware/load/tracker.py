@@ -48,6 +48,8 @@ class EngineStats:
     # The engine's GPU KV cache in tokens (vllm:cache_config_info's num_gpu_blocks x block_size), None when
     # its page does not say.
     kv_capacity_tokens: float | None = None
+    # Every registered signal beyond these core ones, by name (load/scraped/); None while none is registered.
+    scraped: dict[str, float] | None = None
 
 
 @dataclass(slots=True)

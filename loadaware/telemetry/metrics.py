@@ -55,6 +55,7 @@ class Metrics(PrefixIndexFamilies, FlowControlFamilies):
         self._lookup_children = {k: self.lookups.labels(result=k) for k in ("match", "empty", "failed")}
         self._lookup_seen = 0
         self._lookup_matched = 0
+        self._scraped_extra: dict[str, TableGauge] = {}  # metric name -> a registered scraped signal's gauge
 
     def _declare_decision_families(self, r: CollectorRegistry) -> None:
         """Each decision: its outcome, fallbacks, time by stage, prefix lookups."""
@@ -207,6 +208,13 @@ class Metrics(PrefixIndexFamilies, FlowControlFamilies):
         if kv_usage is not None:
             self.scraped_kv.labels(endpoint).set(kv_usage)
 
+    def scraped_signal(self, metric: str, help_text: str) -> TableGauge:
+        """The per-endpoint gauge of a scraped signal beyond the core ones (load/scraped/), declared at first ask."""
+        gauge = self._scraped_extra.get(metric)
+        if gauge is None:
+            gauge = self._scraped_extra[metric] = TableGauge(metric, help_text, ["endpoint"], registry=self.registry)
+        return gauge
+
     def scrape_failure(self, endpoint: str, reason: str) -> None:
         if self.scrape_failures.add((endpoint, reason)):
             self._series(endpoint, 3, (endpoint, reason))
@@ -234,7 +242,8 @@ class Metrics(PrefixIndexFamilies, FlowControlFamilies):
         self._inflight_shown.pop(endpoint, None)
         for gauge in (self.inflight, self.scraped_running, self.scraped_waiting, self.scraped_kv,
                       self.kv_connected, self.kv_lag, self.kv_index_blocks, self.approx_blocks, self.signal_prefill,
-                      self.signal_uncached, self.signal_decoding, self.signal_ttft, self.signal_lane):
+                      self.signal_uncached, self.signal_decoding, self.signal_ttft, self.signal_lane,
+                      *self._scraped_extra.values()):
             try:
                 gauge.remove(endpoint)
             except KeyError:

@@ -29,8 +29,9 @@ Rules (each a small matcher below; `test_matchers_catch_made_up_names` proves ea
    3, `module_problems`, which knows the names that are not modules (the trace span's attributes, the gRPC
    package).
 
-docs/architecture.md's "Adding a policy" section is a worked example of a policy that does not exist: it is
-left out here, and tests/unit/test_adding_a_policy.py runs its code as written instead.
+docs/architecture.md's "Adding a policy", "Adding a prefix source" and "Adding a scraped signal" sections are
+worked examples of things that do not exist: they are left out here, and tests/unit/test_adding_a_policy.py,
+test_adding_a_prefix_source.py and test_adding_a_scraped_signal.py run their code as written instead.
 
 docs/operations.md's "What each panel answers at 3 a.m." table lists exactly the dashboard's panels.
 docs/configuration.md is generated from the settings table: it must equal `testkit.config_doc.render()`.
@@ -217,15 +218,17 @@ def path_problems(text: str, doc: Path) -> list[str]:
     return problems
 
 
-WORKED_EXAMPLE = "## Adding a policy"  # in docs/architecture.md: run by tests/unit/test_adding_a_policy.py
+# In docs/architecture.md, each run by its tests/unit/test_adding_a_*.py.
+WORKED_EXAMPLES = ("## Adding a policy", "## Adding a prefix source", "## Adding a scraped signal")
 
 
 def without_worked_example(text: str) -> str:
-    if WORKED_EXAMPLE not in text:
-        return text
-    start = text.index(WORKED_EXAMPLE)
-    end = text.find("\n## ", start + 1)
-    return text[:start] + (text[end:] if end >= 0 else "")
+    for heading in WORKED_EXAMPLES:
+        if heading in text:
+            start = text.index(heading)
+            end = text.find("\n## ", start + 1)
+            text = text[:start] + (text[end:] if end >= 0 else "")
+    return text
 
 
 def problems_of(doc: Path) -> list[str]:

@@ -25,51 +25,55 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cloadaware/v1/loadaware.proto\x12\x0cloadaware.v1\x1a\x1cgoogle/protobuf/struct.proto\"j\n\x0e\x45xplainRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12%\n\x04\x62ody\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x10\n\x08raw_body\x18\x03 \x01(\t\x12\x11\n\tobjective\x18\x04 \x01(\t\"\x94\x01\n\rAdmissionView\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x10\n\x08priority\x18\x02 \x01(\x05\x12\x11\n\tsheddable\x18\x03 \x01(\x08\x12\x12\n\nwould_hold\x18\x04 \x01(\x08\x12\x12\n\nheld_ahead\x18\x05 \x01(\r\x12\x0c\n\x04held\x18\x06 \x01(\r\x12\x17\n\x0fpool_saturation\x18\x07 \x01(\x01\"\xbb\x01\n\x0bScrapedLoad\x12\x0f\n\x07running\x18\x01 \x01(\x01\x12\x0f\n\x07waiting\x18\x02 \x01(\x01\x12\x1b\n\x0ekv_cache_usage\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x13\n\x0b\x61ge_seconds\x18\x04 \x01(\x01\x12\r\n\x05\x66resh\x18\x05 \x01(\x08\x12\x1f\n\x12kv_capacity_tokens\x18\x06 \x01(\x01H\x01\x88\x01\x01\x42\x11\n\x0f_kv_cache_usageB\x15\n\x13_kv_capacity_tokens\"f\n\x0eWorkingSetView\x12\x19\n\x0c\x63\x61\x63he_demand\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x15\n\rprefix_routes\x18\x02 \x01(\x01\x12\x11\n\tspreading\x18\x03 \x01(\x08\x42\x0f\n\r_cache_demand\"\x9a\x04\n\x0cTokenSignals\x12\x16\n\x0eprefill_tokens\x18\x01 \x01(\x01\x12!\n\x19uncached_tokens_in_flight\x18\x02 \x01(\x01\x12\x14\n\x0c\x64\x65\x63ode_batch\x18\x03 \x01(\x01\x12\x1b\n\x0ekv_cache_usage\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\"\n\x15observed_ttft_seconds\x18\x05 \x01(\x01H\x01\x88\x01\x01\x12\x1c\n\x14prefill_lane_seconds\x18\t \x01(\x01\x12#\n\x16idle_ttft_base_seconds\x18\n \x01(\x01H\x02\x88\x01\x01\x12(\n\x1bidle_ttft_per_token_seconds\x18\x0b \x01(\x01H\x03\x88\x01\x01\x12*\n\x1didle_ttft_per_running_seconds\x18\x0c \x01(\x01H\x04\x88\x01\x01\x42\x11\n\x0f_kv_cache_usageB\x18\n\x16_observed_ttft_secondsB\x19\n\x17_idle_ttft_base_secondsB\x1e\n\x1c_idle_ttft_per_token_secondsB \n\x1e_idle_ttft_per_running_secondsJ\x04\x08\x06\x10\x07J\x04\x08\x07\x10\x08J\x04\x08\x08\x10\tR\x11ttft_base_secondsR\x16ttft_per_token_secondsR\x18ttft_per_running_seconds\"\xd4\x02\n\rEndpointScore\x12\x10\n\x08\x65ndpoint\x18\x01 \x01(\t\x12\x1b\n\x13lmcache_instance_id\x18\x02 \x01(\t\x12\x16\n\x0ematched_tokens\x18\x03 \x01(\r\x12\x0f\n\x07\x62\x65nefit\x18\x04 \x01(\x01\x12\x10\n\x08inflight\x18\x05 \x01(\r\x12*\n\x07scraped\x18\x06 \x01(\x0b\x32\x19.loadaware.v1.ScrapedLoad\x12\x0c\n\x04load\x18\x07 \x01(\x01\x12\x15\n\rrelative_load\x18\x08 \x01(\x01\x12\r\n\x05score\x18\t \x01(\x01\x12\x0e\n\x06\x63hosen\x18\n \x01(\x08\x12\x0e\n\x06models\x18\x0b \x03(\t\x12\x15\n\rrouting_state\x18\x14 \x01(\t\x12+\n\x07signals\x18\x15 \x01(\x0b\x32\x1a.loadaware.v1.TokenSignals\x12\x15\n\rqueued_tokens\x18\x16 \x01(\r\"\xf0\x03\n\x0f\x45xplainResponse\x12\x0f\n\x07outcome\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x0f\n\x07reasons\x18\x03 \x03(\t\x12\x0e\n\x06policy\x18\x04 \x01(\t\x12\x0c\n\x04\x62\x65ta\x18\x05 \x01(\x01\x12\x0f\n\x07\x66ormula\x18\x06 \x01(\t\x12\x0c\n\x04kind\x18\x07 \x01(\t\x12\x15\n\rprompt_tokens\x18\x08 \x01(\r\x12\x11\n\tmean_load\x18\t \x01(\x01\x12.\n\tendpoints\x18\n \x03(\x0b\x32\x1b.loadaware.v1.EndpointScore\x12>\n\tstages_ms\x18\x0b \x03(\x0b\x32+.loadaware.v1.ExplainResponse.StagesMsEntry\x12\x0f\n\x07message\x18\x0c \x01(\t\x12\r\n\x05model\x18\r \x01(\t\x12\x10\n\x08\x65xcluded\x18\x14 \x03(\t\x12\x31\n\x0bworking_set\x18\x15 \x01(\x0b\x32\x1c.loadaware.v1.WorkingSetView\x12.\n\tadmission\x18\x16 \x01(\x0b\x32\x1b.loadaware.v1.AdmissionView\x12\x0c\n\x04rule\x18\x17 \x01(\t\x1a/\n\rStagesMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x16\n\x14ListEndpointsRequest\"\xf5\x02\n\x08\x45ndpoint\x12\x10\n\x08\x65ndpoint\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12$\n\x06health\x18\x03 \x01(\x0e\x32\x14.loadaware.v1.Health\x12\x15\n\rhealth_detail\x18\x04 \x01(\t\x12\x10\n\x08routable\x18\x05 \x01(\x08\x12\x10\n\x08inflight\x18\x06 \x01(\r\x12\x0c\n\x04load\x18\x07 \x01(\x01\x12.\n\x0blast_scrape\x18\x08 \x01(\x0b\x32\x19.loadaware.v1.ScrapedLoad\x12\x1b\n\x13lmcache_instance_id\x18\t \x01(\t\x12\x0b\n\x03pod\x18\n \x01(\t\x12\x0c\n\x04zone\x18\x0b \x01(\t\x12\x0e\n\x06models\x18\x0c \x03(\t\x12\x33\n\x0erouting_health\x18\x14 \x01(\x0b\x32\x1b.loadaware.v1.RoutingHealth\x12+\n\x07signals\x18\x15 \x01(\x0b\x32\x1a.loadaware.v1.TokenSignals\"\xfd\x01\n\rRoutingHealth\x12\r\n\x05state\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x1c\n\x14\x63onsecutive_failures\x18\x03 \x01(\r\x12\x11\n\tejections\x18\x04 \x01(\r\x12\x1b\n\x13\x65jected_for_seconds\x18\x05 \x01(\x01\x12;\n\x08\x66\x61ilures\x18\x06 \x03(\x0b\x32).loadaware.v1.RoutingHealth.FailuresEntry\x12\x11\n\tsuccesses\x18\x07 \x01(\x04\x1a/\n\rFailuresEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"{\n\x15ListEndpointsResponse\x12)\n\tendpoints\x18\x01 \x03(\x0b\x32\x16.loadaware.v1.Endpoint\x12\x11\n\tdiscovery\x18\x02 \x01(\t\x12\r\n\x05ready\x18\x03 \x01(\x08\x12\x15\n\rfleet_version\x18\x04 \x01(\r\"\x12\n\x10GetConfigRequest\"i\n\x07Setting\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x66lag\x18\x02 \x01(\t\x12\x0b\n\x03\x65nv\x18\x03 \x01(\t\x12%\n\x05value\x18\x04 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x0e\n\x06origin\x18\x05 \x01(\t\"<\n\x11GetConfigResponse\x12\'\n\x08settings\x18\x01 \x03(\x0b\x32\x15.loadaware.v1.Setting*X\n\x06Health\x12\x16\n\x12HEALTH_UNSPECIFIED\x10\x00\x12\x0b\n\x07HEALTHY\x10\x01\x12\x0c\n\x08\x44\x45GRADED\x10\x02\x12\r\n\tUNHEALTHY\x10\x03\x12\x0c\n\x08\x44RAINING\x10\x04\x32\xf8\x01\n\x06Router\x12\x46\n\x07\x45xplain\x12\x1c.loadaware.v1.ExplainRequest\x1a\x1d.loadaware.v1.ExplainResponse\x12X\n\rListEndpoints\x12\".loadaware.v1.ListEndpointsRequest\x1a#.loadaware.v1.ListEndpointsResponse\x12L\n\tGetConfig\x12\x1e.loadaware.v1.GetConfigRequest\x1a\x1f.loadaware.v1.GetConfigResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cloadaware/v1/loadaware.proto\x12\x0cloadaware.v1\x1a\x1cgoogle/protobuf/struct.proto\"j\n\x0e\x45xplainRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12%\n\x04\x62ody\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x10\n\x08raw_body\x18\x03 \x01(\t\x12\x11\n\tobjective\x18\x04 \x01(\t\"\x94\x01\n\rAdmissionView\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x10\n\x08priority\x18\x02 \x01(\x05\x12\x11\n\tsheddable\x18\x03 \x01(\x08\x12\x12\n\nwould_hold\x18\x04 \x01(\x08\x12\x12\n\nheld_ahead\x18\x05 \x01(\r\x12\x0c\n\x04held\x18\x06 \x01(\r\x12\x17\n\x0fpool_saturation\x18\x07 \x01(\x01\"\xa4\x02\n\x0bScrapedLoad\x12\x0f\n\x07running\x18\x01 \x01(\x01\x12\x0f\n\x07waiting\x18\x02 \x01(\x01\x12\x1b\n\x0ekv_cache_usage\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x13\n\x0b\x61ge_seconds\x18\x04 \x01(\x01\x12\r\n\x05\x66resh\x18\x05 \x01(\x08\x12\x1f\n\x12kv_capacity_tokens\x18\x06 \x01(\x01H\x01\x88\x01\x01\x12\x37\n\x07signals\x18\x07 \x03(\x0b\x32&.loadaware.v1.ScrapedLoad.SignalsEntry\x1a.\n\x0cSignalsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x11\n\x0f_kv_cache_usageB\x15\n\x13_kv_capacity_tokens\"f\n\x0eWorkingSetView\x12\x19\n\x0c\x63\x61\x63he_demand\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x15\n\rprefix_routes\x18\x02 \x01(\x01\x12\x11\n\tspreading\x18\x03 \x01(\x08\x42\x0f\n\r_cache_demand\"\x9a\x04\n\x0cTokenSignals\x12\x16\n\x0eprefill_tokens\x18\x01 \x01(\x01\x12!\n\x19uncached_tokens_in_flight\x18\x02 \x01(\x01\x12\x14\n\x0c\x64\x65\x63ode_batch\x18\x03 \x01(\x01\x12\x1b\n\x0ekv_cache_usage\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\"\n\x15observed_ttft_seconds\x18\x05 \x01(\x01H\x01\x88\x01\x01\x12\x1c\n\x14prefill_lane_seconds\x18\t \x01(\x01\x12#\n\x16idle_ttft_base_seconds\x18\n \x01(\x01H\x02\x88\x01\x01\x12(\n\x1bidle_ttft_per_token_seconds\x18\x0b \x01(\x01H\x03\x88\x01\x01\x12*\n\x1didle_ttft_per_running_seconds\x18\x0c \x01(\x01H\x04\x88\x01\x01\x42\x11\n\x0f_kv_cache_usageB\x18\n\x16_observed_ttft_secondsB\x19\n\x17_idle_ttft_base_secondsB\x1e\n\x1c_idle_ttft_per_token_secondsB \n\x1e_idle_ttft_per_running_secondsJ\x04\x08\x06\x10\x07J\x04\x08\x07\x10\x08J\x04\x08\x08\x10\tR\x11ttft_base_secondsR\x16ttft_per_token_secondsR\x18ttft_per_running_seconds\"\xd4\x02\n\rEndpointScore\x12\x10\n\x08\x65ndpoint\x18\x01 \x01(\t\x12\x1b\n\x13lmcache_instance_id\x18\x02 \x01(\t\x12\x16\n\x0ematched_tokens\x18\x03 \x01(\r\x12\x0f\n\x07\x62\x65nefit\x18\x04 \x01(\x01\x12\x10\n\x08inflight\x18\x05 \x01(\r\x12*\n\x07scraped\x18\x06 \x01(\x0b\x32\x19.loadaware.v1.ScrapedLoad\x12\x0c\n\x04load\x18\x07 \x01(\x01\x12\x15\n\rrelative_load\x18\x08 \x01(\x01\x12\r\n\x05score\x18\t \x01(\x01\x12\x0e\n\x06\x63hosen\x18\n \x01(\x08\x12\x0e\n\x06models\x18\x0b \x03(\t\x12\x15\n\rrouting_state\x18\x14 \x01(\t\x12+\n\x07signals\x18\x15 \x01(\x0b\x32\x1a.loadaware.v1.TokenSignals\x12\x15\n\rqueued_tokens\x18\x16 \x01(\r\"\xf0\x03\n\x0f\x45xplainResponse\x12\x0f\n\x07outcome\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x0f\n\x07reasons\x18\x03 \x03(\t\x12\x0e\n\x06policy\x18\x04 \x01(\t\x12\x0c\n\x04\x62\x65ta\x18\x05 \x01(\x01\x12\x0f\n\x07\x66ormula\x18\x06 \x01(\t\x12\x0c\n\x04kind\x18\x07 \x01(\t\x12\x15\n\rprompt_tokens\x18\x08 \x01(\r\x12\x11\n\tmean_load\x18\t \x01(\x01\x12.\n\tendpoints\x18\n \x03(\x0b\x32\x1b.loadaware.v1.EndpointScore\x12>\n\tstages_ms\x18\x0b \x03(\x0b\x32+.loadaware.v1.ExplainResponse.StagesMsEntry\x12\x0f\n\x07message\x18\x0c \x01(\t\x12\r\n\x05model\x18\r \x01(\t\x12\x10\n\x08\x65xcluded\x18\x14 \x03(\t\x12\x31\n\x0bworking_set\x18\x15 \x01(\x0b\x32\x1c.loadaware.v1.WorkingSetView\x12.\n\tadmission\x18\x16 \x01(\x0b\x32\x1b.loadaware.v1.AdmissionView\x12\x0c\n\x04rule\x18\x17 \x01(\t\x1a/\n\rStagesMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x16\n\x14ListEndpointsRequest\"\xf5\x02\n\x08\x45ndpoint\x12\x10\n\x08\x65ndpoint\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12$\n\x06health\x18\x03 \x01(\x0e\x32\x14.loadaware.v1.Health\x12\x15\n\rhealth_detail\x18\x04 \x01(\t\x12\x10\n\x08routable\x18\x05 \x01(\x08\x12\x10\n\x08inflight\x18\x06 \x01(\r\x12\x0c\n\x04load\x18\x07 \x01(\x01\x12.\n\x0blast_scrape\x18\x08 \x01(\x0b\x32\x19.loadaware.v1.ScrapedLoad\x12\x1b\n\x13lmcache_instance_id\x18\t \x01(\t\x12\x0b\n\x03pod\x18\n \x01(\t\x12\x0c\n\x04zone\x18\x0b \x01(\t\x12\x0e\n\x06models\x18\x0c \x03(\t\x12\x33\n\x0erouting_health\x18\x14 \x01(\x0b\x32\x1b.loadaware.v1.RoutingHealth\x12+\n\x07signals\x18\x15 \x01(\x0b\x32\x1a.loadaware.v1.TokenSignals\"\xfd\x01\n\rRoutingHealth\x12\r\n\x05state\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x1c\n\x14\x63onsecutive_failures\x18\x03 \x01(\r\x12\x11\n\tejections\x18\x04 \x01(\r\x12\x1b\n\x13\x65jected_for_seconds\x18\x05 \x01(\x01\x12;\n\x08\x66\x61ilures\x18\x06 \x03(\x0b\x32).loadaware.v1.RoutingHealth.FailuresEntry\x12\x11\n\tsuccesses\x18\x07 \x01(\x04\x1a/\n\rFailuresEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"{\n\x15ListEndpointsResponse\x12)\n\tendpoints\x18\x01 \x03(\x0b\x32\x16.loadaware.v1.Endpoint\x12\x11\n\tdiscovery\x18\x02 \x01(\t\x12\r\n\x05ready\x18\x03 \x01(\x08\x12\x15\n\rfleet_version\x18\x04 \x01(\r\"\x12\n\x10GetConfigRequest\"i\n\x07Setting\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x66lag\x18\x02 \x01(\t\x12\x0b\n\x03\x65nv\x18\x03 \x01(\t\x12%\n\x05value\x18\x04 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x0e\n\x06origin\x18\x05 \x01(\t\"<\n\x11GetConfigResponse\x12\'\n\x08settings\x18\x01 \x03(\x0b\x32\x15.loadaware.v1.Setting*X\n\x06Health\x12\x16\n\x12HEALTH_UNSPECIFIED\x10\x00\x12\x0b\n\x07HEALTHY\x10\x01\x12\x0c\n\x08\x44\x45GRADED\x10\x02\x12\r\n\tUNHEALTHY\x10\x03\x12\x0c\n\x08\x44RAINING\x10\x04\x32\xf8\x01\n\x06Router\x12\x46\n\x07\x45xplain\x12\x1c.loadaware.v1.ExplainRequest\x1a\x1d.loadaware.v1.ExplainResponse\x12X\n\rListEndpoints\x12\".loadaware.v1.ListEndpointsRequest\x1a#.loadaware.v1.ListEndpointsResponse\x12L\n\tGetConfig\x12\x1e.loadaware.v1.GetConfigRequest\x1a\x1f.loadaware.v1.GetConfigResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'loadaware.v1.loadaware_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_SCRAPEDLOAD_SIGNALSENTRY']._loaded_options = None
+  _globals['_SCRAPEDLOAD_SIGNALSENTRY']._serialized_options = b'8\001'
   _globals['_EXPLAINRESPONSE_STAGESMSENTRY']._loaded_options = None
   _globals['_EXPLAINRESPONSE_STAGESMSENTRY']._serialized_options = b'8\001'
   _globals['_ROUTINGHEALTH_FAILURESENTRY']._loaded_options = None
   _globals['_ROUTINGHEALTH_FAILURESENTRY']._serialized_options = b'8\001'
-  _globals['_HEALTH']._serialized_start=2982
-  _globals['_HEALTH']._serialized_end=3070
+  _globals['_HEALTH']._serialized_start=3087
+  _globals['_HEALTH']._serialized_end=3175
   _globals['_EXPLAINREQUEST']._serialized_start=76
   _globals['_EXPLAINREQUEST']._serialized_end=182
   _globals['_ADMISSIONVIEW']._serialized_start=185
   _globals['_ADMISSIONVIEW']._serialized_end=333
   _globals['_SCRAPEDLOAD']._serialized_start=336
-  _globals['_SCRAPEDLOAD']._serialized_end=523
-  _globals['_WORKINGSETVIEW']._serialized_start=525
-  _globals['_WORKINGSETVIEW']._serialized_end=627
-  _globals['_TOKENSIGNALS']._serialized_start=630
-  _globals['_TOKENSIGNALS']._serialized_end=1168
-  _globals['_ENDPOINTSCORE']._serialized_start=1171
-  _globals['_ENDPOINTSCORE']._serialized_end=1511
-  _globals['_EXPLAINRESPONSE']._serialized_start=1514
-  _globals['_EXPLAINRESPONSE']._serialized_end=2010
-  _globals['_EXPLAINRESPONSE_STAGESMSENTRY']._serialized_start=1963
-  _globals['_EXPLAINRESPONSE_STAGESMSENTRY']._serialized_end=2010
-  _globals['_LISTENDPOINTSREQUEST']._serialized_start=2012
-  _globals['_LISTENDPOINTSREQUEST']._serialized_end=2034
-  _globals['_ENDPOINT']._serialized_start=2037
-  _globals['_ENDPOINT']._serialized_end=2410
-  _globals['_ROUTINGHEALTH']._serialized_start=2413
-  _globals['_ROUTINGHEALTH']._serialized_end=2666
-  _globals['_ROUTINGHEALTH_FAILURESENTRY']._serialized_start=2619
-  _globals['_ROUTINGHEALTH_FAILURESENTRY']._serialized_end=2666
-  _globals['_LISTENDPOINTSRESPONSE']._serialized_start=2668
-  _globals['_LISTENDPOINTSRESPONSE']._serialized_end=2791
-  _globals['_GETCONFIGREQUEST']._serialized_start=2793
-  _globals['_GETCONFIGREQUEST']._serialized_end=2811
-  _globals['_SETTING']._serialized_start=2813
-  _globals['_SETTING']._serialized_end=2918
-  _globals['_GETCONFIGRESPONSE']._serialized_start=2920
-  _globals['_GETCONFIGRESPONSE']._serialized_end=2980
-  _globals['_ROUTER']._serialized_start=3073
-  _globals['_ROUTER']._serialized_end=3321
+  _globals['_SCRAPEDLOAD']._serialized_end=628
+  _globals['_SCRAPEDLOAD_SIGNALSENTRY']._serialized_start=540
+  _globals['_SCRAPEDLOAD_SIGNALSENTRY']._serialized_end=586
+  _globals['_WORKINGSETVIEW']._serialized_start=630
+  _globals['_WORKINGSETVIEW']._serialized_end=732
+  _globals['_TOKENSIGNALS']._serialized_start=735
+  _globals['_TOKENSIGNALS']._serialized_end=1273
+  _globals['_ENDPOINTSCORE']._serialized_start=1276
+  _globals['_ENDPOINTSCORE']._serialized_end=1616
+  _globals['_EXPLAINRESPONSE']._serialized_start=1619
+  _globals['_EXPLAINRESPONSE']._serialized_end=2115
+  _globals['_EXPLAINRESPONSE_STAGESMSENTRY']._serialized_start=2068
+  _globals['_EXPLAINRESPONSE_STAGESMSENTRY']._serialized_end=2115
+  _globals['_LISTENDPOINTSREQUEST']._serialized_start=2117
+  _globals['_LISTENDPOINTSREQUEST']._serialized_end=2139
+  _globals['_ENDPOINT']._serialized_start=2142
+  _globals['_ENDPOINT']._serialized_end=2515
+  _globals['_ROUTINGHEALTH']._serialized_start=2518
+  _globals['_ROUTINGHEALTH']._serialized_end=2771
+  _globals['_ROUTINGHEALTH_FAILURESENTRY']._serialized_start=2724
+  _globals['_ROUTINGHEALTH_FAILURESENTRY']._serialized_end=2771
+  _globals['_LISTENDPOINTSRESPONSE']._serialized_start=2773
+  _globals['_LISTENDPOINTSRESPONSE']._serialized_end=2896
+  _globals['_GETCONFIGREQUEST']._serialized_start=2898
+  _globals['_GETCONFIGREQUEST']._serialized_end=2916
+  _globals['_SETTING']._serialized_start=2918
+  _globals['_SETTING']._serialized_end=3023
+  _globals['_GETCONFIGRESPONSE']._serialized_start=3025
+  _globals['_GETCONFIGRESPONSE']._serialized_end=3085
+  _globals['_ROUTER']._serialized_start=3178
+  _globals['_ROUTER']._serialized_end=3426
 # @@protoc_insertion_point(module_scope)

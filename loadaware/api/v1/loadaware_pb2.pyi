@@ -52,20 +52,29 @@ class AdmissionView(_message.Message):
     def __init__(self, enabled: _Optional[bool] = ..., priority: _Optional[int] = ..., sheddable: _Optional[bool] = ..., would_hold: _Optional[bool] = ..., held_ahead: _Optional[int] = ..., held: _Optional[int] = ..., pool_saturation: _Optional[float] = ...) -> None: ...
 
 class ScrapedLoad(_message.Message):
-    __slots__ = ("running", "waiting", "kv_cache_usage", "age_seconds", "fresh", "kv_capacity_tokens")
+    __slots__ = ("running", "waiting", "kv_cache_usage", "age_seconds", "fresh", "kv_capacity_tokens", "signals")
+    class SignalsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
     AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     FRESH_FIELD_NUMBER: _ClassVar[int]
     KV_CAPACITY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SIGNALS_FIELD_NUMBER: _ClassVar[int]
     running: float
     waiting: float
     kv_cache_usage: float
     age_seconds: float
     fresh: bool
     kv_capacity_tokens: float
-    def __init__(self, running: _Optional[float] = ..., waiting: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., age_seconds: _Optional[float] = ..., fresh: _Optional[bool] = ..., kv_capacity_tokens: _Optional[float] = ...) -> None: ...
+    signals: _containers.ScalarMap[str, float]
+    def __init__(self, running: _Optional[float] = ..., waiting: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., age_seconds: _Optional[float] = ..., fresh: _Optional[bool] = ..., kv_capacity_tokens: _Optional[float] = ..., signals: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class WorkingSetView(_message.Message):
     __slots__ = ("cache_demand", "prefix_routes", "spreading")
