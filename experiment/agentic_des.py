@@ -41,11 +41,12 @@ from experiment.agentic_sim import (
     simulate_agentic,
     ttfts,
 )
+from experiment.arms import Arm, arm_by_name
 from experiment.calibration import CALIBRATED
 from experiment.config_grid import SCRAPE_INTERVAL_S
-from experiment.des import Arm, FleetConfig, arm_by_name
+from experiment.des import FleetConfig
 from experiment.grid_blocks import PEERS
-from experiment.report import replace_section
+from experiment.report import invoked_as, replace_section
 from loadaware.policies.auto import AUTO, auto_policy
 
 START, END = "<!-- agentic:start -->", "<!-- agentic:end -->"
@@ -195,7 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.monotonic()
     results = {role: run(spec, range(ROLES[role], ROLES[role] + args.seeds), configs, arms, args.jobs)
                for role in roles}
-    command = "python -m experiment.agentic " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = invoked_as("python -m experiment.agentic") + " " + " ".join(
+        argv if argv is not None else sys.argv[1:])
     text = section(results, spec, arms, command.strip(), time.monotonic() - t0)
     print(text)
     if args.doc is not None:

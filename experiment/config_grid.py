@@ -37,13 +37,13 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from experiment.des import Arm, Credit, simulate
+from experiment.arms import Arm, arm_by_name
+from experiment.des import Credit, simulate
 from experiment.grid import POINTS, POINTS_BY_NAME, GridPoint, prepared
 from experiment.grid_blocks import PEERS, best_peer, median_over_seeds
 from experiment.metrics import DEFAULT_SLO_S, SeedMetrics, seed_metrics
-from experiment.report import replace_section
+from experiment.report import invoked_as, replace_section
 from experiment.stats import PairedComparison, paired_comparison
-from experiment.variants import arm as arm_named
 from loadaware.policies.auto import AUTO, auto_policy
 
 START, END = "<!-- config-grid:start -->", "<!-- config-grid:end -->"
@@ -312,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = [*([args.ours] if args.ours != AUTO else auto_policy(True)[:1]), "loadaware",
              *(() if args.no_peers else PEERS)] + [
         a.strip() for a in args.arms.split(",") if a.strip()]
-    arms = [arm_named(n) for n in dict.fromkeys(names)]
+    arms = [arm_by_name(n) for n in dict.fromkeys(names)]
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     results = run(configs, points, arms, seeds, args.jobs, args.cache)
@@ -321,7 +321,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.no_peers:
         print(summary(results, args.ours, peers=False))
         return 0
-    command = "python -m experiment.config_grid " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = invoked_as("python -m experiment.config_grid") + " " + " ".join(
+        argv if argv is not None else sys.argv[1:])
     return _write(results, args, seeds, wall, command)
 
 

@@ -19,6 +19,9 @@ It runs the SAME engine model as the real-time simulated engines and the SAME de
   signals, TTFT models and prefill clocks from the same lifecycle events the ext_proc server emits (first
   chunks only when `response_seen`: the picker's full duplex; behind BUFFERED the tracker estimates), and the
   queued-prefix credit and working set are the pipeline's own.
+- arms: the registry's (`experiment.arms`). What an arm reads beyond the candidates the sidecar's pipeline builds
+  (the peers' tree signals, each engine's TTFT model over every request, the simulation itself) is what its
+  entry declares (`Reads`); the simulation provides it and never asks a policy its type.
 - peers: `experiment.peers`' published policies (LMetric, Dynamo, llm-d, SGLang) decide through the same
   pipeline on the same candidates; the two signals only they read (distinct KV blocks in flight, distinct
   blocks ever routed) are filled by the simulation; `FleetConfig.engine_services` gives engines their own
@@ -43,67 +46,29 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from experiment.candidates import ResearchCandidate, widened, with_ttft_models
-from experiment.peers import PEER_POLICIES
-from experiment.predictive import Predictive
+# The arms' registry (experiment.arms); its names are re-exported here, where callers have long found them.
+from experiment.arms import PEER_ARMS as PEER_ARMS
+from experiment.arms import SIDECAR_ARMS as SIDECAR_ARMS
+from experiment.arms import Arm as Arm
+from experiment.arms import arm_by_name as arm_by_name
 from experiment.product_router import ProductRouter, TwoArgPolicy
 from experiment.records import EngineSample, RequestRecord, RunRecords
+from experiment.tree_signals import TreeCandidate, with_tree
 from experiment.workload import Request, Workload
 from loadaware.lifecycle import Decision
 from loadaware.load.tracker import EngineStats
-from loadaware.policies import POLICY_NAMES, Policy, make_policy
+from loadaware.policies import Policy
 from loadaware.policies.base import Candidate
-from loadaware.policies.lane import Lane
 from sim.held_blocks import HeldBlocks, private_blocks
 from sim.lmcache_chunks import LMCACHE_CHUNK_SIZE, LMCacheStore, chunk_keys
 from sim.prefix_cache import Block, PrefixCache, block_key, iter_blocks
 from sim.service_model import ServiceModel, split_prompt
 
 Credit = Literal["single", "multi", "gpu", "approx"]
-
-
-# ---- arms ----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Arm:
-    name: str  # as in the reference's cells: kvaware, loadaware-b0.5, roundrobin, ...
-    policy: str
-    beta: float = 1.0
-    factory: Callable[[], Policy] | None = None  # a peer arm's policy (experiment.peers); None: make_policy
-
-    def make(self) -> Policy:
-        return self.factory() if self.factory is not None else make_policy(self.policy, self.beta)
-
-
-def loadaware(beta: float) -> Arm:
-    return Arm(f"loadaware-b{beta:g}" if beta != int(beta) or beta == 0 else f"loadaware-b{beta:.1f}",
-               "loadaware", beta)
-
-
-SIDECAR_ARMS: tuple[Arm, ...] = (
-    Arm("kvaware", "kvaware"), loadaware(0.0), loadaware(0.5), loadaware(1.0), loadaware(2.0),
-    Arm("roundrobin", "roundrobin"), Arm("leastload", "leastload"),
-)
-PEER_ARMS: tuple[Arm, ...] = tuple(Arm(name, name, factory=cls) for name, cls in PEER_POLICIES.items())
-# Research policies the product no longer offers, kept as arms because docs/findings.md cites their runs.
-RESEARCH_ARMS: tuple[Arm, ...] = (Arm("predictive", "predictive", factory=Predictive),
-                                  Arm("lane", "lane", factory=Lane))
-ARMS_BY_NAME = {a.name: a for a in SIDECAR_ARMS + PEER_ARMS + RESEARCH_ARMS}
-
-
-def arm_by_name(name: str) -> Arm:
-    """Every sidecar `--policy` name (default parameters: "loadaware" is beta 1.0), "loadaware-b<beta>" for
-    any beta, every peer arm of experiment.peers and the research arms by their names."""
-    if name in ARMS_BY_NAME:
-        return ARMS_BY_NAME[name]
-    if name.startswith("loadaware-b"):
-        return loadaware(float(name.removeprefix("loadaware-b")))
-    if name in POLICY_NAMES:
-        return Arm(name, name)
-    raise ValueError(f"unknown arm {name!r}")
 
 
 # ---- configuration -------------------------------------------------------------------------------------
@@ -264,20 +229,23 @@ class Simulation:
         self._by_name = {e.name: e for e in self.engines}
         self.endpoints = tuple(e.name for e in self.engines)
         self.now = 0.0
-        # The peers' arms read two signals the sidecar does not track (blocks in flight, blocks ever routed):
-        # the simulation fills them on the candidates the sidecar's pipeline built.
-        self._peer = arm.name in PEER_POLICIES
-        # A research arm that prices with the TTFT model over every request: the tracker learns it for this arm
-        # only (the sidecar does not), and the arm's candidates carry its prices (experiment.candidates).
-        reads_ttft = self.reads_ttft = isinstance(self.policy, Predictive)  # and its variants
+        # What the arm reads beyond the sidecar's candidates is what its registry entry declares
+        # (experiment.arms.Reads). The tree signals (blocks in flight, blocks ever routed), which the sidecar
+        # does not track: the simulation fills them on the candidates the sidecar's pipeline built.
+        reads = arm.reads
+        self._peer = reads.tree_signals
+        # The TTFT model over every request: the tracker learns it for this arm only (the sidecar does not),
+        # and the entry's function adds its prices to the arm's candidates.
+        ttft_prices = reads.ttft_models
+        self.reads_ttft = ttft_prices is not None
         decides: Policy = self.policy
         if self._peer:
             decides = TwoArgPolicy(self.policy, self._peer_signals)
-        elif reads_ttft:
-            decides = TwoArgPolicy(self.policy, lambda cs: with_ttft_models(cs, self.router.signals))
+        elif ttft_prices is not None:
+            decides = TwoArgPolicy(self.policy, lambda cs: ttft_prices(cs, self.router.signals))
         source = "approx" if config.credit == "approx" else "none" if not config.tokenizer else \
             "exact+approx" if config.approx_beside and config.credit == "single" else "exact"
-        self.router = ProductRouter(decides, self.endpoints, lambda: self.now, source, ttft_model=reads_ttft)
+        self.router = ProductRouter(decides, self.endpoints, lambda: self.now, source, ttft_model=self.reads_ttft)
         self.loads = self.router.loads
         self._decision: Decision | None = None  # the last decision, for _arrive to give its request
         self._heap: list[tuple[float, int, int, object]] = []
@@ -289,9 +257,8 @@ class Simulation:
         self._measuring = False
         self._measured_open = 0
         self._scrape_engines(0.0)  # the sidecar scrapes each engine as it joins (its KV capacity among others)
-        bind = getattr(self.policy, "bind_simulation", None)
-        if bind is not None:  # a design-experiment arm that reads engine speeds and the clock (experiment.variants)
-            bind(self)
+        if reads.simulation is not None:  # a design bound that reads engine speeds and the clock
+            reads.simulation(self.policy, self)
 
     # ---- event queue ---------------------------------------------------------------------------------
     def _push(self, t: float, kind: int, payload: object) -> None:
@@ -392,13 +359,13 @@ class Simulation:
         # 1.5 text units per token (FleetConfig.tokenizer): an odd token id stands for 2 units, an even one for 1
         return [u for tok in tokens for u in ((2 * tok, 2 * tok + 1) if tok % 2 else (2 * tok,))]
 
-    def _peer_signals(self, candidates: Sequence[Candidate]) -> list[ResearchCandidate]:
+    def _peer_signals(self, candidates: Sequence[Candidate]) -> list[TreeCandidate]:
         """The two signals only the peers' arms read: blocks in flight and blocks ever routed, per engine."""
         bs = self.svc.block_size
         out = []
         for c in candidates:
             e = self._by_name[c.endpoint]
-            out.append(widened(c, kv_blocks=float(len(e.kv_refs)), routed_tokens=float(len(e.routed) * bs)))
+            out.append(with_tree(c, kv_blocks=float(len(e.kv_refs)), routed_tokens=float(len(e.routed) * bs)))
         return out
 
     # ---- what only the peers' arms read (the sidecar's own signals follow its lifecycle) -------------------

@@ -32,8 +32,9 @@ from typing import Any
 import numpy as np
 
 from experiment import report
+from experiment.arms import SIDECAR_ARMS, Arm, arm_by_name
 from experiment.calibration import CALIBRATED, QUEUEING_ENGINES, QUEUEING_WORKLOAD
-from experiment.des import SIDECAR_ARMS, Arm, FleetConfig, arm_by_name, prepare, simulate
+from experiment.des import FleetConfig, prepare, simulate
 from experiment.metrics import DEFAULT_SLO_S, SeedMetrics, seed_metrics
 from experiment.records import RunRecords
 from experiment.workload import WorkloadSpec, build

@@ -41,14 +41,14 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from experiment.arms import Arm, arm_by_name
 from experiment.calibration import CALIBRATED
-from experiment.des import Arm, Credit, FleetConfig, Prepared, prepare, simulate
+from experiment.des import Credit, FleetConfig, Prepared, prepare, simulate
 from experiment.des_run import Point
 from experiment.grid_blocks import PEERS, best_peer, block_table, median_over_seeds
 from experiment.metrics import DEFAULT_SLO_S, SeedMetrics, seed_metrics
-from experiment.report import replace_section
+from experiment.report import invoked_as, replace_section
 from experiment.stats import PairedComparison, paired_comparison
-from experiment.variants import arm as arm_named
 from experiment.workload import WorkloadSpec, build
 from sim.service_model import ServiceModel
 
@@ -152,7 +152,7 @@ def run_grid(points: Sequence[GridPoint], arms: Sequence[Arm], seeds: Sequence[i
 
 # ---- analysis ------------------------------------------------------------------------------------------
 DESIGN_SEEDS = (1, 10)  # the seeds the policies were designed on
-TUNING_SEEDS = (201, 220)  # the seeds lane's power and lane-spread's gate were chosen on (docs/findings.md)
+TUNING_SEEDS = (201, 220)  # the seeds lane's power and lane-spread's gate were chosen on (research/notebook.md)
 DEFAULT_REQUESTS = WorkloadSpec().n_requests
 
 
@@ -299,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--requests must be >= 1")
     points = tuple(with_requests(with_credit(gp, args.credit), args.requests) for gp in points)
     names = [args.ours, *BASELINES, *PEERS] + [a.strip() for a in args.arms.split(",") if a.strip()]
-    arms = [arm_named(n) for n in dict.fromkeys(names)]
+    arms = [arm_by_name(n) for n in dict.fromkeys(names)]
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -308,7 +308,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.prepare_only:
         print(f"prepared {len(points) * len(seeds)} workloads in {wall:.0f} s")
         return 0
-    command = "python -m experiment.grid " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = invoked_as("python -m experiment.grid") + " " + " ".join(
+        argv if argv is not None else sys.argv[1:])
     section = report(results, args.ours, [a.name for a in arms], len(seeds), command.strip(), wall, args.jobs,
                      args.first_seed, args.credit, args.requests)
     write_per_seed(args.out / "per_seed.csv", results)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiment.des import PEER_ARMS
+from experiment.arms import PEER_ARMS
 from experiment.metrics import SeedMetrics
 from experiment.stats import paired_comparison
 

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from experiment.candidates import research
+from experiment.tree_signals import tree
 from loadaware.policies.base import Candidate, Choice, Needs, argmax_with_tiebreak, lowest_cost
 
 BLOCK_TOKENS = 16  # vLLM's block size in the simulated fleet
@@ -71,7 +71,7 @@ class DynamoLinear:
         for c in candidates:
             overlap = self.overlap_credit * (c.matched_tokens // BLOCK_TOKENS)
             prefill = c.prefill_tokens / BLOCK_TOKENS + incoming - overlap
-            costs.append(self.prefill_load_scale * max(prefill, 0.0) + research(c).kv_blocks + incoming)
+            costs.append(self.prefill_load_scale * max(prefill, 0.0) + tree(c).kv_blocks + incoming)
         return lowest_cost(costs, candidates)
 
 
@@ -141,7 +141,7 @@ class SglangCacheAware:
         if _hit(candidates[best], prompt_tokens) > self.cache_threshold:
             scores = [float(c.matched_tokens) for c in candidates]
             return Choice(argmax_with_tiebreak(scores, candidates), tuple(scores))
-        return lowest_cost([research(c).routed_tokens for c in candidates], candidates)
+        return lowest_cost([tree(c).routed_tokens for c in candidates], candidates)
 
 
 PEER_POLICIES = {"lmetric": LMetric, "dynamo": DynamoLinear, "llmd-token": LlmdTokenAware,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -246,3 +247,9 @@ def replace_section(doc: Path, start: str, end: str, section: str, before: str |
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     doc.write_text(text)
+
+
+def invoked_as(default: str) -> str:
+    """How the running command was invoked, for a doc's "Command:" line: `default` (`python -m experiment.grid`),
+    unless a runner named itself in sys.argv[0] (`python -m research grid`, research/__main__.py)."""
+    return sys.argv[0] if sys.argv and sys.argv[0].startswith("python -m ") else default

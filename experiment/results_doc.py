@@ -450,7 +450,7 @@ def build_doc(args: argparse.Namespace) -> str:
         md += [(grid / "report.md").read_text().rstrip(), ""]
     md += ["## Research notes", "",  # the lab notebook is its own file: linked, never pasted
            "The hand-written findings, in the order they were made (what was tried, what it showed, what was kept), "
-           "are\nthe lab notebook: [findings.md](findings.md).", ""]
+           "are\nthe lab notebook: [research/notebook.md](../research/notebook.md).", ""]
     return "\n".join(md) + "\n"
 
 

@@ -48,15 +48,15 @@ from pathlib import Path
 
 import numpy as np
 
+from experiment.arms import Arm, arm_by_name
 from experiment.calibration import CALIBRATED
 from experiment.config_grid import CONFIGS_BY_NAME, Configuration, _task, arm_of, write_per_seed
-from experiment.des import Arm, FleetConfig
+from experiment.des import FleetConfig
 from experiment.des_run import Point
 from experiment.grid import GridPoint
 from experiment.grid_blocks import PEERS, best_peer, median_over_seeds
 from experiment.metrics import SeedMetrics
-from experiment.report import replace_section
-from experiment.variants import arm as arm_named
+from experiment.report import invoked_as, replace_section
 from experiment.workload import WorkloadSpec
 from loadaware.policies.auto import AUTO
 from sim.service_model import ServiceModel
@@ -428,7 +428,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ours = [args.ours] if args.ours != AUTO else sorted({arm_of(AUTO, c.name) for c in configs})
     names = [*ours, "loadaware", *(() if args.no_peers else PEERS),
              *(a.strip() for a in args.arms.split(",") if a.strip())]
-    arms = [arm_named(n) for n in dict.fromkeys(names)]
+    arms = [arm_by_name(n) for n in dict.fromkeys(names)]
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     results = run(configs, ds, arms, seeds, args.jobs, args.cache, args.smoke)
@@ -439,7 +439,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     picture = args.doc.parent / "scenarios.png" if args.doc is not None else args.out / "scenarios.png"
     draw_picture(results, args.ours, picture)
-    command = "python -m experiment.scenarios " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = invoked_as("python -m experiment.scenarios") + " " + " ".join(
+        argv if argv is not None else sys.argv[1:])
     section = report(results, ds, args.ours, seeds, command.strip(), wall, args.jobs, picture.name)
     (args.out / "report.md").write_text(section + "\n")
     if args.doc is not None:

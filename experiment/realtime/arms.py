@@ -45,7 +45,7 @@ class RealArm:
 
 
 def _beta_name(beta: float) -> str:
-    # The reference's cell names: loadaware-b0, -b0.5, -b1.0, -b2.0 (as experiment.des.loadaware).
+    # The reference's cell names: loadaware-b0, -b0.5, -b1.0, -b2.0 (as experiment.arms.loadaware).
     return f"loadaware-b{beta:g}" if beta != int(beta) or beta == 0 else f"loadaware-b{beta:.1f}"
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from experiment import arms as sim_arms
 from experiment import des
 from experiment.metrics import SeedMetrics, seed_metrics
 from experiment.realtime import outputs
@@ -46,8 +47,8 @@ SIDECAR_SCRAPE_S = 1.0  # the sidecar's --scrape-interval-s default, which the r
 COMPARED = ("imbalance", "prefix_hit_rate", "ttft_mean", "ttft_p95", "itl_p50", "slo_miss")
 
 
-def des_arm(arm: RealArm) -> des.Arm:
-    return replace(des.arm_by_name(arm.name.removesuffix("-kvev")), name=arm.name)
+def des_arm(arm: RealArm) -> sim_arms.Arm:
+    return replace(sim_arms.arm_by_name(arm.name.removesuffix("-kvev")), name=arm.name)
 
 
 def twin_run(prepared: des.Prepared, service: ServiceModel, engines: int, arm: RealArm, seed: int,

@@ -110,7 +110,7 @@ def test_no_scrape_means_no_average_rather_than_zero() -> None:
 
 
 def test_the_hot_path_bench_runs() -> None:
-    from bench.epp_listener import run, table
+    from research.probes.epp_listener import run, table
 
     result = run(quick=True)
     assert result["lifecycle_with_epp_us"] > 0 and result["lookup_counted_us"] > 0

@@ -205,7 +205,7 @@ def test_the_router_is_the_sidecars_pipeline_and_learns_only_what_its_response_p
     signals = [sim.router.signals.get(ep) for ep in sim.endpoints]
     assert all(sig is not None for sig in signals)
     # lane learns its prefill clocks' models (from first chunks of requests decided on an idle clock); the TTFT
-    # model over every request is learned only for a research arm that reads it (experiment.candidates)
+    # model over every request is learned only for a research arm that reads it (research.candidates)
     learned = sum(sig.prefill_clock.model.observations for sig in signals
                   if sig is not None and sig.prefill_clock.model is not None)
     assert all(sig is not None and sig.model is None for sig in signals)
@@ -278,9 +278,9 @@ def test_lane_spread_sees_the_working_set_as_the_sidecar_feeds_it(tiny: Prepared
 
 
 def test_the_buffered_estimate_is_measured_against_the_true_prefill_queue(tiny: Prepared) -> None:
-    """experiment.prefill_error: the sidecar's BUFFERED estimate (its own tracker, no first chunk seen) beside
+    """research.prefill_error: the sidecar's BUFFERED estimate (its own tracker, no first chunk seen) beside
     the simulation's truth; it errs less than keeping every token until the end."""
-    from experiment.prefill_error import BufferedView
+    from research.prefill_error import BufferedView
 
     # long enough answers (64 tokens) that a request's end comes well after its first token, as at the reference
     work = prepare(build(WorkloadSpec(n_prefixes=8, n_requests=150, rate=16.0, max_tokens=64), 3))

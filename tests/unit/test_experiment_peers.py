@@ -3,16 +3,18 @@ hand-computed candidates, and every peer arm reachable by name."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from experiment.candidates import ResearchCandidate
 from experiment.des import PEER_ARMS, arm_by_name
 from experiment.peers import DynamoLinear, LlmdBlend, LlmdTokenAware, LMetric, SglangCacheAware
+from experiment.tree_signals import TreeCandidate
 from loadaware.policies import POLICY_NAMES
 
 
-def c(ep: str, matched: int, load: float = 0.0, **kw: float) -> ResearchCandidate:
-    return ResearchCandidate(ep, matched, load, **kw)  # the peers' own signals: the simulator widens candidates
+def c(ep: str, matched: int, load: float = 0.0, **kw: Any) -> TreeCandidate:
+    return TreeCandidate(ep, matched, load, **kw)  # the peers' own signals: the simulator widens candidates
 
 
 def test_lmetric_multiplies_prefill_work_by_decode_batch() -> None:

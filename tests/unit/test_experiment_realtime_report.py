@@ -128,7 +128,7 @@ def test_results_doc_from_run_outputs(tmp_path: Path) -> None:
     assert "### Real time, 2 seeds (1, 2), all arms and both peers" in doc
     assert "| sglang-router |" in doc and "loadaware-b0.5-kvev" in doc
     assert "real time vs its discrete-event twin" in doc
-    assert doc.rstrip().endswith("[findings.md](findings.md).") and "hand-written." not in doc  # linked, not pasted
+    assert doc.rstrip().endswith("[research/notebook.md](../research/notebook.md).") and "hand-written." not in doc
     for png in ("rt_reference_imbalance.png", "rt_reference_ttft_cdf.png", "rt_reference_running.png",
                 "des_hit_vs_beta_2.png"):
         assert (tmp_path / "docs" / png).stat().st_size > 1000, png

@@ -1,4 +1,4 @@
-"""The placement probe (experiment.placement_probe): predictive's terms add up to its cost, and both probes run
+"""The placement probe (research.placement_probe): predictive's terms add up to its cost, and both probes run
 on a tiny point and print what they promise."""
 
 from __future__ import annotations
@@ -9,12 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from experiment.candidates import ResearchCandidate
 from experiment.des import FleetConfig, Simulation, prepare
 from experiment.grid import POINTS_BY_NAME, run_grid, with_credit
-from experiment.placement_probe import main, probe_costs, probe_seeds
-from experiment.predictive import Predictive
-from experiment.variants import (
+from experiment.workload import WorkloadSpec, build
+from loadaware.policies.base import Candidate
+from loadaware.policies.lane import Lane
+from research.arms import arm_by_name as arm
+from research.candidates import ResearchCandidate
+from research.placement_probe import main, probe_costs, probe_seeds
+from research.predictive import Predictive
+from research.variants import (
     LaneDiscovered,
     LaneGreedy,
     LaneInFlight,
@@ -23,11 +27,7 @@ from experiment.variants import (
     LaneRecurring,
     PredictiveClampedCrowd,
     PredictiveHeadroom,
-    arm,
 )
-from experiment.workload import WorkloadSpec, build
-from loadaware.policies.base import Candidate
-from loadaware.policies.lane import Lane
 from sim.service_model import ServiceModel
 from tests.unit.test_experiment_grid import TINY
 

@@ -4,16 +4,17 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 
-from experiment.candidates import ResearchCandidate
-from experiment.predictive import Predictive
 from loadaware.policies import Candidate, KvAware, LeastLoad, LoadAware, RoundRobin, make_policy
 from loadaware.policies.lane import Lane
 from loadaware.policies.lane_spread import ALL_QUEUEING, LaneSpread, all_queueing
 from loadaware.policies.loadaware import benefit, loadaware_scores, relative_loads
 from loadaware.policies.ttft_model import TtftPrior
+from research.candidates import ResearchCandidate
+from research.predictive import Predictive
 
 
 def cands(*spec: tuple[str, int, float]) -> list[Candidate]:
@@ -142,7 +143,7 @@ def test_make_policy_rejects_unknown() -> None:
     assert make_policy("loadaware", beta=0.5).beta == 0.5  # type: ignore[attr-defined]
 
 
-# ---- predictive (experiment/predictive.py, a research arm) ------------------------------------------------------
+# ---- predictive (research/predictive.py, a research arm) ------------------------------------------------------
 def test_predictive_keeps_a_hit_when_the_holder_is_not_backed_up() -> None:
     p = Predictive()
     cands = (ResearchCandidate("a", 1536, 20.0, decode_batch=20.0), ResearchCandidate("b", 0, 18.0, decode_batch=18.0))
@@ -193,7 +194,7 @@ def test_predictive_prices_held_tokens_that_must_be_loaded() -> None:
     # Both engines "hold" the prefix, but a learned price says a's held tokens are loaded, not free: the work
     # queued on a (many held prompts waiting for their first token) makes b, with none, the cheaper holder.
     p = Predictive()
-    learned = {"ttft_base_s": 0.05, "ttft_per_token_s": 2.5e-4, "ttft_per_running_s": 0.0025}
+    learned: dict[str, Any] = {"ttft_base_s": 0.05, "ttft_per_token_s": 2.5e-4, "ttft_per_running_s": 0.0025}
     loaded = ResearchCandidate("a", 1536, 10.0, decode_batch=8.0, prefill_matched_tokens=12_000,
                        ttft_per_matched_token_s=1e-4, **learned)
     free = ResearchCandidate("b", 1536, 10.0, decode_batch=8.0, prefill_matched_tokens=0, ttft_per_matched_token_s=1e-4,
@@ -212,7 +213,7 @@ def test_predictive_caps_the_learned_held_price() -> None:
     # A held token never costs more than h x a computed one, whatever the fit says (under load the admission
     # wait correlates with held tokens queued): a learned price ten times a computed token's is cut to h.
     p = Predictive()
-    learned = {"ttft_base_s": 0.0, "ttft_per_token_s": 1e-4, "ttft_per_running_s": 0.0}
+    learned: dict[str, Any] = {"ttft_base_s": 0.0, "ttft_per_token_s": 1e-4, "ttft_per_running_s": 0.0}
     c = ResearchCandidate("a", 1000, 0.0, ttft_per_matched_token_s=1e-3, **learned)
     (cost,) = p.costs(1000, (c,))
     assert cost == pytest.approx(p.held_cap * 1e-4 * 1000)

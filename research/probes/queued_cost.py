@@ -1,6 +1,6 @@
 """What crediting prompts queued at engines (loadaware/prefix/queued.py) costs `lane-spread`'s hot path, paired.
 
-    python -m bench.queued_cost [--quick] [--json]
+    python -m research.probes.queued_cost [--quick] [--json]
 
 One sidecar (`--policy lane-spread`, the tiny tokenizer, the KV-events prefix source with no engine indexed yet, so
 every prompt is cold and the queued credit is all the credit there is, three endpoints), fed
@@ -27,7 +27,6 @@ from typing import Any
 
 from bench import inprocess_cli
 from bench.extproc_inprocess import FLEET, TINY_MODEL_DIR, buffered_messages
-from bench.signals_cost import _best_us, _paired
 from loadaware.app import Sidecar
 from loadaware.config import from_args
 from loadaware.lifecycle import Decision
@@ -35,6 +34,7 @@ from loadaware.load.tracker import EngineStats
 from loadaware.prefix.blocks import block_keys
 from loadaware.prefix.queued import QueuedPrefixes, credit
 from loadaware.routing.request import parse_body
+from research.probes.signals_cost import _best_us, _paired
 
 HELD_PER_ENDPOINT = 32
 QUEUE = 8.0
@@ -140,7 +140,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return inprocess_cli.main("python -m bench.queued_cost", __doc__, run, table, argv)
+    return inprocess_cli.main("python -m research.probes.queued_cost", __doc__, run, table, argv)
 
 
 if __name__ == "__main__":

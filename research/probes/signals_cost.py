@@ -1,6 +1,6 @@
 """What the token signals (loadaware/load/signals.py) cost the hot path, in-process and paired.
 
-    python -m bench.signals_cost [--quick] [--json]
+    python -m research.probes.signals_cost [--quick] [--json]
 
 One sidecar per policy, fed Envoy's message sequences as `bench.extproc_inprocess` (case 6 of `make bench`)
 feeds them: BUFFERED requests, and full-duplex requests with a 64-chunk streamed response. Rounds alternate
@@ -31,6 +31,7 @@ from bench import inprocess_cli
 from bench.extproc_inprocess import RESPONSE_CHUNKS, Feed, _app, buffered_messages, duplex_messages
 from loadaware.app import Sidecar
 from loadaware.policies import Candidate
+from loadaware.routing.context import DecisionContext
 from loadaware.routing.request import parse_body
 
 POLICIES = ("leastload", "loadaware", "lane-spread", "banded")  # the selectable policies of each kind
@@ -116,8 +117,10 @@ async def _direct(app: Sidecar, body: bytes) -> dict[str, float]:
     matches = {endpoint: decision.prompt_tokens // 2}
     n = decision.prompt_tokens
 
+    ctx = DecisionContext(None, endpoints=endpoints, matches=matches, tokens=list(range(n)))
+
     def candidates() -> None:
-        decider._plain(endpoints, frozenset(), matches, n, [])
+        decider.data.plain(ctx, True)
 
     out = {"tracker_buffered_request": _best_us(buffered),
            "candidate_before_signals": _best_us(lambda: _CandidateBeforeSignals(endpoint, 1, 2.0), number=20000),
@@ -200,7 +203,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return inprocess_cli.main("python -m bench.signals_cost", __doc__, run, table, argv)
+    return inprocess_cli.main("python -m research.probes.signals_cost", __doc__, run, table, argv)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Why a placement arm's TTFT tail is what it is (issue 17): per-seed admission queues and predictive's costs.
 
-    python -m experiment.placement_probe seeds --point queueing --seeds 201-230 --arms predictive,lmetric
-    python -m experiment.placement_probe costs --point queueing --seed 210 --from 2.9 --to 3.1
+    python -m research.placement_probe seeds --point queueing --seeds 201-230 --arms predictive,lmetric
+    python -m research.placement_probe costs --point queueing --seed 210 --from 2.9 --to 3.1
 
 `seeds`: per seed, each arm's TTFT p95, the fleet's mean admission queue (scraped waiting, mean over engines
 and samples), the highest running count any engine reached and the first time (s into the measured window)
@@ -18,13 +18,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from experiment.candidates import with_ttft_models
-from experiment.des import SimRequest, Simulation, _Engine, arm_by_name
+from experiment.des import SimRequest, Simulation, _Engine
 from experiment.grid import POINTS_BY_NAME, GridPoint, prepared
 from experiment.metrics import DEFAULT_SLO_S, seed_metrics
-from experiment.predictive import Predictive
-from experiment.variants import VARIANTS, arm
 from loadaware.policies.base import Candidate
+from research.arms import arm_by_name
+from research.predictive import Predictive
+from research.variants import VARIANTS
 
 
 class ProbeSimulation(Simulation):
@@ -39,8 +39,9 @@ class ProbeSimulation(Simulation):
         engine, matched = super()._decide(s)
         if self._measuring and self._decision is not None:
             cands: tuple[Candidate, ...] = self._decision.candidates  # what the sidecar's pipeline scored
-            if self.reads_ttft:  # as the arm saw them: with the TTFT model's prices (experiment.candidates)
-                cands = tuple(with_ttft_models(cands, self.router.signals))
+            ttft_prices = self.arm.reads.ttft_models
+            if ttft_prices is not None:  # as the arm saw them: with the TTFT model's prices (research.candidates)
+                cands = tuple(ttft_prices(cands, self.router.signals))
             self.decisions.append((self.now, s.prefix, s.n_tokens, cands, engine.index,
                                    [(e.running, len(e.waiting)) for e in self.engines]))
         return engine, matched
@@ -58,7 +59,7 @@ def probe_seeds(gp: GridPoint, arms: Sequence[str], seeds: Sequence[int], cache:
         work = prepared(gp.point, seed, cache)
         cells = []
         for name in arms:
-            sim = ProbeSimulation(work, arm(name), gp.point.fleet, seed)
+            sim = ProbeSimulation(work, arm_by_name(name), gp.point.fleet, seed)
             run = sim.run()
             m = seed_metrics(run, DEFAULT_SLO_S)
             t0 = run.requests[0].send_t
@@ -87,13 +88,13 @@ def probe_costs(gp: GridPoint, seed: int, lo: float, hi: float, cache: Path | No
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiment.placement_probe", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m research.placement_probe", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("seeds")
     s.add_argument("--point", default="queueing")
     s.add_argument("--seeds", type=_seeds, default="201-230", help="FIRST-LAST or one seed")
-    s.add_argument("--arms", default="predictive,lmetric", help="grid arms, or " + ", ".join(VARIANTS))
+    s.add_argument("--arms", default="predictive,lmetric", help="registered arms, e.g. " + ", ".join(VARIANTS))
     c = sub.add_parser("costs")
     c.add_argument("--point", default="queueing")
     c.add_argument("--seed", type=int, default=210)

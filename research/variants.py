@@ -1,17 +1,18 @@
-"""Placement formulas tried for issue 17 and not adopted: experiment arms only, never a sidecar `--policy`.
+"""Placement formulas tried for issue 17 and not adopted: simulator arms only, never a sidecar `--policy`.
 
-    python -m experiment.grid --ours predictive-headroom --first-seed 201 --seeds 30 --out out/experiment/grid-headroom
-    python -m experiment.grid --credit gpu --ours lane --arms lane-product,lane-greedy --out out/experiment/g
-    python -m experiment.placement_probe seeds --point queueing --arms predictive,predictive-headroom
+    python -m research grid --ours predictive-headroom --first-seed 201 --seeds 30 --out out/experiment/grid-headroom
+    python -m research grid --credit gpu --ours lane --arms lane-product,lane-greedy --out out/experiment/g
+    python -m research.placement_probe seeds --point queueing --arms predictive,predictive-headroom
 
-The `predictive-*` arms are `predictive` (experiment/predictive.py) with one change. `lane-product` and
+The `predictive-*` arms are `predictive` (research/predictive.py) with one change. `lane-product` and
 `lane-greedy` are the sidecar's `lane` policy (loadaware/policies/lane.py) at the engines' known speeds instead
 of learned ones: `lane-product` exactly so, `lane-greedy` without the decode factor (a design bound: the
 sidecar is not told the speeds). `lane-inflight` is `lane` with (load + 1) as its factor; the `lane-demand-*`,
 `lane-recurring-*`, `lane-popular-*` and `lane-cap2*` arms use that factor only while a gate reads room in
 the fleet's caches (and, for the popular ones, a popular prefix) from the routed block keys and the
-simulator's capacity. docs/findings.md has what each did on the grid and why it was not adopted. `arm(name)`
-resolves these names and everything `experiment.des.arm_by_name` knows, so the grid and the probe take either.
+simulator's capacity. research/notebook.md has what each did on the grid and why it was not adopted.
+`VARIANT_ARMS` declares what each reads beyond the sidecar's candidates (`experiment.arms.Reads`);
+`research.arms` registers them.
 """
 
 from __future__ import annotations
@@ -21,16 +22,16 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, cast
 
+from experiment.arms import Arm, Reads
 from experiment.calibration import CALIBRATED
-from experiment.candidates import research
-from experiment.des import Arm, arm_by_name
-from experiment.predictive import Predictive
 from loadaware.policies.banded import Banded
 from loadaware.policies.base import Candidate, Choice, Needs, Policy, lowest_cost, own_uncached
 from loadaware.policies.lane import DECODE_EXPONENT, Lane
 from loadaware.policies.lane_spread import LaneSpread, in_flight_costs
+from research.candidates import research, with_ttft_models
+from research.predictive import Predictive
 from sim.service_model import ServiceModel
 
 if TYPE_CHECKING:
@@ -185,7 +186,7 @@ class LaneInFlight(Lane):
 
     Counting queued and prefilling requests spreads a hot prefix at once, which bursts need; the price is a
     copy of the prefix in another cache, free while the caches have room and a lost hit rate when they do
-    not (docs/findings.md). This class has room always (`lane-inflight`); subclasses gate it."""
+    not (research/notebook.md). This class has room always (`lane-inflight`); subclasses gate it."""
 
     def __init__(self, name: str = "lane-inflight") -> None:
         super().__init__(name=name)
@@ -394,7 +395,7 @@ class LaneSpreadWithoutAllQueueing(LaneSpread):
 class LaneSpreadQueuedLoad(LaneSpreadWithoutAllQueueing):
     """lane-spread (before the all-queueing rule) whose decode factor counts every request in flight on an endpoint
     that queues (waiting > 0): the decode batch is at the engine's cap on every saturated engine and hides the
-    queue's length. Tried for the all-queueing rule and not adopted (docs/findings.md)."""
+    queue's length. Tried for the all-queueing rule and not adopted (research/notebook.md)."""
 
     name: str = "lane-spread-queued-load"
 
@@ -408,7 +409,7 @@ class LaneSpreadQueuedLoad(LaneSpreadWithoutAllQueueing):
 @dataclass
 class LaneSpreadAnyQueueLoadaware(LaneSpreadWithoutAllQueueing):
     """lane-spread that chooses as the seed's loadaware while any candidate queues (waiting > 0), not only while
-    all do. Tried for the all-queueing rule and not adopted (docs/findings.md)."""
+    all do. Tried for the all-queueing rule and not adopted (research/notebook.md)."""
 
     name: str = "lane-spread-anyq-loadaware"
 
@@ -419,43 +420,54 @@ class LaneSpreadAnyQueueLoadaware(LaneSpreadWithoutAllQueueing):
         return super().choose(prompt_tokens, candidates, mean_load)
 
 
+class _SimulationBound(Protocol):
+    def bind_simulation(self, sim: Simulation) -> None: ...
+
+
+def bind_simulation(policy: Policy, sim: Simulation) -> None:
+    """`Reads.simulation` of the design bounds below: hands the policy the simulation's clock and engines."""
+    cast(_SimulationBound, policy).bind_simulation(sim)
+
+
+TTFT_MODELS = Reads(ttft_models=with_ttft_models)  # predictive's prices: each engine's learned TTFT model
+SIMULATION = Reads(simulation=bind_simulation)  # the engines' known speeds, the clock, the routed block keys
+NOTHING = Reads()  # the sidecar's candidates only
+
+
 # Classes or partials of them, not closures: the grid pickles arms into its worker processes.
-VARIANTS: dict[str, Callable[[], Policy]] = {
-    "predictive-crowd-clamped": PredictiveClampedCrowd,
-    "predictive-headroom": PredictiveHeadroom,
-    "lane-greedy": LaneGreedy,
-    "lane-product": LaneProduct,
-    "lane-inflight": LaneInFlight,
-    "lane-demand-0.5": partial(LaneDemandOracle, 0.5),
-    "lane-demand-0.8": partial(LaneDemandOracle, 0.8),
-    "lane-recurring-0.5": partial(LaneRecurring, 0.5),
-    "lane-recurring-0.8": partial(LaneRecurring, 0.8),
-    "lane-recurring-1": partial(LaneRecurring, 1.0),
-    "lane-recurring-0.5-s16": partial(LaneRecurring, 0.5, 16),
-    "lane-popular-c1": partial(LanePopular, math.inf, 1, "lane-popular-c1"),
-    "lane-popular-0.8-c1": partial(LanePopular, 0.8, 1),
-    "lane-popular-0.8-c8": partial(LanePopular, 0.8, 8),
+VARIANTS: dict[str, tuple[Callable[[], Policy], Reads]] = {
+    "predictive-crowd-clamped": (PredictiveClampedCrowd, TTFT_MODELS),
+    "predictive-headroom": (PredictiveHeadroom, TTFT_MODELS),
+    "lane-greedy": (LaneGreedy, SIMULATION),
+    "lane-product": (LaneProduct, SIMULATION),
+    "lane-inflight": (LaneInFlight, NOTHING),
+    "lane-demand-0.5": (partial(LaneDemandOracle, 0.5), SIMULATION),
+    "lane-demand-0.8": (partial(LaneDemandOracle, 0.8), SIMULATION),
+    "lane-recurring-0.5": (partial(LaneRecurring, 0.5), SIMULATION),
+    "lane-recurring-0.8": (partial(LaneRecurring, 0.8), SIMULATION),
+    "lane-recurring-1": (partial(LaneRecurring, 1.0), SIMULATION),
+    "lane-recurring-0.5-s16": (partial(LaneRecurring, 0.5, 16), SIMULATION),
+    "lane-popular-c1": (partial(LanePopular, math.inf, 1, "lane-popular-c1"), SIMULATION),
+    "lane-popular-0.8-c1": (partial(LanePopular, 0.8, 1), SIMULATION),
+    "lane-popular-0.8-c8": (partial(LanePopular, 0.8, 8), SIMULATION),
     # cap2: the recurring blocks seen through an LRU of twice the fleet's capacity, room while fewer than the
     # capacity: the caches hold every recurring block once with room to spare.
-    "lane-cap2": partial(LaneRecurring, 1.0, 1, "lane-cap2", 2.0),
-    "lane-cap2-popular": partial(LanePopular, 1.0, 1, "lane-cap2-popular", 2.0),
-    "lane-cap2-popular-c8": partial(LanePopular, 1.0, 8, "lane-cap2-popular-c8", 2.0),
-    "lane-cap2-popular-discovered": LaneDiscovered,
+    "lane-cap2": (partial(LaneRecurring, 1.0, 1, "lane-cap2", 2.0), SIMULATION),
+    "lane-cap2-popular": (partial(LanePopular, 1.0, 1, "lane-cap2-popular", 2.0), SIMULATION),
+    "lane-cap2-popular-c8": (partial(LanePopular, 1.0, 8, "lane-cap2-popular-c8", 2.0), SIMULATION),
+    "lane-cap2-popular-discovered": (LaneDiscovered, SIMULATION),
     # lane-spread without its pile-up guard (loadaware/policies/bounded.py), and without its learned prices
-    "lane-spread-unbounded": partial(LaneSpread, max_share=1.0),
-    "lane-spread-prior": LaneSpreadPrior,
-    "lane-spread-cold-loadaware": LaneSpreadColdLoadaware,
-    "lane-spread-cold-spread": LaneSpreadColdSpread,
-    "lane-spread-without-all-queueing": LaneSpreadWithoutAllQueueing,
-    "lane-spread-queued-load": LaneSpreadQueuedLoad,
-    "lane-spread-anyq-loadaware": LaneSpreadAnyQueueLoadaware,
+    "lane-spread-unbounded": (partial(LaneSpread, max_share=1.0), NOTHING),
+    "lane-spread-prior": (LaneSpreadPrior, NOTHING),
+    "lane-spread-cold-loadaware": (LaneSpreadColdLoadaware, NOTHING),
+    "lane-spread-cold-spread": (LaneSpreadColdSpread, NOTHING),
+    "lane-spread-without-all-queueing": (LaneSpreadWithoutAllQueueing, NOTHING),
+    "lane-spread-queued-load": (LaneSpreadQueuedLoad, NOTHING),
+    "lane-spread-anyq-loadaware": (LaneSpreadAnyQueueLoadaware, NOTHING),
     # banded at other widths of its band (loadaware/policies/banded.py; the design draws chose among them)
-    "banded-0.1": partial(Banded, 0.1, name="banded-0.1"),
-    "banded-0.5": partial(Banded, 0.5, name="banded-0.5"),
-    "banded-1": partial(Banded, 1.0, name="banded-1"),
+    "banded-0.1": (partial(Banded, 0.1, name="banded-0.1"), NOTHING),
+    "banded-0.5": (partial(Banded, 0.5, name="banded-0.5"), NOTHING),
+    "banded-1": (partial(Banded, 1.0, name="banded-1"), NOTHING),
 }
-
-
-def arm(name: str) -> Arm:
-    """A variant by its name, else `experiment.des.arm_by_name` (every sidecar policy and peer arm)."""
-    return Arm(name, name, factory=VARIANTS[name]) if name in VARIANTS else arm_by_name(name)
+VARIANT_ARMS: tuple[Arm, ...] = tuple(Arm(name, name, factory=factory, reads=reads)
+                                      for name, (factory, reads) in VARIANTS.items())

@@ -1,7 +1,7 @@
 """The hot-path cost of the endpoint picker's metric families (telemetry/epp.py) and of counting prefix
 lookups per source (prefix/counted.py), in-process.
 
-    python -m bench.epp_listener [--quick] [--json]
+    python -m research.probes.epp_listener [--quick] [--json]
 
 One request's lifecycle events (decided, responded, ended) through the native telemetry listeners alone,
 then with the EPP listener added; and one prefix lookup with and without its per-source counter. The
@@ -106,7 +106,7 @@ def table(r: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return inprocess_cli.main("python -m bench.epp_listener", __doc__, run, table, argv)
+    return inprocess_cli.main("python -m research.probes.epp_listener", __doc__, run, table, argv)
 
 
 if __name__ == "__main__":

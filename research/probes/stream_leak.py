@@ -1,6 +1,6 @@
 """Native heap left behind per grpc.aio stream, by how the stream ends and how its handler ends it.
 
-    python -m bench.stream_leak [--streams 6000]
+    python -m research.probes.stream_leak [--streams 6000]
 
 A grpc.aio server in a process of its own (so only the server's heap is measured) with an ext_proc-shaped
 stream-stream handler: read one message, write one reply, read until EOF. A client process opens streams
@@ -130,7 +130,7 @@ async def drive(port: int, stream_end: str, streams: int) -> tuple[float, float]
 def measure_case(handler_end: str, stream_end: str, streams: int, work: Path, loop: str) -> tuple[float, float]:
     port_file = work / f"port-{handler_end}-{stream_end}"
     port_file.unlink(missing_ok=True)
-    server = subprocess.Popen([sys.executable, "-m", "bench.stream_leak", "--loop", loop,
+    server = subprocess.Popen([sys.executable, "-m", "research.probes.stream_leak", "--loop", loop,
                                "--serve", handler_end, str(port_file)])
     try:
         deadline = time.monotonic() + 30

@@ -1,8 +1,9 @@
 """Live malloc on the KV-events feed path, bisected stage by stage (an in-process experiment, loopback only).
 
-    python -m bench.kv_feed_memory [--stages recv-sync,recv-nopoll,recv,decode,apply,metrics,replay,query,canary]
-                                   [--seconds 120] [--warmup-s 30] [--rate 3000] [--loop uvloop|asyncio]
-                                   [--shape small|soak] [--fill-s 15 --fill-rate 2000] [--max-blocks N]
+    python -m research.probes.kv_feed_memory
+        [--stages recv-sync,recv-nopoll,recv,decode,apply,metrics,replay,query,canary]
+        [--seconds 120] [--warmup-s 30] [--rate 3000] [--loop uvloop|asyncio]
+        [--shape small|soak] [--fill-s 15 --fill-rate 2000] [--max-blocks N]
 
 Why: in the 30-minute soak the sidecar's live malloc (glibc mallinfo2 uordblks + hblkhd,
 loadaware.collector.malloc_counts) grew ~30 B per request with the KV-events source on, and stayed flat with
@@ -13,13 +14,13 @@ Each stage runs in a fresh pair of processes, so no stage inherits another's hea
   the soak's fleet publishes), each a PUB + ROUTER replay socket on 127.0.0.1, each request one batch (a
   BlockStored of the request's new tail blocks, and once the engine's LRU cache is full a BlockRemoved of as
   many evicted ones), `--rate` batches/s over all engines;
-- a subscriber process (the one measured), the sidecar's own feed code built as tests/integration/
-  test_kv_events.py's Rig does (KvEventsFeeds over an explicit FeedAddress map, feeds.run()), on uvloop with
-  the sidecar's gc settings (cli.settle_heap), and stopped at a stage:
+- a subscriber process (the one measured), the sidecar's own feed code built as
+  tests/integration/test_kv_events.py's Rig does (KvEventsFeeds over an explicit FeedAddress map,
+  feeds.run()), on uvloop with the sidecar's gc settings (cli.settle_heap), and stopped at a stage:
     recv-sync    plain (blocking) zmq SUB sockets and a zmq.Poller, no asyncio: frames received and dropped
     recv-nopoll  zmq.asyncio SUB sockets, `await sub.recv_multipart()` in a loop: no Poller, no monitor
     recv         the feed's own run() (SUB + monitor + zmq.asyncio.Poller, join replay), frames dropped
-    decode       + decode_seq / decode_batch (codec.py, msgpack), result dropped
+    decode       + decode_seq / decode_batch (prefix/kvevents/codec.py, msgpack), result dropped
     apply        + FeedSync and apply_batch into the BlockIndex (no metrics)
     metrics      the unmodified EngineFeed (what the sidecar runs)
     replay       + a replay (fresh DEALER on the engine's ROUTER) every `--replay-every` batches of a feed
@@ -338,7 +339,8 @@ async def feeds_main(args: argparse.Namespace, addresses: list[dict[str, str]]) 
     endpoints = tuple(explicit)
     index = BlockIndex(args.max_blocks)
     metrics = Metrics("loadaware")
-    feeds = feeds_mod.KvEventsFeeds(index, metrics, lambda: endpoints, explicit, 0, 0, replay_timeout_s=2.0)
+    options = feeds_mod.FeedOptions(explicit=explicit, replay_timeout_s=2.0)
+    feeds = feeds_mod.KvEventsFeeds(index, metrics, lambda: endpoints, options)
     task = asyncio.create_task(feeds.run())
     settle()
 
@@ -378,7 +380,7 @@ async def feeds_main(args: argparse.Namespace, addresses: list[dict[str, str]]) 
 
 async def query_loop(args: argparse.Namespace, index: Any, feeds: Any, metrics: Any, endpoints: tuple[str, ...],
                      lookups: dict[str, int]) -> None:
-    """The KV-events query as the sidecar's pipeline asks it (pipeline.py -> CombinedPrefixSource -> counted
+    """The KV-events query as the sidecar's pipeline asks it (routing/pipeline.py -> CombinedPrefixSource -> counted
     KvEventsPrefixSource), on the publisher's prefixes with fresh tails, `--query-rate` lookups/s."""
     from loadaware.prefix.combined import CombinedPrefixSource, Member
     from loadaware.prefix.counted import SourceLookups

@@ -1,6 +1,6 @@
 """How far BUFFERED mode's prefill queue is from the truth, measured in the discrete-event simulator.
 
-    python -m experiment.prefill_error [--seeds 5] [--points reference,queueing] [--arm loadaware] [--json]
+    python -m research.prefill_error [--seeds 5] [--points reference,queueing] [--arm loadaware] [--json]
 
 The simulation routes through the sidecar's own pipeline behind a BUFFERED Envoy (`response_seen` False): its
 `SignalTracker` hears each decision and each request's end, never a first token, plus a scrape of each engine
@@ -23,8 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from experiment.des import Prepared, SimRequest, Simulation, _Engine, _Req, arm_by_name
+from experiment.des import Prepared, SimRequest, Simulation, _Engine, _Req
 from experiment.grid import POINTS_BY_NAME, prepared
+from research.arms import arm_by_name
 
 
 @dataclass
@@ -103,7 +104,7 @@ def measure(point: str, seeds: Sequence[int], arm: str, scrape_interval_s: float
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiment.prefill_error", description=(__doc__ or "").splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m research.prefill_error", description=(__doc__ or "").splitlines()[0])
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--points", default="reference,queueing")
     p.add_argument("--arm", default="loadaware")

@@ -1,6 +1,6 @@
 """The sidecar's native heap per ext_proc stream, with a gRPC client in Envoy's place: does it keep memory?
 
-    python -m bench.sidecar_stream_leak [--end cancel|eof] [--streams 24000]
+    python -m research.probes.sidecar_stream_leak [--end cancel|eof] [--streams 24000]
 
 Starts the real sidecar (the tiny tokenizer, the approximate prefix source, a full collection and heap trim
 every 3 s) and speaks the BUFFERED conversation to it as Envoy does, 32 streams at a time: request headers,
@@ -25,7 +25,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from bench.extproc_inprocess import buffered_messages
 from bench.soak import UNIQUE_MARKER, mapping_mb, rss_mb, soak_bodies
-from bench.stream_leak import end_stream
+from research.probes.stream_leak import end_stream
 from testkit.paths import TINY_TOKENIZER
 from testkit.ports import free_port
 from testkit.sidecar import SidecarProc

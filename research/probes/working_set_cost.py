@@ -1,6 +1,6 @@
 """What the prefix working set (loadaware/prefix/working_set.py) costs `lane-spread`'s hot path, paired.
 
-    python -m bench.working_set_cost [--quick] [--json]
+    python -m research.probes.working_set_cost [--quick] [--json]
 
 One sidecar (`--policy lane-spread`, the tiny tokenizer, the approximate prefix source, three endpoints that
 stated their KV capacity), fed Envoy's message sequences as `bench.extproc_inprocess` (case 6 of `make bench`)
@@ -23,12 +23,12 @@ from typing import Any
 
 from bench import inprocess_cli
 from bench.extproc_inprocess import FLEET, TINY_MODEL_DIR, buffered_messages, duplex_messages
-from bench.signals_cost import _best_us, _paired
 from loadaware.app import Sidecar
 from loadaware.config import from_args
 from loadaware.load.tracker import EngineStats
 from loadaware.prefix.working_set import BLOCK_TOKENS, WorkingSet, fill_candidates, sampled_keys
 from loadaware.routing.request import parse_body
+from research.probes.signals_cost import _best_us, _paired
 
 CAPACITY_TOKENS = 90_000.0  # per endpoint: the DES's calibrated engine
 
@@ -106,7 +106,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return inprocess_cli.main("python -m bench.working_set_cost", __doc__, run, table, argv)
+    return inprocess_cli.main("python -m research.probes.working_set_cost", __doc__, run, table, argv)
 
 
 if __name__ == "__main__":

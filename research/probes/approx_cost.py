@@ -1,6 +1,6 @@
 """What the approximate prefix index (loadaware/prefix/approx.py) costs a long prompt's decision, in process.
 
-    python -m bench.approx_cost [--tokens 97000] [--turn-tokens 1000] [--rounds 9] [--json]
+    python -m research.probes.approx_cost [--tokens 97000] [--turn-tokens 1000] [--rounds 9] [--json]
 
 The source as the sidecar wires it (prefix/wiring.py: `--approx-capacity-tokens` 100k per engine in blocks of 16,
 `--approx-max-blocks`, three engines), fed a decision's prompt as the pipeline hands it over (a `PromptTokens`):
@@ -128,7 +128,7 @@ def summarize(name: str, run: Callable[[], list[Sample]]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.approx_cost", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m research.probes.approx_cost", description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=97_000, help="prompt length in tokens (a 220 KB chat prompt)")
     p.add_argument("--turn-tokens", type=int, default=1_000, help="a session's next turn, in tokens")
     p.add_argument("--rounds", type=int, default=9, help="measured requests per case")

@@ -38,9 +38,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from experiment.candidates import research
 from loadaware.policies.base import Candidate, Choice, Needs, lowest_cost, own_uncached
 from loadaware.policies.ttft_model import TtftPrior
+from research.candidates import research
 
 
 @dataclass
@@ -56,7 +56,7 @@ class Predictive:
         "(prefill_matched(i) + matched(i)); mine(i) = per_token(i) x uncached(i) + per_held(i) x matched(i); "
         "any engine waiting > 0: cost(i) = per_token(i) x (prefill_tokens(i) + uncached(i)) x (decode(i) + 1); "
         "base, per_token, per_held, per_running: i's learned TTFT model; lowest wins")
-    # and the TTFT model over every request, which the simulator adds to its candidates (experiment.candidates)
+    # and the TTFT model over every request, which the simulator adds to its candidates (research.candidates)
     needs: ClassVar[Needs] = Needs(signals=True)
 
     def costs(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> list[float]:

@@ -1,23 +1,22 @@
-"""Candidates with the signals only the experiment's arms read: the peers' tree signals (blocks in flight, tokens
-ever routed) and the TTFT model over every request that the research arm `predictive` prices with. The
-sidecar's pipeline builds plain candidates (loadaware.policies.base.Candidate); the simulator widens them for
-an arm that reads more (experiment.des), so the product carries no field that no product policy reads."""
+"""Candidates with the TTFT model over every request, which the research arm `predictive` (and its variants)
+prices with. The sidecar's pipeline builds plain candidates (`loadaware.policies.base.Candidate`); the
+simulator adds these prices for an arm that declares it reads them (`experiment.arms.Reads.ttft_models`: the
+arm's registry entry names `with_ttft_models`), so neither the product nor the simulator carries a field only
+research reads. A `ResearchCandidate` is also a `experiment.tree_signals.TreeCandidate`, so a test can give one
+candidate every signal any arm reads."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
+from experiment.tree_signals import TreeCandidate, widen
 from loadaware.load.signals import SignalTracker
 from loadaware.policies.base import Candidate
 
-_BASE_FIELDS = tuple(f.name for f in fields(Candidate))
-
 
 @dataclass(slots=True)
-class ResearchCandidate(Candidate):
-    kv_blocks: float = 0.0  # distinct KV blocks held by the requests in flight here (router's own count)
-    routed_tokens: float = 0.0  # distinct prompt tokens ever routed here (an approximate radix tree's size)
+class ResearchCandidate(TreeCandidate):
     # The endpoint's TTFT model over every request (loadaware.policies.ttft_model): ttft ~ base + per_token x
     # (prefill_tokens + uncached prompt) + per_matched_token x (prefill_matched_tokens + matched) + per_running
     # x load. None: not learned (the policy uses its prior).
@@ -29,8 +28,7 @@ class ResearchCandidate(Candidate):
 
 def widened(c: Candidate, **extra: float | None) -> ResearchCandidate:
     """`c` with the research signals in `extra` (the others at their defaults)."""
-    values = {name: getattr(c, name) for name in _BASE_FIELDS}
-    return ResearchCandidate(**values, **extra)  # type: ignore[arg-type]
+    return widen(c, ResearchCandidate, **extra)
 
 
 def research(c: Candidate) -> ResearchCandidate:
@@ -38,8 +36,7 @@ def research(c: Candidate) -> ResearchCandidate:
     return c if isinstance(c, ResearchCandidate) else widened(c)
 
 
-def with_ttft_models(candidates: Sequence[Candidate], signals: SignalTracker
-                     ) -> list[ResearchCandidate]:
+def with_ttft_models(candidates: Sequence[Candidate], signals: SignalTracker) -> list[ResearchCandidate]:
     """The candidates with each endpoint's TTFT model prices (the tracker must learn them: ttft_model=True)."""
     out = []
     for c in candidates:
