@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
+import research.arms  # noqa: F401 - registers the research arms this file runs ("lane")
 from experiment.calibration import CALIBRATED, fleet_flags
 from experiment.des import SIDECAR_ARMS, FleetConfig, Prepared, Simulation, _Req, arm_by_name, prepare, simulate
 from experiment.metrics import seed_metrics
