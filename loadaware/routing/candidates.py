@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from loadaware.load.scraped import scraped_extras
 from loadaware.load.signals import SignalTracker
 from loadaware.policies import Candidate
 from loadaware.prefix.queued import QueuedPrefixes
@@ -70,13 +71,18 @@ class CandidateData:
             correction = self._correction(ep) if self._correction is not None else 0
             decoding = max(decoding, stats.running + correction)
         if sig is None:
-            return Candidate(ep, matched, load, decode_batch=decoding, waiting=waiting, kv_usage=kv)
-        lane_wait, idle_base, idle_per_token, idle_per_running = sig.prefill_clock.view(now)
-        # The one candidate built positionally, in Candidate's field order: it is built once per endpoint per
-        # decision, and keywords cost 1.2 µs a candidate against 0.5 (a 1,000-endpoint pool: +0.7 ms).
-        # tests/unit/test_load_signals.py pins every field.
-        return Candidate(ep, matched, load, float(sig.prefill_tokens), float(sig.uncached_tokens), decoding, waiting,
-                         kv, float(sig.prefill_matched_tokens), lane_wait, idle_base, idle_per_token, idle_per_running)
+            c = Candidate(ep, matched, load, decode_batch=decoding, waiting=waiting, kv_usage=kv)
+        else:
+            lane_wait, idle_base, idle_per_token, idle_per_running = sig.prefill_clock.view(now)
+            # The one candidate built positionally, in Candidate's field order: it is built once per endpoint per
+            # decision, and keywords cost 1.2 µs a candidate against 0.5 (a 1,000-endpoint pool: +0.7 ms).
+            # tests/unit/test_load_signals.py pins every field.
+            c = Candidate(ep, matched, load, float(sig.prefill_tokens), float(sig.uncached_tokens), decoding, waiting,
+                          kv, float(sig.prefill_matched_tokens), lane_wait, idle_base, idle_per_token,
+                          idle_per_running)
+        if stats is not None and stats.scraped is not None:  # signals beyond the core ones (load/scraped/)
+            c.scraped = scraped_extras(stats)
+        return c
 
     def waiting(self, c: Candidate) -> float:
         """The candidate's scraped waiting queue: carried by candidates of a policy with signals, else read from

@@ -1,10 +1,11 @@
 """docs/architecture.md, "Adding a scraped signal": the worked example, taken from the document as written, is
 one module and one table line, and with nothing else an engine's /metrics page is parsed for it, the tracker
-keeps it, /metrics and Explain show it, and `scraped_extras` hands it to the policy's Candidate. (The decision
-pipeline's call of `scraped_extras` is the routing layer's; this test stops at the function it calls.)"""
+keeps it, /metrics and Explain show it, and a decision hands it to the policy on the endpoint's Candidate
+(`Candidate.scraped`)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import sys
 import time
@@ -15,11 +16,15 @@ import pytest
 import loadaware.load.scraped as scraped
 from loadaware.api import explain
 from loadaware.fleet.registry import EndpointRegistry
+from loadaware.lifecycle import RequestLifecycle
 from loadaware.load.scraped import ScrapedSignal, scraped_extras
 from loadaware.load.scraper import MetricsScraper
+from loadaware.load.signals import SignalTracker
 from loadaware.load.tracker import LoadTracker
 from loadaware.load.vllm_metrics import parse_vllm_gauges
-from loadaware.policies.base import Candidate
+from loadaware.policies import make_policy
+from loadaware.routing.builder import build_decider
+from loadaware.routing.request import InferenceRequest
 from loadaware.telemetry.metrics import Metrics
 from sim.metrics import EngineMetrics
 from testkit.paths import REPO
@@ -72,9 +77,11 @@ def test_the_documented_signal_is_one_module_and_one_table_line(monkeypatch: pyt
     assert f'loadaware_engine_swapped{{endpoint="{ENDPOINT}"}} 5.0' in page  # /metrics
     shown = explain.scraped(stats, time.monotonic(), 5.0)  # Explain
     assert shown is not None and shown.signals[signal.name] == 5.0
-    # What the decision pipeline puts on the candidate, from the endpoint's fresh stats:
-    candidate = Candidate(ENDPOINT, 0, 5.0, scraped=scraped_extras(stats))
-    assert candidate.scraped == {signal.name: 5.0}
+    # The decision pipeline hands it to a policy that reads the token signals, on the endpoint's candidate:
+    decider = build_decider(make_policy("lane-spread"), EndpointRegistry((ENDPOINT,)), loads, RequestLifecycle(),
+                            signals=SignalTracker())
+    decision = asyncio.run(decider.decide(InferenceRequest("completions", prompt=list(range(64))), "r"))
+    assert [c.scraped for c in decision.candidates] == [{signal.name: 5.0}]
     metrics.forget_endpoint(ENDPOINT)  # an endpoint that leaves takes its series along
     assert "loadaware_engine_swapped{" not in metrics.render(loads.snapshot, ()).decode()
 
