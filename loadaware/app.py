@@ -30,10 +30,9 @@ from loadaware.extproc.conversation import StreamOptions
 from loadaware.extproc.health import HealthReporter
 from loadaware.extproc.stream import ExtProcServicer
 from loadaware.fleet.discovery.catalog import DiscoveryCatalog
-from loadaware.fleet.discovery.envoy_admin import EnvoyAdminDiscovery
-from loadaware.fleet.discovery.file import EndpointsFileWatcher
-from loadaware.fleet.discovery.kubernetes import KubernetesDiscovery, default_namespace, make_api_client
 from loadaware.fleet.discovery.metrics import DiscoveryMetrics
+from loadaware.fleet.discovery.registry import discovery_tasks
+from loadaware.fleet.discovery.spec import DiscoveryContext
 from loadaware.fleet.health import EndpointHealth, HealthOptions
 from loadaware.fleet.models import EndpointModels
 from loadaware.fleet.models_poller import ModelsPoller
@@ -46,12 +45,12 @@ from loadaware.load.signals import SignalTracker
 from loadaware.load.tracker import LoadTracker
 from loadaware.policies import make_policy
 from loadaware.prefix.lmcache.bridge import InstanceBridge
-from loadaware.prefix.lmcache.client import LMCacheClient
-from loadaware.prefix.lmcache.resolver import InstanceResolver
-from loadaware.prefix.lmcache.source import LMCachePrefixSource
+from loadaware.prefix.sources.lmcache import instance_resolver
+from loadaware.prefix.spec import BuildContext
 from loadaware.prefix.wiring import PrefixOptions, PrefixWiring
 from loadaware.routing.affinity import SessionAffinity
-from loadaware.routing.pipeline import Decider, PromptEncoder
+from loadaware.routing.builder import build_decider
+from loadaware.routing.producers import PromptEncoder
 from loadaware.runtime.listeners import add_listener, bind
 from loadaware.runtime.readiness import Readiness, is_required
 from loadaware.tasks.supervisor import Supervisor, TaskSpec
@@ -69,16 +68,32 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ENVOY_ADMIN_TIMEOUT_S = 2.0
 GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # request bodies arrive whole in BUFFERED mode
 MODELS_STALE_ROUNDS = 3  # a failing engine keeps its last model list for this many refresh periods
 
 Task = Callable[[], Coroutine[Any, Any, None]]
 
 
-class Sidecar:
+class Wiring:
+    """Every object of the sidecar, built from the settings and wired together, and what a change of the fleet
+    means to each; Sidecar runs what this builds."""
+
     def __init__(self, settings: Settings) -> None:
         self.settings = s = settings
+        # Each step builds one part from the settings and the parts before it: the order is the wiring's.
+        self._build_telemetry(s)
+        self._build_fleet(s)
+        self._build_prefixes(s)
+        self._build_decision(s)
+        self._subscribe_to_requests(s)
+        self._follow_the_fleet(s)
+        self._build_serving(s)
+        self._build_api(s)
+
+    # ---- the build steps, in order ----
+    def _build_telemetry(self, s: Settings) -> None:
+        """Memory snapshots first (all that follows is traced), the metrics, the request lifecycle, the
+        background tasks' supervisor."""
         self.memory_snapshots = MemorySnapshots(s.tracemalloc_dir, s.tracemalloc_interval_s) \
             if s.tracemalloc_dir else None
         if self.memory_snapshots is not None:
@@ -88,32 +103,18 @@ class Sidecar:
             if s.gc_full_interval_s > 0 else None
         self.lifecycle = RequestLifecycle()
         self.lifecycle.on_failure = ListenerFailures(self.metrics.fallback)  # counted, logged rate-limited
-        self.registry = EndpointRegistry(s.endpoints)
-        self.loads = LoadTracker(stale_s=s.scrape_stale_s)
-        self.bridge = InstanceBridge(s.lmcache_instance_map)
-        self.bridge.set_endpoints(self.registry.snapshot())
-        prompts = PromptTokenizer(s.tokenizer) if s.tokenizer else None
-        self.tokenizer = AsyncTokenizer(prompts, s.tokenizer_timeout_ms / 1e3, inline_chars=s.tokenizer_inline_chars,
-                                        max_chars=s.tokenize_max_chars, conversations=ConversationTokens(
-                                            prompts, s.conversation_cache_mb << 20)
-                                        if s.conversation_cache_mb else None) if prompts else None
-        self.lmcache = LMCacheClient(s.lmcache_url, s.lmcache_timeout_ms / 1e3) if s.lmcache_url else None
-        self.resolver = InstanceResolver(self.lmcache, self.bridge, s.instance_refresh_s) if self.lmcache else None
-        lmcache_source = LMCachePrefixSource(self.lmcache, self.bridge, self.resolver, self.metrics) \
-            if self.lmcache else None
         # Every background task runs under it, those that come and go with the fleet (KV-event feeds) too.
         self.supervisor = Supervisor(self.metrics.registry)
-        # --prefix-source: LMCache, the KV-events index, the approximate index, or a combination.
-        self.prefixes = PrefixWiring(self._prefix_options(s), self.metrics, self.registry.snapshot, lmcache_source,
-                                     lambda eps: {ep for ep in eps if self.bridge.instance_for(ep)},
-                                     spawn=self.supervisor.spawn)
+
+    def _build_fleet(self, s: Settings) -> None:
+        """What the sidecar keeps of each engine: membership, loads, models, routing health, token signals,
+        stored responses' holders."""
+        self.registry = EndpointRegistry(s.endpoints)
+        self.loads = LoadTracker(stale_s=s.scrape_stale_s)
         # The request's model selects its engines (--models-refresh-s 0: off, every engine serves anything).
         self.models = EndpointModels(MODELS_STALE_ROUNDS * s.models_refresh_s) if s.models_refresh_s else None
         self.models_poller = ModelsPoller(self.registry, self.models, self.metrics, s.models_refresh_s,
                                           s.scrape_timeout_ms / 1e3) if self.models is not None else None
-        encoder: PromptEncoder | None = self.tokenizer
-        if encoder is None and self.prefixes.names == ("approx",):
-            encoder = TextUnits()  # the approximate source alone may guess from text bytes
         # Failure-aware routing: request outcomes and scrapes take failing engines out of rotation.
         self.endpoint_health = EndpointHealth(
             HealthOptions(s.eject_after_failures, s.ejection_base_s, s.ejection_max_s, s.unreachable_after_scrapes,
@@ -125,19 +126,42 @@ class Sidecar:
         self.state_probe = EngineStateProbe(s.state_probe_timeout_s)
         self.state_holders = StateHolders(self.state_probe, s.state_max_entries, s.state_ttl_s,
                                           s.state_probe_timeout_s)
-        self.decider = Decider(make_policy(s.effective_policy, s.loadaware_beta), self.registry, self.loads,
+
+    def _build_prefixes(self, s: Settings) -> None:
+        """The tokenizer and the prefix sources (LMCache's instance map and client among them)."""
+        self.bridge = InstanceBridge(s.lmcache_instance_map)
+        self.bridge.set_endpoints(self.registry.snapshot())
+        prompts = PromptTokenizer(s.tokenizer) if s.tokenizer else None
+        self.tokenizer = AsyncTokenizer(prompts, s.tokenizer_timeout_ms / 1e3, inline_chars=s.tokenizer_inline_chars,
+                                        max_chars=s.tokenize_max_chars, conversations=ConversationTokens(
+                                            prompts, s.conversation_cache_mb << 20)
+                                        if s.conversation_cache_mb else None) if prompts else None
+        # --prefix-source: the registry's sources (prefix/registry.py), each reading its own settings.
+        self.prefixes = PrefixWiring(PrefixOptions(s.prefix_sources, bool(s.tokenizer), settings=s),
+                                     BuildContext(self.metrics, self.registry.snapshot, self.bridge,
+                                                  self.supervisor.spawn))
+        self.resolver = instance_resolver(self.prefixes.parts)  # LMCache's instance map: readiness waits for it
+
+    def _build_decision(self, s: Settings) -> None:
+        """The decision core: one call that builds the Decider."""
+        encoder: PromptEncoder | None = self.tokenizer
+        if encoder is None and self.prefixes.text_will_do:
+            encoder = TextUnits()  # sources that need no tokenizer (the approximate one) may guess from text
+        self.decider = build_decider(make_policy(s.effective_policy, s.loadaware_beta), self.registry, self.loads,
                                self.lifecycle, encoder, self.prefixes.source, fallbacks=s.fallback_endpoints,
                                health=self.endpoint_health, models=self.models, ranking=self.loads,
                                signals=self.signals, affinity=SessionAffinity(s.session_max_entries, s.session_ttl_s)
                                if s.session_header else None, state=self.state_holders)
-        # Who hears about each request: counts first (a later listener failing must not leak one).
+
+    def _subscribe_to_requests(self, s: Settings) -> None:
+        """Who hears about each request: counts first (a later listener failing must not leak one)."""
         self.recent = RecentDecisions()
         self.lifecycle.subscribe(self.loads)
         self.lifecycle.subscribe(self.signals)
         self.lifecycle.subscribe_progress(self.signals)
         self.loads.subscribe_scrapes(self.signals.scraped)  # engines' TTFT histograms: the BUFFERED prefill estimate
-        if self.prefixes.approx is not None:
-            self.lifecycle.subscribe(self.prefixes.approx)
+        for listener in self.prefixes.lifecycle_listeners():  # the approximate source learns what was routed
+            self.lifecycle.subscribe(listener)
         self.lifecycle.subscribe(self.endpoint_health)
         decision_metrics = DecisionMetrics(self.metrics)
         self.lifecycle.subscribe(decision_metrics)
@@ -150,19 +174,23 @@ class Sidecar:
                                             self.metrics.decision_seconds, time.time))
         self.lifecycle.subscribe(self.recent)
         self.admission = self._admission(s)
+
+    def _follow_the_fleet(self, s: Settings) -> None:
+        """Scrapes, the endpoints file, fleet events and discovery: how the fleet and its loads are learned."""
         self.scraper = MetricsScraper(self.registry, self.loads, self.metrics, s.scrape_interval_s,
                                       s.scrape_timeout_ms / 1e3, health=self.endpoint_health)
-        self.file_watcher = EndpointsFileWatcher(s.endpoints_file, self.registry) if s.endpoints_file else None
-        if self.file_watcher:
-            self.file_watcher.poll()  # the first set is in before the first stream
+        # Discovery is built first: the endpoints file's first set is in before the subscription below.
+        self.catalog, self._discovery_tasks = self._discovery(s)
         # Fleet changes arrive as events (fleet/registry.py): nobody polls the registry.
         self.registry.subscribe(FleetEvents(self._endpoint_added, self._endpoint_removed, self._endpoints_changed))
-        if self.prefixes.kv_feeds is not None:
-            self.registry.subscribe(self.prefixes.kv_feeds)
+        for listener in self.prefixes.fleet_listeners():  # the KV-event feeds follow the fleet
+            self.registry.subscribe(listener)
         for endpoint in self.registry.snapshot():  # the set before the subscription (flags, the file's first)
             self.loads.join(endpoint)
         self.bridge.set_endpoints(self.registry.snapshot())
-        self.catalog, self._discovery_tasks = self._discovery(s)
+
+    def _build_serving(self, s: Settings) -> None:
+        """Readiness, the ext_proc server and its health, and tracing (--otlp-endpoint)."""
         self.readiness = Readiness(self.registry, self.scraper, self.supervisor, self.models_poller, self.resolver)
         self.extproc = ExtProcServicer(self.decider, self.lifecycle, self.metrics, s.destination_header,
                                        StreamOptions(s.no_endpoint_reply, s.max_request_body_bytes,
@@ -178,9 +206,11 @@ class Sidecar:
             self.tracing = Tracing(s.otlp_endpoint, s.trace_sample_ratio, self.metrics.registry)
             self.lifecycle.subscribe(self.tracing)
             self.extproc.tracer = self.tracing
+
+    def _build_api(self, s: Settings) -> None:
+        """The debug API, /debug and /metrics, all reading the running sidecar through one view (api/view.py)."""
         # The ext_proc port serves ext_proc and health only; the debug API and /debug are on the admin
         # listeners (loopback by default), /metrics alone on the metrics port (api/admin.py says why).
-        # Explain, /debug/state and /metrics read the running sidecar through one view (api/view.py).
         self.view = SidecarView(
             FleetView(self.registry, self.catalog, self.loads, self.endpoint_health, self.signals, self.models),
             PrefixView(self.prefixes, self.bridge, self.decider.working_set, self.decider.queued),
@@ -191,11 +221,6 @@ class Sidecar:
         self.state_page = StatePage(self.view)
         self.metrics_http = MetricsHttp(self.metrics_page.render)
         self.debug_http = DebugHttp(self.recent.last, self.state_page.render)
-        self.server: grpc.aio.Server | None = None
-        self.health_server: grpc.aio.Server | None = None
-        self.admin_server: grpc.aio.Server | None = None
-        self.bound_port: int | None = None
-        self.admin_port: int | None = None
 
     # ---- wiring helpers ----
     def _admission(self, s: Settings) -> AdmissionController | None:
@@ -217,51 +242,14 @@ class Sidecar:
         self.metrics.flow_saturation.set_function(room.saturation)
         return controller
 
-    @staticmethod
-    def _prefix_options(s: Settings) -> PrefixOptions:
-        return PrefixOptions(
-            names=s.prefix_sources, have_tokenizer=bool(s.tokenizer), kv_events_max_blocks=s.kv_events_max_blocks,
-            kv_events_endpoints=s.kv_events_endpoints, kv_events_port=s.kv_events_port,
-            kv_events_replay_port=s.kv_events_replay_port, kv_events_topic=s.kv_events_topic,
-            kv_events_replay_timeout_s=s.kv_events_replay_timeout_ms / 1e3, kv_events_dp_ranks=s.kv_events_dp_ranks,
-            kv_events_bind=s.kv_events_bind, kv_events_topic_map=s.kv_events_topic_map,
-            approx_capacity_tokens=s.approx_capacity_tokens, approx_ttl_s=s.approx_ttl_s,
-            approx_max_blocks=s.approx_max_blocks)
-
     def _discovery(self, s: Settings) -> tuple[DiscoveryCatalog, list[tuple[str, Task]]]:
-        """--discovery envoy-admin | kubernetes | inference-pool report through a catalog into the registry
-        (static and file feed the registry directly); the catalog also keeps what ListEndpoints shows (health,
+        """--discovery's backend and its companions (fleet/discovery/registry.py): static and file feed the
+        registry directly, the rest report through a catalog, which also keeps what ListEndpoints shows (health,
         pod, zone)."""
-        from loadaware.fleet.discovery.inference_pool import InferencePoolDiscovery
-
-        mode = s.discovery_mode
-        catalog = DiscoveryCatalog(mode, self.registry, on_instance_ids=self._discovered_instance_ids)
-        metrics = DiscoveryMetrics(self.metrics.registry)
-        source: EnvoyAdminDiscovery | KubernetesDiscovery | InferencePoolDiscovery | None = None
-        if mode == "envoy-admin":
-            source = EnvoyAdminDiscovery(s.envoy_admin_url, s.envoy_cluster, catalog, metrics,
-                                         s.discovery_interval_s, ENVOY_ADMIN_TIMEOUT_S)
-        elif mode == "kubernetes":
-            kubeconfig = s.kubeconfig
-            source = KubernetesDiscovery(s.k8s_namespace or default_namespace(), s.k8s_service, s.k8s_port_name,
-                                         catalog, metrics, lambda: make_api_client(kubeconfig))
-        elif mode == "inference-pool":
-            # The sidecar as a Gateway API Inference Extension endpoint picker: the fleet is the pool's pods.
-            kubeconfig = s.kubeconfig
-            source = InferencePoolDiscovery(s.k8s_namespace or default_namespace(), s.inference_pool, catalog,
-                                            metrics, lambda: make_api_client(kubeconfig))
-        tasks: list[tuple[str, Task]] = [(f"discovery-{mode}", source.run)] if source is not None else []
-        if self.admission is not None and s.objectives_from_cluster:
-            # Priorities from the namespace's InferenceObjectives, over the file's. An optional task (not
-            # discovery-*): failing, it keeps the last priorities and never touches readiness.
-            from loadaware.fleet.discovery.objectives import InferenceObjectivesWatch
-
-            kubeconfig = s.kubeconfig
-            watch = InferenceObjectivesWatch(s.k8s_namespace or default_namespace(), s.inference_pool,
-                                             self.admission.objectives.set_cluster, metrics,
-                                             lambda: make_api_client(kubeconfig))
-            tasks.append((watch.name, watch.run))
-        return catalog, tasks
+        catalog = DiscoveryCatalog(s.discovery_mode, self.registry, on_instance_ids=self._discovered_instance_ids)
+        context = DiscoveryContext(self.registry, catalog, DiscoveryMetrics(self.metrics.registry),
+                                   self.admission.objectives.set_cluster if self.admission is not None else None)
+        return catalog, discovery_tasks(s.discovery_mode, s, context)
 
     def _discovered_instance_ids(self, discovered: Mapping[str, str]) -> None:
         # A pod name is the instance id LMCache registers under by default, so it needs no ip guessing; an
@@ -290,10 +278,20 @@ class Sidecar:
 
     def _endpoints_changed(self, endpoints: tuple[str, ...]) -> None:
         self.bridge.set_endpoints(endpoints)
-        if self.resolver:
-            self.resolver.request_full()
+        self.prefixes.endpoints_changed(endpoints)  # LMCache's instance map asks for a full refresh
 
-    # ---- process lifecycle ----
+
+class Sidecar(Wiring):
+    """The process: start the servers and the background tasks; on SIGTERM report NOT_SERVING, drain, stop."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.server: grpc.aio.Server | None = None
+        self.health_server: grpc.aio.Server | None = None
+        self.admin_server: grpc.aio.Server | None = None
+        self.bound_port: int | None = None
+        self.admin_port: int | None = None
+
     async def start(self) -> None:
         s = self.settings
         self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0),
@@ -316,12 +314,8 @@ class Sidecar:
         tasks: list[tuple[str, Task]] = [("scraper", self.scraper.run)]
         if self.models_poller is not None:
             tasks.append(("models", self.models_poller.run))
-        if self.file_watcher:
-            tasks.append(("endpoints-file", self.file_watcher.run))
-        tasks += self._discovery_tasks
-        if self.resolver:
-            tasks.append(("lmcache-instances", self.resolver.run))
-        tasks += self.prefixes.tasks()
+        tasks += self._discovery_tasks  # the endpoints file's first among them
+        tasks += self.prefixes.tasks()  # LMCache's instance map first among them
         tasks += [("readiness", self.health.run)]
         if self.tracing is not None:
             tasks.append(("traces", self.tracing.run))
@@ -369,9 +363,7 @@ class Sidecar:
             await self.tracing.close()  # the spans of the streams just drained
         await self.metrics_http.stop()
         await self.debug_http.stop()
-        if self.lmcache is not None:
-            await self.lmcache.close()
-        await self.prefixes.close()
+        await self.prefixes.close()  # LMCache's client among them
         await self.state_probe.close()
         if self.tokenizer is not None:
             self.tokenizer.close()
