@@ -77,7 +77,7 @@ class ProductRouter:
         # The sidecar's own builder, on the simulation's clock: ranking, health, fallbacks and every default as the
         # app has them. ttft_model: for a research arm that reads it.
         self.core = build_core(core_options(settings), CoreInputs(
-            self.registry, self.lifecycle, clock, prefix_source=prefix.source, prefix_listener=prefix.approx,
+            self.registry, self.lifecycle, clock, prefix_source=prefix.source, prefix_listeners=prefix.listeners(),
             ttft_model=ttft_model), policy=policy)
         self.decider, self.loads, self.signals = self.core.decider, self.core.loads, self.core.signals
         prefix.watch(self.registry)

@@ -25,7 +25,7 @@ from loadaware.api.servicer import RouterServicer
 from loadaware.api.state_page import StatePage
 from loadaware.api.view import DecisionView, FleetView, PrefixView, ProcessView, SidecarView
 from loadaware.collector import FullCollections
-from loadaware.config import Settings
+from loadaware.config import Settings, core_options
 from loadaware.extproc.conversation import StreamOptions
 from loadaware.extproc.health import HealthReporter
 from loadaware.extproc.stream import ExtProcServicer
@@ -33,23 +33,16 @@ from loadaware.fleet.discovery.catalog import DiscoveryCatalog
 from loadaware.fleet.discovery.metrics import DiscoveryMetrics
 from loadaware.fleet.discovery.registry import discovery_tasks
 from loadaware.fleet.discovery.spec import DiscoveryContext
-from loadaware.fleet.health import EndpointHealth, HealthOptions
-from loadaware.fleet.models import EndpointModels
 from loadaware.fleet.models_poller import ModelsPoller
 from loadaware.fleet.registry import EndpointRegistry, FleetEvents
-from loadaware.fleet.state_holders import StateHolders
 from loadaware.fleet.state_probe import EngineStateProbe
 from loadaware.lifecycle import RequestLifecycle
 from loadaware.load.scraper import MetricsScraper
-from loadaware.load.signals import SignalTracker
-from loadaware.load.tracker import LoadTracker
-from loadaware.policies import make_policy
 from loadaware.prefix.lmcache.bridge import InstanceBridge
 from loadaware.prefix.sources.lmcache import instance_resolver
 from loadaware.prefix.spec import BuildContext
 from loadaware.prefix.wiring import PrefixOptions, PrefixWiring
-from loadaware.routing.affinity import SessionAffinity
-from loadaware.routing.builder import build_decider
+from loadaware.routing.builder import CoreInputs, build_core
 from loadaware.routing.producers import PromptEncoder
 from loadaware.runtime.listeners import add_listener, bind
 from loadaware.runtime.readiness import Readiness, is_required
@@ -69,7 +62,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # request bodies arrive whole in BUFFERED mode
-MODELS_STALE_ROUNDS = 3  # a failing engine keeps its last model list for this many refresh periods
 
 Task = Callable[[], Coroutine[Any, Any, None]]
 
@@ -107,25 +99,10 @@ class Wiring:
         self.supervisor = Supervisor(self.metrics.registry)
 
     def _build_fleet(self, s: Settings) -> None:
-        """What the sidecar keeps of each engine: membership, loads, models, routing health, token signals,
-        stored responses' holders."""
+        """The fleet's membership, and how a stored response's holder is asked for (Responses API: learned from
+        the responses, found by asking the engines otherwise)."""
         self.registry = EndpointRegistry(s.endpoints)
-        self.loads = LoadTracker(stale_s=s.scrape_stale_s)
-        # The request's model selects its engines (--models-refresh-s 0: off, every engine serves anything).
-        self.models = EndpointModels(MODELS_STALE_ROUNDS * s.models_refresh_s) if s.models_refresh_s else None
-        self.models_poller = ModelsPoller(self.registry, self.models, self.metrics, s.models_refresh_s,
-                                          s.scrape_timeout_ms / 1e3) if self.models is not None else None
-        # Failure-aware routing: request outcomes and scrapes take failing engines out of rotation.
-        self.endpoint_health = EndpointHealth(
-            HealthOptions(s.eject_after_failures, s.ejection_base_s, s.ejection_max_s, s.unreachable_after_scrapes,
-                          s.max_ejection_percent),
-            on_change=self._health_changed)
-        # Token-level signals per endpoint (uncached tokens in flight, decode batch, observed TTFT).
-        self.signals = SignalTracker()
-        # Stored responses (Responses API): learned from their responses, found by asking the engines otherwise.
         self.state_probe = EngineStateProbe(s.state_probe_timeout_s)
-        self.state_holders = StateHolders(self.state_probe, s.state_max_entries, s.state_ttl_s,
-                                          s.state_probe_timeout_s)
 
     def _build_prefixes(self, s: Settings) -> None:
         """The tokenizer and the prefix sources (LMCache's instance map and client among them)."""
@@ -143,29 +120,27 @@ class Wiring:
         self.resolver = instance_resolver(self.prefixes.parts)  # LMCache's instance map: readiness waits for it
 
     def _build_decision(self, s: Settings) -> None:
-        """The decision core: one call that builds the Decider."""
+        """The decision core, by the builder the simulator uses too (routing/builder.py): loads, token signals,
+        routing health, models, stored responses' holders, session affinity and the Decider, subscribed to the
+        lifecycle (counts first: a later listener failing must not leak one); then the models' poller."""
         encoder: PromptEncoder | None = self.tokenizer
         if encoder is None and self.prefixes.text_will_do:
             encoder = TextUnits()  # sources that need no tokenizer (the approximate one) may guess from text
-        self.decider = build_decider(make_policy(s.effective_policy, s.loadaware_beta), self.registry, self.loads,
-                               self.lifecycle, encoder, self.prefixes.source, fallbacks=s.fallback_endpoints,
-                               health=self.endpoint_health, models=self.models, ranking=self.loads,
-                               signals=self.signals, affinity=SessionAffinity(s.session_max_entries, s.session_ttl_s)
-                               if s.session_header else None, state=self.state_holders)
+        self.core = build_core(core_options(s), CoreInputs(
+            self.registry, self.lifecycle, tokenizer=encoder, prefix_source=self.prefixes.source,
+            prefix_listeners=tuple(self.prefixes.lifecycle_listeners()), probe=self.state_probe,
+            on_health_change=self._health_changed))
+        self.decider, self.loads, self.signals = self.core.decider, self.core.loads, self.core.signals
+        self.endpoint_health, self.models, self.state_holders = self.core.health, self.core.models, self.core.state
+        # The request's model selects its engines (--models-refresh-s 0: off, every engine serves anything).
+        self.models_poller = ModelsPoller(self.registry, self.models, self.metrics, s.models_refresh_s,
+                                          s.scrape_timeout_ms / 1e3) if self.models is not None else None
 
     def _subscribe_to_requests(self, s: Settings) -> None:
-        """Who hears about each request: counts first (a later listener failing must not leak one)."""
+        """Who else hears about each request, after the decision core's own listeners."""
         self.recent = RecentDecisions()
-        self.lifecycle.subscribe(self.loads)
-        self.lifecycle.subscribe(self.signals)
-        self.lifecycle.subscribe_progress(self.signals)
-        self.loads.subscribe_scrapes(self.signals.scraped)  # engines' TTFT histograms: the BUFFERED prefill estimate
-        for listener in self.prefixes.lifecycle_listeners():  # the approximate source learns what was routed
-            self.lifecycle.subscribe(listener)
-        self.lifecycle.subscribe(self.endpoint_health)
         decision_metrics = DecisionMetrics(self.metrics)
         self.lifecycle.subscribe(decision_metrics)
-        self.lifecycle.subscribe_outcomes(self.endpoint_health)
         self.lifecycle.subscribe_outcomes(decision_metrics)
         self.lifecycle.subscribe(DecisionLog())
         # The endpoint picker's metric names too (inference_pool_*, inference_objective_*): gateways' dashboards.
@@ -182,11 +157,9 @@ class Wiring:
         # Discovery is built first: the endpoints file's first set is in before the subscription below.
         self.catalog, self._discovery_tasks = self._discovery(s)
         # Fleet changes arrive as events (fleet/registry.py): nobody polls the registry.
-        self.registry.subscribe(FleetEvents(self._endpoint_added, self._endpoint_removed, self._endpoints_changed))
+        self.registry.subscribe(FleetEvents(removed=self._endpoint_removed, changed=self._endpoints_changed))
         for listener in self.prefixes.fleet_listeners():  # the KV-event feeds follow the fleet
             self.registry.subscribe(listener)
-        for endpoint in self.registry.snapshot():  # the set before the subscription (flags, the file's first)
-            self.loads.join(endpoint)
         self.bridge.set_endpoints(self.registry.snapshot())
 
     def _build_serving(self, s: Settings) -> None:
@@ -262,19 +235,11 @@ class Wiring:
         log.warning("endpoint %s is now %s%s", endpoint, state, f" ({reason})" if reason else "")
         self.metrics.routing_state_changed(endpoint, state, reason)
 
-    def _endpoint_added(self, endpoint: str) -> None:
-        self.loads.join(endpoint)
-
     def _endpoint_removed(self, endpoint: str) -> None:
-        self.loads.drop(endpoint)
-        self.signals.drop(endpoint)
-        self.endpoint_health.forget(endpoint)
+        """What the decision core does not keep forgets the endpoint too (the core forgets its own parts:
+        routing/builder.py, `forget`)."""
         self.prefixes.endpoint_removed(endpoint)
-        if self.decider.queued is not None:
-            self.decider.queued.index.drop(endpoint)
         self.metrics.forget_endpoint(endpoint)
-        if self.models is not None:
-            self.models.forget(endpoint)
 
     def _endpoints_changed(self, endpoints: tuple[str, ...]) -> None:
         self.bridge.set_endpoints(endpoints)

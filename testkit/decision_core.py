@@ -64,6 +64,10 @@ class SimulatedPrefix:
         elif source not in ("exact", "approx", "none"):
             raise ValueError(f"unknown source {source!r}")
 
+    def listeners(self) -> tuple[ApproxPrefixSource, ...]:
+        """What hears of each decision: the approximate index records where each prompt went."""
+        return (self.approx,) if self.approx is not None else ()
+
     def watch(self, registry: EndpointRegistry) -> None:
         """The approximate index forgets an endpoint that leaves, as the app's prefix wiring does."""
         if self.approx is not None:
@@ -83,7 +87,7 @@ class ReplayedCore:
         self.core: DecisionCore = build_core(
             core_options(dataclasses.replace(settings, policy=policy)),
             CoreInputs(self.registry, clock=clock, tokenizer=TextUnits() if text_encoder and source == "approx"
-                       else None, prefix_source=prefix.source, prefix_listener=prefix.approx))
+                       else None, prefix_source=prefix.source, prefix_listeners=prefix.listeners()))
         prefix.watch(self.registry)
         self.decider, self.lifecycle, self.state = self.core.decider, self.core.lifecycle, self.core.state
 

@@ -11,7 +11,7 @@ source, the stored-response probe. `build_decider` wires the pipeline's stages (
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from loadaware.fleet.health import EndpointHealth, HealthOptions, StateListener
@@ -64,7 +64,7 @@ class CoreInputs:
     clock: Callable[[], float] = time.monotonic
     tokenizer: PromptEncoder | None = None
     prefix_source: PrefixSource | None = None
-    prefix_listener: LifecycleListener | None = None  # the approximate index, which records each decision
+    prefix_listeners: Sequence[LifecycleListener] = ()  # the approximate index, which records each decision
     probe: Probe | None = None  # asks the engines for a stored response (None: only learned holders)
     on_health_change: StateListener | None = None
     ttft_model: bool = False  # the token signals learn each engine's TTFT model (a research arm reads it)
@@ -101,8 +101,8 @@ def build_core(options: CoreOptions, inputs: CoreInputs, policy: Policy | None =
     lifecycle.subscribe(signals)
     lifecycle.subscribe_progress(signals)
     loads.subscribe_scrapes(signals.scraped)  # engines' TTFT histograms: the BUFFERED prefill estimate
-    if inputs.prefix_listener is not None:
-        lifecycle.subscribe(inputs.prefix_listener)
+    for listener in inputs.prefix_listeners:
+        lifecycle.subscribe(listener)
     lifecycle.subscribe(health)
     lifecycle.subscribe_outcomes(health)
     core = DecisionCore(decider, lifecycle, inputs.registry, loads, signals, health, models, state)

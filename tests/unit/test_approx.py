@@ -18,7 +18,8 @@ from loadaware.prefix.approx import ApproxIndex, ApproxPrefixSource
 from loadaware.prefix.blocks import block_keys
 from loadaware.prefix.combined import CombinedPrefixSource, Member
 from loadaware.prefix.source import PartlyUnavailable, PrefixUnavailable
-from loadaware.routing.pipeline import Decider
+from loadaware.prefix.sources.approx import ApproxParts
+from loadaware.routing.builder import build_decider
 from loadaware.routing.request import InferenceRequest
 from loadaware.telemetry.metrics import Metrics
 from loadaware.tokenize.text_units import TextUnits
@@ -111,7 +112,7 @@ async def test_source_learns_from_the_pipeline_and_counts_its_credit() -> None:
     lifecycle = RequestLifecycle()
     lifecycle.subscribe(inflight)
     lifecycle.subscribe(source)  # the source learns from decisions through the lifecycle, as the app wires it
-    decider = Decider(make_policy("loadaware", 1.0), registry, inflight, lifecycle, None, source)
+    decider = build_decider(make_policy("loadaware", 1.0), registry, inflight, lifecycle, None, source)
     first = await decider.decide(InferenceRequest("completions", prompt=P1), "r1")
     holder = first.endpoint
     assert holder is not None and all(c.matched_tokens == 0 for c in first.candidates)
@@ -176,7 +177,8 @@ async def test_a_decision_that_lost_lmcache_names_it_and_still_uses_the_record()
     tracker = LoadTracker(stale_s=5)
     lifecycle = RequestLifecycle()
     lifecycle.subscribe(tracker)
-    decider = Decider(make_policy("loadaware", 1.0), EndpointRegistry((A, B, C)), tracker, lifecycle, None, source)
+    decider = build_decider(
+        make_policy("loadaware", 1.0), EndpointRegistry((A, B, C)), tracker, lifecycle, None, source)
     d = await decider.decide(InferenceRequest("completions", prompt=list(P1)), "r")
     assert d.reasons == ("lmcache_error",) and d.outcome == "fallback_load_only"  # a helper was lost, and said
     assert d.endpoint == B and {c.endpoint: c.matched_tokens for c in d.candidates}[B] == 320  # the record spoke
@@ -200,12 +202,11 @@ def test_flag_selects_the_sources() -> None:
         wiring = app.prefixes
         assert wiring.names == expected and wiring.source is not None
         # the approximate index hears of each routed request through the lifecycle, only when in use
-        assert (wiring.approx in app.lifecycle._listeners) == ("approx" in expected)
+        approx = wiring.part("approx", ApproxParts)
+        assert (approx is not None and approx.approx in app.lifecycle._listeners) == ("approx" in expected)
         # text bytes stand in for tokens only for the approximate source alone without a tokenizer
-        assert isinstance(app.decider.tokenizer, TextUnits) == (expected == ("approx",))
-        asyncio.run(app.prefixes.close())
-        if app.lmcache is not None:
-            asyncio.run(app.lmcache.close())
+        assert isinstance(app.decider.producers.tokenizer, TextUnits) == (expected == ("approx",))
+        asyncio.run(app.prefixes.close())  # LMCache's client among them
     from loadaware.config import ConfigError
 
     with pytest.raises(ConfigError, match="--prefix-source"):

@@ -99,9 +99,11 @@ def test_a_hot_prefix_leaves_its_holder_no_later_than_a_quarter_load_after_loada
     banded, lane, seed = Banded(), Banded().inner, LoadAware(1.0)  # lane-spread's cost, no pile-up guard
 
     def fleet(h: float) -> list[Candidate]:
-        slow = {"idle_ttft_base_s": 0.05, "idle_ttft_per_token_s": 1e-3, "idle_ttft_per_running_s": 0.0025}
-        return [Candidate("holder", 1600, h, decode_batch=h),
-                Candidate("b", 0, 2.0, decode_batch=2.0, **slow), Candidate("c", 0, 2.0, decode_batch=2.0, **slow)]
+        def slow(name: str) -> Candidate:  # a learned price of 1 ms a token
+            return Candidate(name, 0, 2.0, decode_batch=2.0, idle_ttft_base_s=0.05, idle_ttft_per_token_s=1e-3,
+                             idle_ttft_per_running_s=0.0025)
+
+        return [Candidate("holder", 1600, h, decode_batch=h), slow("b"), slow("c")]
 
     def first_leave(policy: object) -> int:
         for h in range(2, 400):
