@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import sys
-import types
 
 import pytest
 
@@ -19,16 +17,9 @@ from loadaware.load.signals import SignalTracker
 from loadaware.load.tracker import LoadTracker
 from loadaware.routing.builder import build_decider
 from loadaware.routing.request import InferenceRequest
-from testkit.paths import REPO
+from testkit.doc_examples import example_module
 
 FLEET = ("127.0.0.2:8000", "127.0.0.3:8000")
-
-
-def example_blocks() -> list[str]:
-    text = (REPO / "docs" / "architecture.md").read_text()
-    section = text[text.index("## Adding a policy"):]
-    section = section[:section.index("\n## ", 1)]
-    return re.findall(r"```python\n(.*?)```", section, re.S)
 
 
 class Matches:
@@ -39,10 +30,7 @@ class Matches:
 
 
 def test_the_documented_policy_is_one_module_and_one_registry_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    module_code, registry_line = example_blocks()
-    module = types.ModuleType("loadaware.policies.shortest_lane")
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    exec(compile(module_code, module.__name__, "exec"), module.__dict__)
+    module, registry_line = example_module(monkeypatch, "Adding a policy", "loadaware.policies.shortest_lane")
     entry = re.fullmatch(r'\s*"([\w-]+)": (lambda beta: \w+\(\)),\s*', registry_line)
     assert entry is not None, registry_line
     name, factory = entry[1], eval(entry[2], module.__dict__)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import sys
-import types
 
 import pytest
 
@@ -17,23 +15,13 @@ from loadaware.config import SETTINGS_BY_NAME, ConfigError, from_args
 from loadaware.prefix.spec import SourceSpec
 from loadaware.routing.request import InferenceRequest
 from testkit import config_doc
-from testkit.paths import REPO
+from testkit.doc_examples import example_module
 
 FLEET = ("127.0.0.2:8000", "127.0.0.3:8000", "127.0.0.4:8000")
 
 
-def example_blocks() -> list[str]:
-    text = (REPO / "docs" / "architecture.md").read_text()
-    section = text[text.index("## Adding a prefix source"):]
-    section = section[:section.index("\n## ", 1)]
-    return re.findall(r"```python\n(.*?)```", section, re.S)
-
-
 def register_the_example(monkeypatch: pytest.MonkeyPatch) -> SourceSpec:
-    module_code, registry_line = example_blocks()
-    module = types.ModuleType("loadaware.prefix.sources.hash_ring")
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    exec(compile(module_code, module.__name__, "exec"), module.__dict__)
+    module, registry_line = example_module(monkeypatch, "Adding a prefix source", "loadaware.prefix.sources.hash_ring")
     entry = re.fullmatch(r"\s*(\w+),\s*", registry_line)
     assert entry is not None, registry_line
     spec = module.__dict__[entry[1]]

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-import sys
 import time
-import types
 
 import pytest
 
@@ -27,23 +25,13 @@ from loadaware.routing.builder import build_decider
 from loadaware.routing.request import InferenceRequest
 from loadaware.telemetry.metrics import Metrics
 from sim.metrics import EngineMetrics
-from testkit.paths import REPO
+from testkit.doc_examples import example_module
 
 ENDPOINT = "127.0.0.2:8000"
 
 
-def example_blocks() -> list[str]:
-    text = (REPO / "docs" / "architecture.md").read_text()
-    section = text[text.index("## Adding a scraped signal"):]
-    section = section[:section.index("\n## ", 1)]
-    return re.findall(r"```python\n(.*?)```", section, re.S)
-
-
 def register_the_example(monkeypatch: pytest.MonkeyPatch) -> ScrapedSignal:
-    module_code, table_line = example_blocks()
-    module = types.ModuleType("loadaware.load.scraped.swapped")
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    exec(compile(module_code, module.__name__, "exec"), module.__dict__)
+    module, table_line = example_module(monkeypatch, "Adding a scraped signal", "loadaware.load.scraped.swapped")
     entry = re.fullmatch(r"\s*(\w+),\s*", table_line)
     assert entry is not None, table_line
     signal = module.__dict__[entry[1]]
