@@ -1,6 +1,7 @@
 """The worked examples of docs/architecture.md's "Adding a ..." sections, run as written: each section's first
-Python block is a new module, its second the one registry line that adds it (the tests that execute them:
-tests/unit/test_adding_a_*.py)."""
+Python block is a new module, its second the one registry line that adds it (executed by
+tests/unit/test_adding_a_policy.py, tests/unit/test_adding_a_prefix_source.py and
+tests/unit/test_adding_a_scraped_signal.py)."""
 
 from __future__ import annotations
 
