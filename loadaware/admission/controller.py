@@ -143,6 +143,15 @@ class AdmissionController:
             return self.room.total() - self._pending
         return self.room.total(self.settings.reserved_slots) - len(self._top_inflight) - self._pending
 
+    def room_for(self, priority: int) -> Callable[[str], bool]:
+        """Has an engine room for one more request of this priority: any free slot for the highest band, a free
+        slot beyond --reserved-slots for a band below it. The decision moves a request off an engine without room
+        when one of its candidates has some (routing/room.py): an admitted request placed on a full batch would
+        wait in that engine's queue, behind whatever is there, however high its priority."""
+        reserve = 0 if priority >= self.objectives.top() else self.settings.reserved_slots
+        of = self.room.of
+        return lambda endpoint: of(endpoint) > reserve
+
     def settled(self, verdict: Verdict, decision: Decision | None = None) -> None:
         """A request with this verdict has been decided: an admitted one's decision now shows in the room it
         took; one of the highest band is counted in flight until it ends."""

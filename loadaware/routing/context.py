@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from loadaware.policies import Candidate, Choice
@@ -29,6 +30,8 @@ class DecisionContext:
     count: bool = True  # False: a preview (Explain): nothing hears of it and no stage changes any state
     subset: frozenset[str] | None = None  # the proxy's hint: only these endpoints may be chosen
     session: str = ""  # the request's session key (--session-header; "": none)
+    # Admission's test of an engine's room for the request's band (None: admission off): routing/room.py.
+    room: Callable[[str], bool] | None = None
     started: float = field(default_factory=time.perf_counter)
     stages: dict[str, float] = field(default_factory=dict)  # seconds per stage, for the decision's record
     reasons: list[str] = field(default_factory=list)  # what degraded the decision, and why

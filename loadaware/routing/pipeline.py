@@ -9,6 +9,8 @@
                     the pruned or the whole pool otherwise), and the policy's choice  routing/selection.py
     4. affinity     the session's endpoint instead of the choice while it can take the request
                                                                                      routing/sticky.py
+       room         with admission on, an engine with room for the request's band instead of one without
+                                                                                     routing/room.py
     5. fallbacks    the next-best endpoints for the proxy's retries; if the policy failed, the least loaded
                     chooses; a stored response's holder alone when it is known (state beats load)
     6. announce     the Decision, told to the request lifecycle (`decided`)
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 
 from loadaware.fleet.registry import EndpointRegistry
 from loadaware.lifecycle import Decision, RequestLifecycle, preview
@@ -38,6 +41,7 @@ from loadaware.routing.context import ALL_FAILING, DecisionContext, degraded
 from loadaware.routing.filters import PoolFilter
 from loadaware.routing.producers import Producers, StateLocator
 from loadaware.routing.request import InferenceRequest
+from loadaware.routing.room import prefer_room
 from loadaware.routing.selection import Selection
 from loadaware.routing.sticky import Stickiness
 
@@ -77,14 +81,15 @@ class Decider:
         return self.policy.needs
 
     async def decide(self, request: InferenceRequest | None, request_id: str = "", count: bool = True,
-                     parse_s: float | None = None, subset: frozenset[str] | None = None, session: str = ""
-                     ) -> Decision:
+                     parse_s: float | None = None, subset: frozenset[str] | None = None, session: str = "",
+                     room: Callable[[str], bool] | None = None) -> Decision:
         """`subset`: the proxy's hint; only endpoints in it are candidates (None: the whole fleet). `session`:
         the request's session key (--session-header; "" = none): with affinity on, the session's endpoint is
-        preferred while it can take the request (routing/affinity.py). Without `count` (Explain) the decision is
+        preferred while it can take the request (routing/affinity.py). `room`: admission's test of an engine's room
+        for the request's band (routing/room.py; None: admission off). Without `count` (Explain) the decision is
         a preview: nothing hears of it and no stage changes any state. Never raises (but for cancellation): what
         no stage's own guard caught ends in a load-blind decision."""
-        ctx = DecisionContext(request, request_id, count, subset, session)
+        ctx = DecisionContext(request, request_id, count, subset, session, room=room)
         if parse_s is not None:
             ctx.stages["parse"] = parse_s
         try:
@@ -127,11 +132,13 @@ class Decider:
             self.selection.pick(ctx)
             if self.stickiness is not None:
                 self.stickiness.stick(ctx, ctx.pool_size)
+            prefer_room(ctx)
         except Exception as exc:  # noqa: BLE001 - a failing policy: the least-loaded candidate instead
             ctx.degrade("policy_error", exc)
             self.selection.pick_least_loaded(ctx)
             if self.stickiness is not None:
                 self.stickiness.stick(ctx, len(ctx.candidates))
+            prefer_room(ctx)
         assert ctx.choice is not None
         ctx.order = tuple(ctx.candidates[i].endpoint for i in ranked(ctx.choice, ctx.candidates, self.selection.limit))
 
