@@ -5,12 +5,14 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("loadaware", "sim", "testkit", "bench", "experiment", "demo")
+# The packages the contracts name (pyproject.toml's root_packages): a copy of the tree holds every one of them.
+PACKAGES = tuple(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["root_packages"])
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 
