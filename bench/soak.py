@@ -1,4 +1,12 @@
-"""The soak: steady load through the shipped envoy/envoy.yaml for a long time, the sidecar's RSS every 30 s.
+"""The soak. Two forms:
+
+- `python -m bench.soak --hours 2 [--mode buffered-kv|picker-approx|both] [--rate R] [--out DIR]` (or
+  `--minutes M` for a short run): the mixed soak of bench/soak_mixed.py (mixed traffic, bursts with admission,
+  endpoint churn, every bound filled), with a JSON and markdown report and the targets beside the figures;
+  exit status 1 when a target is missed.
+- `make bench BENCH_ARGS="--cases soak"` (`run_soak` below): the original steady soak.
+
+The steady soak: steady load through the shipped envoy/envoy.yaml for a long time, the sidecar's RSS every 30 s.
 
 Real Envoy, simulated engines publishing KV events, the sidecar with its default bounds; every prompt is
 unique (64 shared ~1,544-token prefixes, then the request's own number and words), and 5% of the clients hang
@@ -12,6 +20,7 @@ loopback lock: a 30-minute run would otherwise keep every other test run on this
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import logging
@@ -286,3 +295,47 @@ def soak_table(cfg: SoakConfig, r: SoakResult) -> str:
     if r.tracemalloc_dir:
         lines.append(f"\ntracemalloc snapshots: {r.tracemalloc_dir} (python -m bench.soak_diff {r.tracemalloc_dir})")
     return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.soak", description="The mixed soak (bench/soak_mixed.py).")
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--hours", type=float, default=None, help="length of the load (default 2)")
+    length.add_argument("--minutes", type=float, default=None, help="length of the load, for short runs")
+    p.add_argument("--mode", choices=("buffered-kv", "picker-approx", "both"), default="both",
+                   help="buffered-kv: envoy.yaml + KV events; picker-approx: the endpoint picker + the approximate "
+                        "source; both (default): side by side")
+    p.add_argument("--rate", type=float, default=40.0, help="offered req/s per configuration outside bursts")
+    p.add_argument("--out", default=str(REPO / "out" / "soak"), help="report folder (default out/soak)")
+    p.add_argument("--sample-s", type=float, default=30.0, help="sampling period (default 30)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--tracemalloc-s", type=float, default=0.0,
+                   help="the sidecars write tracemalloc snapshots this often (python -m bench.soak_diff DIR)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .soak_mixed import MODES, MixedConfig, run_mixed
+    from .soak_report import markdown
+
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    minutes = args.minutes if args.minutes is not None else 60 * (args.hours if args.hours is not None else 2.0)
+    out = Path(args.out)
+    cfg = MixedConfig(out_dir=out, duration_s=minutes * 60, rate=args.rate, sample_s=args.sample_s, seed=args.seed,
+                      modes=MODES if args.mode == "both" else (args.mode,), tracemalloc_interval_s=args.tracemalloc_s)
+    # Churn and bursts every few minutes over hours; a short run gets the same number of each in proportion.
+    if cfg.duration_s < 3600:
+        cfg.churn_every_s = max(60.0, cfg.duration_s / 4)
+        cfg.churn_out_s = min(cfg.churn_out_s, cfg.churn_every_s / 2)
+        cfg.burst_every_s = max(60.0, cfg.duration_s / 3)
+    report = run_mixed(cfg)
+    (out / "report.json").write_text(json.dumps(report, indent=1))
+    text = markdown(report)
+    (out / "report.md").write_text(text)
+    print(text)
+    return 0 if all(r["passed"] for r in report["modes"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""The mixed soak's bounds: what each is sized to, how its fill is read from the running sidecar, and whether
+it was reached and then held.
+
+Sizing: every bound a flag sets is made small enough to fill within `fill_s` at the soak's rate (estimated from
+the traffic's mix; docs/memory.md lists the defaults, which a soak of hours would not reach), so that "every
+bound reached and held" can be checked. Fill levels come from /debug/state (the admin HTTP listener), /metrics,
+/debug/decisions and, for the session map (which the sidecar exposes nowhere), two probe requests.
+
+Reached: the fill came within REACHED_SHARE of the limit. Held: after that, no sample above the limit, and the
+last sample (before the load stopped) back within REACHED_SHARE of it; a dip in between (an engine left and
+took its blocks along) is counted, not a failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from testkit.metrics_text import metric_sum, sum_by_label
+
+REACHED_SHARE = 0.9
+DECISIONS_RING = 256  # telemetry/decisions.py's ring: fixed, no flag
+CONVERSATION_CACHE_MIB = 1  # the smallest --conversation-cache-mb (an integer); the soak's chats fill it in minutes
+# Engines of the soak's simulator cache 16,384 blocks each (sim/service_model.py): a KV-events bound at one
+# engine's worth binds even while one of three engines is out of the fleet.
+ENGINE_CACHE_BLOCKS = 16_384
+# The approximate source guesses 6,250 blocks per engine (--approx-capacity-tokens 100,000 / 16): a global bound
+# below that binds with any two engines in the fleet.
+APPROX_PER_ENGINE_BLOCKS = 6_250
+# New prompt blocks per request, averaged over the mix (a long prompt's ~500 blocks at 3% dominate).
+BLOCKS_PER_REQUEST = 20.0
+# Admission outcomes that mean the held-requests bound was reached (flow_metrics.py).
+HELD_FULL_OUTCOMES = ("rejected_queue_full", "evicted", "placed_full")
+
+
+@dataclass(frozen=True)
+class Bounds:
+    session_max_entries: int
+    state_max_entries: int
+    kv_events_max_blocks: int
+    approx_max_blocks: int
+    admission_max_held: int
+    conversation_cache_mib: int = CONVERSATION_CACHE_MIB
+
+    def sidecar_args(self, prefix_sources: str) -> list[str]:
+        args = ["--session-max-entries", str(self.session_max_entries),
+                "--state-max-entries", str(self.state_max_entries),
+                "--conversation-cache-mb", str(self.conversation_cache_mib),
+                "--admission-max-held", str(self.admission_max_held)]
+        if "kv-events" in prefix_sources:
+            args += ["--kv-events-max-blocks", str(self.kv_events_max_blocks)]
+        if "approx" in prefix_sources:
+            args += ["--approx-max-blocks", str(self.approx_max_blocks)]
+        return args
+
+
+def size_bounds(rate: float, fill_s: float, mix: Mapping[str, float], session_share: float, chat_turns: int,
+                burst_rate: float, admission_ttl_s: float) -> Bounds:
+    """Bounds that fill within about `fill_s` at `rate` (a fifth of margin), never below a floor that keeps
+    them meaningful."""
+    total = sum(mix.values())
+    share = {k: v / total for k, v in mix.items()}
+    sessions_per_s = rate * (share.get("completion", 0) * session_share + share.get("chat", 0) / chat_turns)
+    stored_per_s = rate * share.get("responses", 0)
+    blocks = rate * BLOCKS_PER_REQUEST * fill_s * 0.8
+    return Bounds(
+        session_max_entries=max(50, int(sessions_per_s * fill_s * 0.8)),
+        state_max_entries=max(50, int(stored_per_s * fill_s * 0.8)),
+        kv_events_max_blocks=int(min(ENGINE_CACHE_BLOCKS, max(2_000, blocks))),
+        approx_max_blocks=int(min(APPROX_PER_ENGINE_BLOCKS - 250, max(1_000, blocks))),
+        # During a burst every request is held up to the TTL: a quarter of that pile is the bound.
+        admission_max_held=max(10, int(burst_rate * admission_ttl_s * 0.25)))
+
+
+@dataclass(frozen=True)
+class BoundSpec:
+    name: str
+    limit: float
+    observed: str  # where the fill is read
+
+
+def bound_specs(bounds: Bounds, prefix_sources: str) -> list[BoundSpec]:
+    specs = [
+        BoundSpec("session_map", bounds.session_max_entries,
+                  "--session-max-entries; not exposed by the sidecar: two probe requests per sample through the "
+                  "gateway, one naming the session started limit/2 sessions ago (must still be bound: affinity "
+                  "kept or moved in /debug/decisions), one 2 x limit ago within the TTL (must be forgotten: new)"),
+        BoundSpec("state_holders", bounds.state_max_entries,
+                  "--state-max-entries; /metrics loadaware_state_holders"),
+        BoundSpec("conversation_cache_bytes", bounds.conversation_cache_mib * 2**20,
+                  "--conversation-cache-mb; /metrics loadaware_tokenizer_conversation_cache{what=\"bytes\"}"),
+        BoundSpec("decisions_ring", DECISIONS_RING, "fixed 256; entries of /debug/decisions?n=100000"),
+        BoundSpec("admission_held", bounds.admission_max_held,
+                  "--admission-max-held; /metrics loadaware_flow_control_queue_size (summed over priorities, "
+                  "read every 2 s during bursts) and loadaware_flow_control_requests_total outcomes "
+                  + "/".join(HELD_FULL_OUTCOMES) + " (the bound refused or evicted a request)"),
+    ]
+    if "kv-events" in prefix_sources:
+        specs.append(BoundSpec("kv_events_index", bounds.kv_events_max_blocks,
+                               "--kv-events-max-blocks; /debug/state prefix.kv_events.total_blocks"))
+    if "approx" in prefix_sources:
+        specs.append(BoundSpec("approx_index", bounds.approx_max_blocks,
+                               "--approx-max-blocks; /debug/state prefix.approx.total_blocks"))
+    return specs
+
+
+def read_fills(state: Mapping[str, Any], metrics: str, decisions: int) -> dict[str, float]:
+    """Every bound's fill that one sample of /debug/state, /metrics and /debug/decisions shows."""
+    prefix = state.get("prefix") or {}
+    out = {"state_holders": metric_sum(metrics, "loadaware_state_holders"),
+           "conversation_cache_bytes": sum_by_label(metrics, "loadaware_tokenizer_conversation_cache", "what")
+           .get("bytes", 0.0),
+           "conversation_cache_entries": sum_by_label(metrics, "loadaware_tokenizer_conversation_cache", "what")
+           .get("entries", 0.0),
+           "decisions_ring": float(decisions),
+           "admission_held": metric_sum(metrics, "loadaware_flow_control_queue_size"),
+           "admission_full_outcomes": held_full_outcomes(metrics),
+           "metric_series": float(series_count(metrics)),
+           "endpoints": float(len(state.get("endpoints") or ())),
+           "inflight_total": float(state.get("inflight_total") or 0)}
+    for source, name in (("kv_events", "kv_events_index"), ("approx", "approx_index")):
+        if isinstance(prefix.get(source), Mapping):
+            out[name] = float(prefix[source].get("total_blocks") or 0)
+    return out
+
+
+def held_full_outcomes(metrics: str) -> float:
+    return sum(metric_sum(metrics, "loadaware_flow_control_requests_total", {"outcome": o}) for o in HELD_FULL_OUTCOMES)
+
+
+def series_count(metrics: str) -> int:
+    """Series in a /metrics page (its label sets: one per sample line)."""
+    return sum(1 for line in metrics.splitlines() if line and not line.startswith("#"))
+
+
+@dataclass
+class BoundVerdict:
+    name: str
+    limit: float
+    observed: str
+    reached: bool = False
+    reached_at_s: float | None = None
+    held: bool = False
+    peak: float = 0.0
+    last: float = 0.0
+    dips: int = 0  # samples after it was reached below REACHED_SHARE of the limit
+    note: str = ""
+    series: list[tuple[float, float]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "series"}
+
+
+def judge(spec: BoundSpec, series: Sequence[tuple[float, float]]) -> BoundVerdict:
+    """Reached and held, from (t, fill) samples taken while the load ran."""
+    v = BoundVerdict(spec.name, spec.limit, spec.observed, series=list(series))
+    if not series:
+        v.note = "never read"
+        return v
+    v.peak, v.last = max(f for _, f in series), series[-1][1]
+    at = next((t for t, f in series if f >= REACHED_SHARE * spec.limit), None)
+    if at is None:
+        return v
+    v.reached, v.reached_at_s = True, at
+    after = [f for t, f in series if t >= at]
+    v.dips = sum(1 for f in after if f < REACHED_SHARE * spec.limit)
+    v.held = max(after) <= spec.limit and v.last >= REACHED_SHARE * spec.limit
+    return v
+
+
+def judge_events(spec: BoundSpec, peaks: Sequence[tuple[float, float]], full_outcomes: Sequence[tuple[float, float]]
+                 ) -> BoundVerdict:
+    """A bound that fills only during bursts (admission's held requests): reached when the bound refused or evicted
+    a request (or the held count met it); held when no reading ever exceeded it."""
+    v = BoundVerdict(spec.name, spec.limit, spec.observed, series=list(peaks))
+    v.peak = max((f for _, f in peaks), default=0.0)
+    v.last = full_outcomes[-1][1] if full_outcomes else 0.0
+    at = next((t for t, n in full_outcomes if n > 0), None)
+    at_peak = next((t for t, f in peaks if f >= spec.limit), None)
+    times = [t for t in (at, at_peak) if t is not None]
+    if times:
+        v.reached, v.reached_at_s = True, min(times)
+    v.held = v.reached and v.peak <= spec.limit
+    v.note = f"{v.last:g} requests refused, evicted or placed at once by the bound"
+    return v
+
+
+def judge_plateau(name: str, series: Sequence[tuple[float, float]], observed: str) -> BoundVerdict:
+    """A count with no configured limit (the /metrics label sets): held when the second half of the run never
+    exceeds the first half's largest value."""
+    v = BoundVerdict(name, float("nan"), observed, series=list(series))
+    if len(series) < 2:
+        v.note = "too few samples"
+        return v
+    half = series[-1][0] / 2
+    first = [f for t, f in series if t <= half]
+    second = [f for t, f in series if t > half]
+    v.peak, v.last = max(f for _, f in series), series[-1][1]
+    v.reached = v.reached_at_s is None and bool(first)
+    v.reached_at_s = next((t for t, f in series if f >= max(first)), None) if first else None
+    v.held = bool(first) and bool(second) and max(second) <= max(first)
+    v.note = f"first half at most {max(first):g}, second half at most {max(second, default=0):g}"
+    return v

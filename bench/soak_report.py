@@ -1,0 +1,132 @@
+"""The mixed soak's report: per configuration, RSS and live-malloc growth over the window, every bound reached
+and held, failed requests, in flight after the load; the targets printed beside the figures. JSON and
+markdown (`python -m bench.soak` writes both into --out)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .soak import Sample
+from .soak_bounds import BoundSpec, BoundVerdict, judge, judge_events, judge_plateau
+
+if TYPE_CHECKING:
+    from .soak_mixed import MixedConfig, ModeRun
+
+GROWTH_TARGET_PCT = 1.0
+
+
+def growth_pct(samples: Sequence[Sample], attr: str, start_s: float, end_s: float) -> dict[str, float] | None:
+    """{t0, t1, start, end, pct} of a sample field between the samples nearest `start_s` and `end_s` (None when
+    the field was never read)."""
+    read = [s for s in samples if getattr(s, attr) > 0]
+    if len(read) < 2:
+        return None
+    first = min(read, key=lambda s: abs(s.t_s - start_s))
+    last = min(read, key=lambda s: abs(s.t_s - end_s))
+    a, b = getattr(first, attr), getattr(last, attr)
+    return {"t0_s": first.t_s, "t1_s": last.t_s, "start_mb": round(a, 2), "end_mb": round(b, 2),
+            "pct": round((b - a) / a * 100, 2)}
+
+
+def verdicts(run: ModeRun, specs: Sequence[BoundSpec]) -> list[BoundVerdict]:
+    out = []
+    for spec in specs:
+        if spec.name == "admission_held":
+            # the burst reads, and the 30-s samples (one may fall in a burst)
+            reads = sorted([*run.burst_reads, *((f["t_s"], f["admission_held"], f["admission_full_outcomes"])
+                                                for f in run.fills if "admission_held" in f)])
+            peaks = [(t, held) for t, held, _ in reads]
+            outcomes = [(t, n) for t, _, n in reads]
+            out.append(judge_events(spec, peaks, outcomes))
+        else:
+            out.append(judge(spec, [(f["t_s"], f[spec.name]) for f in run.fills if spec.name in f]))
+    out.append(judge_plateau("metric_series", [(f["t_s"], f["metric_series"]) for f in run.fills
+                                               if "metric_series" in f],
+                             "label sets of /metrics (one per sample line): no limit, must plateau"))
+    return out
+
+
+def excused_404s(followups: Sequence[dict[str, Any]], churn: Sequence[dict[str, Any]]) -> int:
+    """Follow-ups answered 404 because their holder left the fleet after storing the response and before the
+    follow-up (the sidecar cannot route to an engine outside its fleet; that engine's 404 is the right answer)."""
+    leaves = [(c["t_s"], c["engine"]) for c in churn if c["action"] == "leave"]
+    return sum(1 for f in followups
+               if any(engine == f["parent_served_by"] and f["parent_t_s"] < t <= f["t_s"] for t, engine in leaves))
+
+
+def mode_report(run: ModeRun, cfg: MixedConfig, specs: Sequence[BoundSpec], done: dict[str, Any]) -> dict[str, Any]:
+    start, end = cfg.window_s
+    traffic = done["traffic"]
+    excused = excused_404s(traffic["followup_404"], run.churn_log)
+    failed = traffic["failed"] + len(traffic["followup_404"]) - excused
+    bounds = verdicts(run, specs)
+    rss, malloc = growth_pct(run.samples, "rss_mb", start, end), growth_pct(run.samples, "malloc_in_use_mb", start, end)
+    checks = {
+        "rss_growth": rss is not None and rss["pct"] <= GROWTH_TARGET_PCT,
+        "malloc_growth": malloc is not None and malloc["pct"] <= GROWTH_TARGET_PCT,
+        "bounds_reached_and_held": all(b.reached and b.held for b in bounds),
+        "no_failed_requests": failed == 0,
+        "inflight_after_zero": done["after"].get("inflight_total") == 0,
+    }
+    return {"mode": run.mode, "prefix_sources": run.prefix_sources, "rss_growth": rss, "malloc_growth": malloc,
+            "bounds": [b.to_dict() for b in bounds], "failed": failed, "followup_404_excused": excused,
+            "traffic": traffic, "after": done["after"], "stream_ends": done["stream_ends"],
+            "churn": run.churn_log, "session_probes": run.probes, "checks": checks, "passed": all(checks.values()),
+            "samples": [s.__dict__ for s in run.samples], "fills": run.fills,
+            "burst_reads": run.burst_reads}
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:g}"
+
+
+def mode_markdown(r: dict[str, Any], window: tuple[float, float]) -> list[str]:
+    t = r["traffic"]
+    rss, malloc = r["rss_growth"], r["malloc_growth"]
+
+    def growth(g: dict[str, float] | None) -> str:
+        return "not read" if g is None else (f"**{g['pct']:+.2f}%** ({g['start_mb']:.1f} -> {g['end_mb']:.1f} MiB, "
+                                             f"t={g['t0_s']:.0f}..{g['t1_s']:.0f} s)")
+
+    ok = sum(n for k, n in t["outcomes"].items() if k.endswith(":ok"))
+    lines = [f"### {r['mode']} (prefix sources {r['prefix_sources']}): {'PASS' if r['passed'] else 'FAIL'}", "",
+             "| figure | measured | target |", "|---|---|---|",
+             f"| RSS growth t={window[0]:.0f}..{window[1]:.0f} s | {growth(rss)} | at most +1% |",
+             f"| live malloc growth | {growth(malloc)} | at most +1% |",
+             f"| bounds reached and held | {sum(1 for b in r['bounds'] if b['reached'] and b['held'])} of "
+             f"{len(r['bounds'])} | all |",
+             f"| failed requests | {r['failed']} (of {t['sent']} sent; {r['followup_404_excused']} follow-up 404s "
+             f"excused: holder left the fleet) | 0 |",
+             f"| in flight after the load | {r['after'].get('inflight_total')} (open streams "
+             f"{r['after'].get('open_streams')}) | 0 |", "",
+             f"Traffic: {t['scheduled']} scheduled, {ok} OK, {t['shed']} shed (429 + Retry-After), {t['hangups']} "
+             f"hang-ups, {t['cancels']} cancels, {t['sessions']} sessions; ext_proc streams by end: "
+             f"{json.dumps(r['stream_ends'], sort_keys=True)}", "",
+             "| bound | limit | reached | at (s) | held | peak | last | dips | observed |",
+             "|---|---:|---|---:|---|---:|---:|---:|---|"]
+    for b in r["bounds"]:
+        lines.append(f"| {b['name']} | {_fmt(b['limit'])} | {'yes' if b['reached'] else 'no'} | "
+                     f"{_fmt(b['reached_at_s'])} | {'yes' if b['held'] else 'no'} | {_fmt(b['peak'])} | "
+                     f"{_fmt(b['last'])} | {b['dips']} | {b['observed']}{'; ' + b['note'] if b['note'] else ''} |")
+    if t["failures"]:
+        lines += ["", "First failures:", ""] + [f"- t={f['t_s']} s {f['kind']} {f['outcome']} {f['detail'][:160]}"
+                                               for f in t["failures"][:10]]
+    lines += ["", "| t (s) | RSS (MiB) | [heap] | anonymous | live malloc | CPU (s) |",
+              "|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {s['t_s']:.0f} | {s['rss_mb']:.1f} | {s['heap_mb']:.1f} | {s['anon_mb']:.1f} | "
+              f"{s['malloc_in_use_mb']:.1f} | {s['cpu_s']:.0f} |" for s in r["samples"]]
+    return lines
+
+
+def markdown(report: dict[str, Any]) -> str:
+    c = report["config"]
+    lines = [f"## Soak: {', '.join(report['modes'])} side by side, {c['duration_s']:.0f} s at {c['rate']:g} req/s each",
+             "", f"Bounds (sized to fill within {c['fill_s']:.0f} s): {json.dumps(report['bounds'])}; bursts "
+             f"(x{c['burst_factor']:g}, pool saturated) at {[round(a) for a, _ in c['bursts']]} s; an engine out of "
+             f"the fleet at {[(round(a), round(b)) for a, b in c['churn']]} s.", ""]
+    for r in report["modes"].values():
+        lines += mode_markdown(r, tuple(c["window_s"])) + [""]
+    return "\n".join(lines)
