@@ -60,20 +60,16 @@ class MetricsPage:
 
     def _token_signals(self, signals: SignalTracker, fleet: tuple[str, ...]) -> None:
         now = signals.clock()
-        for endpoint in fleet:
-            sig = signals.peek(endpoint)  # off the loop: a pure read, never the settling `get`
-            if sig is not None:  # the clock's lead read, not viewed: a render off the loop never refits its model
-                lane = sig.prefill_clock.lead(now)
-                self.metrics.token_signals(endpoint, sig.prefill_tokens, sig.uncached_tokens, sig.decoding, sig.ttft_s,
-                                           lane)
+        peek = signals.peek  # off the loop: a pure read, never the settling `get`
+        # the clock's lead read, not viewed: a render off the loop never refits its model
+        self.metrics.token_signals_many(
+            (endpoint, sig.prefill_tokens, sig.uncached_tokens, sig.decoding, sig.ttft_s, sig.prefill_clock.lead(now))
+            for endpoint in fleet if (sig := peek(endpoint)) is not None)
 
 
 def pool_loads(fleet: FleetView) -> list[PodLoad]:
     """Each endpoint's scraped load under its pod's name, for the endpoint picker's inference_pool_* gauges."""
-    rows = []
-    for ep in fleet.registry.snapshot():
-        st = fleet.loads.fresh_stats(ep)
-        pod = fleet.catalog.entry(ep).pod or ep
-        rows.append(PodLoad(pod, None, None, None) if st is None else PodLoad(pod, st.running, st.waiting,
-                                                                              st.kv_usage))
-    return rows
+    loads, pod_of = fleet.loads, fleet.catalog.pod
+    fresh, now = loads.fresh_stats, loads.clock()  # one reading for the whole fleet: one page is one moment
+    return [PodLoad(pod_of(ep) or ep, None, None, None) if (st := fresh(ep, now)) is None else
+            PodLoad(pod_of(ep) or ep, st.running, st.waiting, st.kv_usage) for ep in fleet.registry.snapshot()]

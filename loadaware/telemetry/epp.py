@@ -13,13 +13,13 @@ end, through cached label children. The pool gauges and the scheduler latency hi
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from loadaware.lifecycle import Decision
+from loadaware.telemetry.exposition import LabelLayout, TextCollector, families_text, family_header
 
 # The EPP's buckets for a request's whole duration (5 ms to an hour): long generations fit.
 REQUEST_DURATION_BUCKETS = (0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10, 15,
@@ -28,6 +28,10 @@ REQUEST_DURATION_BUCKETS = (0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.
 ERROR_CODES = {"unknown_model": "BadRequest", "no_endpoints": "ServiceUnavailable",
                "no_eligible_endpoints": "ServiceUnavailable"}
 SCHEDULER_E2E = "inference_extension_scheduler_e2e_duration_seconds"
+PER_POD = "inference_pool_per_pod_queue_size"
+PER_POD_HELP = "Scraped vllm:num_requests_waiting per engine with a fresh scrape"
+PER_POD_LABELS = ("name", "model_server_pod")
+_PER_POD_LAYOUT = LabelLayout(PER_POD_LABELS)
 # The model label comes from request bodies: bounded, so clients cannot grow the series without end. A model
 # no engine serves is never a label of its own; past the budget, new names share one.
 MAX_MODEL_LABELS = 64
@@ -35,9 +39,9 @@ UNKNOWN_MODEL_LABEL = "(unknown model)"
 OTHER_MODELS_LABEL = "(other models)"
 
 
-@dataclass(frozen=True, slots=True)
-class PodLoad:
-    """One engine of the pool as the EPP families show it; None where no fresh scrape is known."""
+class PodLoad(NamedTuple):
+    """One engine of the pool as the EPP families show it; None where no fresh scrape is known (a named tuple:
+    /metrics makes one per engine at every render, and a tuple is the cheapest record to make)."""
 
     pod: str  # the pod name when discovery knows it, else the engine's ip:port
     running: float | None
@@ -96,14 +100,34 @@ class EppMetrics:
 
     # ---- render time ----
     def collect_pool(self) -> Iterator[Metric]:
-        name = self.pool_name
         pods = self._pool()
+        yield from self._pool_gauges(pods)
+        per_pod = GaugeMetricFamily(PER_POD, PER_POD_HELP, labels=list(PER_POD_LABELS))
+        for p in pods:
+            if p.running is not None and p.waiting is not None:
+                per_pod.add_metric([self.pool_name, p.pod], p.waiting or 0.0)
+        yield per_pod
+        yield self._scheduler_e2e()
+
+    def pool_text(self) -> str:
+        """What generate_latest writes for collect_pool, with the one series per engine written by hand
+        (telemetry/exposition.py)."""
+        pods = self._pool()
+        name = self.pool_name
+        scraped = [p for p in pods if p.running is not None and p.waiting is not None]
+        per_pod = _PER_POD_LAYOUT.lines(PER_POD, [((name, p.pod), float(p.waiting or 0.0)) for p in scraped])
+        return (families_text(self._pool_gauges(pods)) + family_header(PER_POD, PER_POD_HELP, "gauge") + per_pod
+                + families_text((self._scheduler_e2e(),)))
+
+    def _pool_gauges(self, pods: Sequence[PodLoad]) -> list[Metric]:
+        """The pool's one-series gauges: its size and the means over its freshly scraped engines."""
+        name = self.pool_name
         scraped = [p for p in pods if p.running is not None and p.waiting is not None]
         kv = [p.kv_usage for p in pods if p.kv_usage is not None]
         ready = GaugeMetricFamily("inference_pool_ready_pods", "Engines in the pool (the sidecar's fleet)",
                                   labels=["name"])
         ready.add_metric([name], len(pods))
-        yield ready
+        out: list[Metric] = [ready]
         families = (("inference_pool_average_kv_cache_utilization", "Mean scraped KV-cache usage (0-1) over the "
                      "pool's engines with a fresh scrape", _mean(kv)),
                     ("inference_pool_average_queue_size", "Mean scraped vllm:num_requests_waiting over the pool's "
@@ -114,13 +138,8 @@ class EppMetrics:
             family = GaugeMetricFamily(family_name, help_text, labels=["name"])
             if value is not None:
                 family.add_metric([name], value)
-            yield family
-        per_pod = GaugeMetricFamily("inference_pool_per_pod_queue_size", "Scraped vllm:num_requests_waiting per "
-                                    "engine with a fresh scrape", labels=["name", "model_server_pod"])
-        for p in scraped:
-            per_pod.add_metric([name, p.pod], p.waiting or 0.0)
-        yield per_pod
-        yield self._scheduler_e2e()
+            out.append(family)
+        return out
 
     def _scheduler_e2e(self) -> Metric:
         """`loadaware_decision_seconds` under the EPP's name (same buckets as the native histogram)."""
@@ -138,12 +157,15 @@ class EppMetrics:
         return family
 
 
-class _PoolCollector(Collector):
+class _PoolCollector(TextCollector):
     def __init__(self, epp: EppMetrics) -> None:
         self.epp = epp
 
     def collect(self) -> Iterator[Metric]:
         return self.epp.collect_pool()
+
+    def exposition(self) -> str:
+        return self.epp.pool_text()
 
     def describe(self) -> Iterator[Metric]:
         return iter(())  # computed at render: nothing to check for clashes up front

@@ -3,16 +3,18 @@
 
 Label children are cached: the hot path pays a dictionary lookup and an increment, not a label parse. The
 per-endpoint gauges and counters are TableGauges and TableCounters (telemetry/table_series.py): plain numbers the
-garbage collector never walks.
+garbage collector never walks, which write their own /metrics text (telemetry/exposition.py, the registry's
+`render`) instead of a prometheus_client Sample per series.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from loadaware.telemetry.exposition import TextRegistry
 from loadaware.telemetry.flow_metrics import FlowControlFamilies
 from loadaware.telemetry.prefix_metrics import PrefixIndexFamilies
 from loadaware.telemetry.table_series import TableCounter, TableGauge
@@ -29,7 +31,7 @@ class Metrics(PrefixIndexFamilies, FlowControlFamilies):
 
     def __init__(self, policy: str) -> None:
         self.policy = policy
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = TextRegistry(auto_describe=True)  # renders the per-endpoint tables' text itself
         r = self.registry
         self._declare_decision_families(r)
         self._declare_load_families(r)
@@ -273,12 +275,22 @@ class Metrics(PrefixIndexFamilies, FlowControlFamilies):
 
     def token_signals(self, endpoint: str, prefill: float, uncached: float, decoding: float,
                       ttft_s: float | None, lane_s: float = 0.0) -> None:
-        self.signal_prefill.labels(endpoint).set(prefill)
-        self.signal_uncached.labels(endpoint).set(uncached)
-        self.signal_decoding.labels(endpoint).set(decoding)
-        self.signal_lane.labels(endpoint).set(lane_s)
-        if ttft_s is not None:
-            self.signal_ttft.labels(endpoint).set(ttft_s)
+        self.token_signals_many(((endpoint, prefill, uncached, decoding, ttft_s, lane_s),))
+
+    def token_signals_many(self, rows: Iterable[tuple[str, float, float, float, float | None, float]]) -> None:
+        """(endpoint, prefill, uncached, decoding, ttft_s, lane_s) per endpoint, as `token_signals` sets them:
+        the render thread sets these for every endpoint, so straight into the tables' dicts, five stores an
+        endpoint with no series object made for each."""
+        prefill, uncached, decoding, ttft, lane = (g.series() for g in (
+            self.signal_prefill, self.signal_uncached, self.signal_decoding, self.signal_ttft, self.signal_lane))
+        for endpoint, prefill_tokens, uncached_tokens, decoding_requests, ttft_s, lane_s in rows:
+            key = (endpoint,)
+            prefill[key] = float(prefill_tokens)
+            uncached[key] = float(uncached_tokens)
+            decoding[key] = float(decoding_requests)
+            lane[key] = float(lane_s)
+            if ttft_s is not None:
+                ttft[key] = float(ttft_s)
 
     def render(self, inflight_snapshot: Callable[[], dict[str, int]], endpoints: tuple[str, ...]) -> bytes:
         """Exposition text; gauges that are cheap to compute on demand are set here, not per request."""
@@ -292,4 +304,4 @@ class Metrics(PrefixIndexFamilies, FlowControlFamilies):
         self.endpoints.set(len(endpoints))
         if self._lookup_seen:
             self.match_fraction.set(self._lookup_matched / self._lookup_seen)
-        return generate_latest(self.registry)
+        return self.registry.render()

@@ -9,6 +9,9 @@ in a dict keyed by a tuple of label strings, none of which the collector tracks,
 same: `# HELP`, `# TYPE`, one sample per series in the order the series were first set (a counter's `_total`
 and `_created`, as prometheus_client writes them).
 
+Rendering: a table writes its own text (telemetry/exposition.py), one f-string per series, rather than a
+Sample per series through generate_latest; a counter's `_created` values are kept as the text they render to.
+
 Thread safety: the event loop sets, adds and removes series; `/metrics` renders in a worker thread and copies
 a dict's items in one C call, which the GIL does not interrupt.
 """
@@ -21,16 +24,18 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
+
+from loadaware.telemetry.exposition import LabelLayout, TextCollector, family_header, value_text
 
 
-class _Table(Collector):
+class _Table(TextCollector):
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry
                  ) -> None:
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
         self._values: dict[tuple[str, ...], float] = {}
+        self._layout = LabelLayout(self.labelnames)
         registry.register(self)
 
     def _key(self, values: Sequence[str]) -> tuple[str, ...]:
@@ -68,6 +73,10 @@ class _Table(Collector):
             self._add(family, key, value)
         yield family
 
+    def _series(self) -> list[tuple[tuple[str, ...], float]]:
+        """The series as (label values, value), copied in one C call (the loop may change the dict meanwhile)."""
+        return list(self._values.items())
+
 
 class _GaugeSeries:
     """What `TableGauge.labels(...)` returns: the series to set (it holds no state of its own)."""
@@ -85,6 +94,14 @@ class _GaugeSeries:
 class TableGauge(_Table):
     def labels(self, *values: str) -> _GaugeSeries:
         return _GaugeSeries(self._values, self._key(values))
+
+    def series(self) -> dict[tuple[str, ...], float]:
+        """The series themselves, for a caller that sets thousands at once (the render thread's gauges): a
+        plain `series[key] = float(value)` each, with no object made per set. Values must be floats."""
+        return self._values
+
+    def exposition(self) -> str:
+        return family_header(self.name, self.documentation, "gauge") + self._layout.lines(self.name, self._series())
 
     def _family(self) -> GaugeMetricFamily:
         return GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
@@ -107,13 +124,15 @@ class TableCounter(_Table):
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry
                  ) -> None:
         super().__init__(name.removesuffix("_total"), documentation, labelnames, registry)
-        self._created: dict[tuple[str, ...], float] = {}
+        # Each series' creation time as the text it renders to: formatting a wall-clock time is the slow path
+        # of floatToGoString (Go's exponent form), paid here once rather than at every render.
+        self._created: dict[tuple[str, ...], str] = {}
 
     def labels(self, *values: str) -> _CounterSeries:
         key = self._key(values)
         if key not in self._values:
             self._values[key] = 0.0
-            self._created[key] = time.time()
+            self._created[key] = value_text(time.time())
         return _CounterSeries(self, key)
 
     def add(self, key: tuple[str, ...], amount: float = 1.0) -> bool:
@@ -123,8 +142,8 @@ class TableCounter(_Table):
         values = self._values
         value = values.get(key)
         if value is None:
-            values[key] = amount
-            self._created[key] = time.time()
+            values[key] = float(amount)  # a float whatever was added: the text is a float's
+            self._created[key] = value_text(time.time())
             return True
         values[key] = value + amount
         return False
@@ -136,4 +155,16 @@ class TableCounter(_Table):
         return CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
 
     def _add(self, family: Any, key: tuple[str, ...], value: float) -> None:
-        family.add_metric(key, value, created=self._created.get(key))
+        created = self._created.get(key)
+        family.add_metric(key, value, created=None if created is None else float(created))
+
+    def exposition(self) -> str:
+        series = self._series()
+        total = self.name + "_total"
+        text = family_header(total, self.documentation, "counter") + self._layout.lines(total, series)
+        created = self._created.copy()  # a series made meanwhile may have no creation time yet: left out,
+        timed = [(key, t) for key, _ in series if (t := created.get(key)) is not None]  # as generate_latest does
+        if not timed:
+            return text
+        name = self.name + "_created"
+        return text + family_header(name, self.documentation, "gauge") + self._layout.text_lines(name, timed)

@@ -87,6 +87,11 @@ class DiscoveryCatalog:
         """What discovery says about an endpoint; a registry member with no report is plainly healthy."""
         return self._entries.get(endpoint) or DiscoveredEndpoint(endpoint)
 
+    def pod(self, endpoint: str) -> str:
+        """The endpoint's pod name, "" when discovery names none (no entry made: /metrics asks for every one)."""
+        e = self._entries.get(endpoint)
+        return "" if e is None else e.pod
+
     def entries(self) -> list[DiscoveredEndpoint]:
         """Routable endpoints in registry order, then the ones discovery reports but routing skips."""
         routable = self.registry.snapshot()
