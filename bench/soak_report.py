@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from .soak_mixed import MixedConfig, ModeRun
 
 GROWTH_TARGET_PCT = 1.0
+PARENT_SLACK_S = 5.0
 
 
 def growth_pct(samples: Sequence[Sample], attr: str, start_s: float, end_s: float) -> dict[str, float] | None:
@@ -50,11 +51,12 @@ def verdicts(run: ModeRun, specs: Sequence[BoundSpec]) -> list[BoundVerdict]:
 
 
 def excused_404s(followups: Sequence[dict[str, Any]], churn: Sequence[dict[str, Any]]) -> int:
-    """Follow-ups answered 404 because their holder left the fleet after storing the response and before the
-    follow-up (the sidecar cannot route to an engine outside its fleet; that engine's 404 is the right answer)."""
+    """Follow-ups answered 404 because their holder left the fleet after it stored the response (or while it did:
+    the parent was routed there up to PARENT_SLACK_S before it ended) and before the follow-up: the sidecar cannot
+    route to an engine outside its fleet, and a non-holder's 404 is then the right answer."""
     leaves = [(c["t_s"], c["engine"]) for c in churn if c["action"] == "leave"]
-    return sum(1 for f in followups
-               if any(engine == f["parent_served_by"] and f["parent_t_s"] < t <= f["t_s"] for t, engine in leaves))
+    return sum(1 for f in followups if any(engine == f["parent_served_by"] and f["parent_t_s"] - PARENT_SLACK_S <= t
+                                           <= f["t_s"] for t, engine in leaves))
 
 
 def mode_report(run: ModeRun, cfg: MixedConfig, specs: Sequence[BoundSpec], done: dict[str, Any]) -> dict[str, Any]:
@@ -123,10 +125,11 @@ def mode_markdown(r: dict[str, Any], window: tuple[float, float]) -> list[str]:
 
 def markdown(report: dict[str, Any]) -> str:
     c = report["config"]
+    bursts = {m: [round(a) for a, _ in b] for m, b in c["bursts"].items()}
+    churn = [(round(a), round(b)) for a, b in c["churn"]]
     lines = [f"## Soak: {', '.join(report['modes'])} side by side, {c['duration_s']:.0f} s at {c['rate']:g} req/s each",
              "", f"Bounds (sized to fill within {c['fill_s']:.0f} s): {json.dumps(report['bounds'])}; bursts "
-             f"(x{c['burst_factor']:g}, pool saturated) at {[round(a) for a, _ in c['bursts']]} s; an engine out of "
-             f"the fleet at {[(round(a), round(b)) for a, b in c['churn']]} s.", ""]
+             f"(x{c['burst_factor']:g}, pool saturated) at {bursts} s; an engine out of the fleet at {churn} s.", ""]
     for r in report["modes"].values():
         lines += mode_markdown(r, tuple(c["window_s"])) + [""]
     return "\n".join(lines)

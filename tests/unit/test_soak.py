@@ -73,3 +73,96 @@ def test_soak_flags_reach_its_config() -> None:
     assert (soak.rate, soak.prefix_sources) == (60.0, "approx")
     default = parse_args(["--cases", "soak"])
     assert soak_config(default, build_config(default)).prefix_sources == "kv-events,approx"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the mixed soak (python -m bench.soak): its schedule, bounds, judgement and configs
+# ---------------------------------------------------------------------------------------------------------
+
+def test_the_cli_reads_hours_or_minutes_and_a_mode() -> None:
+    from bench.soak import parse_args
+
+    args = parse_args(["--hours", "2"])
+    assert (args.hours, args.minutes, args.mode, args.rate) == (2.0, None, "both", 40.0)
+    assert parse_args(["--minutes", "6", "--mode", "picker-approx"]).mode == "picker-approx"
+    with pytest.raises(SystemExit):
+        parse_args(["--hours", "1", "--minutes", "5"])
+
+
+def test_bursts_and_churn_fall_inside_the_run_and_alternate_engines(tmp_path: Path) -> None:
+    from bench.soak_mixed import MixedConfig, Timeline
+
+    cfg = MixedConfig(out_dir=tmp_path, duration_s=7200)
+    assert cfg.window_s == (3600, 7200) and cfg.fill_s == 600
+    assert all(0 < a < b < 7200 for a, b in cfg.bursts() + cfg.churn())
+    assert len(cfg.churn()) == 29 and cfg.churn()[0] == (240, 300)
+    timeline = Timeline.of(cfg)
+    leaves = [e for e in timeline.events if e[1] == "leave"]
+    assert [e[2] for e in leaves[:4]] == [0, 1, 2, 0]
+    assert timeline.due(250) == [(240, "leave", 0)] and timeline.due(250) == []
+    assert cfg.bursts(1)[0][0] == cfg.bursts(0)[0][0] + cfg.burst_every_s / 2  # never two bursts at once
+    assert {e[2] for e in timeline.events if e[1] == "burst_on"} == {0, 1}
+
+
+def test_bounds_are_sized_to_fill_within_the_fill_time() -> None:
+    from bench.soak_bounds import ENGINE_CACHE_BLOCKS, size_bounds
+    from bench.soak_traffic import TrafficSpec
+
+    spec = TrafficSpec(url="", rate=40, duration_s=7200)
+    b = size_bounds(40, 600, spec.mix, spec.session_share, spec.chat_turns, burst_rate=120, admission_ttl_s=5)
+    sessions_per_s = 40 * (0.45 * 0.5 + 0.25 / 3)
+    assert b.session_max_entries == int(sessions_per_s * 600 * 0.8)
+    assert b.state_max_entries == int(40 * 0.17 * 600 * 0.8)
+    assert b.kv_events_max_blocks == ENGINE_CACHE_BLOCKS and b.admission_max_held == 150
+    assert "--kv-events-max-blocks" not in b.sidecar_args("approx")
+
+
+def test_a_bound_is_reached_then_held_or_not() -> None:
+    from bench.soak_bounds import BoundSpec, judge, judge_events, judge_plateau
+
+    spec = BoundSpec("x", 100, "")
+    v = judge(spec, [(0, 10), (30, 95), (60, 70), (90, 100)])
+    assert (v.reached, v.reached_at_s, v.held, v.dips) == (True, 30, True, 1)
+    assert not judge(spec, [(0, 10), (30, 95), (60, 101)]).held  # over its limit
+    assert not judge(spec, [(0, 10), (30, 95), (60, 50)]).held  # not back at it at the end
+    assert not judge(spec, [(0, 10), (30, 50)]).reached
+    events = judge_events(spec, [(1, 40), (3, 80)], [(1, 0), (3, 12)])
+    assert (events.reached, events.reached_at_s, events.held) == (True, 3, True)
+    assert not judge_plateau("s", [(0, 5), (10, 6), (20, 7)], "").held
+    assert judge_plateau("s", [(0, 5), (10, 7), (20, 7)], "").held
+
+
+def test_a_followup_404_is_excused_only_when_its_holder_left_in_between() -> None:
+    from bench.soak_report import excused_404s
+
+    churn = [{"t_s": 60.0, "action": "leave", "engine": "engine-0"},
+             {"t_s": 90.0, "action": "back", "engine": "engine-0"}]
+    followups = [{"t_s": 70.0, "parent_served_by": "engine-0", "parent_t_s": 50.0},  # left in between
+                 {"t_s": 70.0, "parent_served_by": "engine-1", "parent_t_s": 50.0},  # another engine
+                 {"t_s": 95.0, "parent_served_by": "engine-0", "parent_t_s": 66.0}]  # stored after it left
+    followups.append({"t_s": 70.0, "parent_served_by": "engine-0", "parent_t_s": 62.0})  # routed there before
+    assert excused_404s(followups, churn) == 2
+
+
+def test_arrivals_are_denser_in_bursts() -> None:
+    from bench.soak_traffic import TrafficSpec, arrival_offsets
+
+    offsets = arrival_offsets(TrafficSpec(url="", rate=50, duration_s=60, bursts=[(20.0, 40.0)], burst_factor=3))
+    inside = sum(1 for t in offsets if 20 <= t < 40)
+    assert 2.5 < (inside / 20) / ((len(offsets) - inside) / 40) < 3.5  # per second, inside against outside
+
+
+def test_the_picker_config_keeps_the_shipped_one_but_its_ports_and_hosts(tmp_path: Path) -> None:
+    from bench.soak_mixed import picker_envoy_config
+
+    fleet = ["127.0.78.2:41000", "127.0.78.3:41000", "127.0.78.4:41000"]
+    out = picker_envoy_config(fleet, listen=42001, admin=42002, sidecar=42003, out=tmp_path / "picker.yaml")
+    config = yaml.safe_load(out.read_text())
+    clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
+    hosts = [e["endpoint"]["address"]["socket_address"]
+             for e in clusters["engines"]["load_assignment"]["endpoints"][0]["lb_endpoints"]]
+    assert [f"{h['address']}:{h['port_value']}" for h in hosts] == fleet
+    picker = clusters["loadaware"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+    assert picker["address"]["socket_address"]["port_value"] == 42003
+    assert config["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"] == 42001
+    assert "FULL_DUPLEX_STREAMED" in out.read_text()
