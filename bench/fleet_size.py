@@ -2,17 +2,21 @@
 long each holds the event loop.
 
     python -m bench.fleet_size [--quick] [--json] [--sizes 100,1000,10000] [--baseline GIT_REF] [--policy P]
-                               [--learned] [--full-scan] [--all-queueing]
+                               [--learned] [--busy] [--full-scan] [--all-queueing] [--ops metrics_render,...]
 
 `--policy` (default `loadaware`, the default policy): the policy deciding. `loadaware`, `kvaware`, `leastload`
 and `banded` (with its candidates' token signals) score only a large pool's prefix holders and least-loaded
 endpoints; `lane-spread` scans the pool by load until its cost floor
 passes the best costs found (routing/pruning.py). `--learned`: every endpoint first learns its TTFT prices from
 a few first chunks, within 20% of the prior's (as on the response path; a BUFFERED sidecar keeps the prior's),
-which lowers lane-spread's floor. `--full-scan`: the decider scores every endpoint (its load order off), what
-the pruning saves. `--all-queueing`: every engine's scrape shows an admission queue, so lane-spread chooses as
-loadaware after checking that every endpoint of the pool queues (its worst case). `--baseline` measures the
-other commit with `loadaware`.
+which lowers lane-spread's floor. `--busy`: `--learned`, and every endpoint also has a fresh scrape (a simulated
+engine's page, kept fresh for the whole run) and a response seen, so /metrics carries every per-endpoint series
+a busy fleet has (routing state, decisions, responses, in-flight, scraped gauges, token signals, models, the
+picker's per-pod queue). `--ops`: only these calls (and always the idle floor). `--full-scan`: the decider
+scores every endpoint (its load order off), what the pruning saves. `--all-queueing`: every engine's scrape
+shows an admission queue, so lane-spread chooses as loadaware after checking that every endpoint of the pool
+queues (its worst case). `--baseline` measures the other commit with `loadaware` (and this run's `--busy` and
+`--ops`).
 
 One sidecar per size, in this process, on static endpoints that are never contacted (the engines are not
 there: the scraper and the models poller are replaced by idle tasks, and every engine is recorded as
@@ -23,6 +27,9 @@ differ. Measured per size:
 - a decision in process (`Decider.decide`, counted, then ended) and through gRPC (one BUFFERED ext_proc
   conversation: headers, body, the choice), wall time per request;
 - Explain over gRPC, `/metrics`, `/debug/state`, `/debug/decisions` (the default 50), wall time per call;
+- `/metrics` rendered in process (`metrics_render`): the page's own coroutine, as the HTTP handler awaits it
+  (refreshing the gauges read at render time and writing the text in a worker thread), without the HTTP
+  transfer; wall time, and the render thread's CPU in brackets;
 - the event loop's lag while each of them runs: a ticker task on the loop sleeps 1 ms and records how late
   it woke (max and p99). The clients run in a worker thread, so the loop is free for the ticker unless the
   sidecar's own work holds it, or the GIL and the OS keep the loop's thread from running (on a busy box a
@@ -77,13 +84,14 @@ from loadaware.load.tracker import EngineStats
 from loadaware.policies import Candidate
 from loadaware.policies.ttft_model import TtftPrior
 from loadaware.routing.request import parse_body
+from sim.metrics import EngineMetrics
 
 SIZES = (100, 1_000, 10_000)
 PREFIXES = 32
 OPEN_REQUESTS = 500
 TICK_S = 0.001
-OPS = ("idle", "busy_thread", "decide", "grpc_decide", "explain", "metrics", "debug_state", "debug_decisions",
-       "full_gc")
+OPS = ("idle", "busy_thread", "decide", "grpc_decide", "explain", "metrics_render", "metrics", "debug_state",
+       "debug_decisions", "full_gc")
 REPO = Path(__file__).resolve().parents[1]
 LESSONS = 3  # first chunks each endpoint learns its prices from (--learned)
 LEARNED_SPREAD = 0.2
@@ -189,7 +197,7 @@ class FullCollections:
         return out
 
 
-def busy(seconds: float) -> int:
+def spin(seconds: float) -> int:
     end, n = time.perf_counter() + seconds, 0
     while time.perf_counter() < end:
         n += 1
@@ -247,11 +255,12 @@ def http_get(url: str) -> bytes:
         return bytes(resp.read())
 
 
-def teach_prices(app: Sidecar, rng: random.Random, spread: float = LEARNED_SPREAD) -> None:
+def teach_prices(app: Sidecar, rng: random.Random, spread: float = LEARNED_SPREAD, respond: bool = False) -> None:
     """Each endpoint's prefill clock learns from LESSONS first chunks, as on the response path, at TTFTs the
     prior predicts times a factor drawn once per endpoint in [1 - spread, 1 + spread]: a fleet whose learned
     prices differ a little, as same-model engines' do. The lessons are dated in the past (the signal tracker's
-    clock is set back while they are given), so every clock is idle afterwards."""
+    clock is set back while they are given), so every clock is idle afterwards. `respond`: the last lesson's
+    response headers are seen too (status 200), as the response path reports them."""
     signals = app.signals
     real = signals.clock
     start = real() - 10.0 * (LESSONS + 2)
@@ -268,17 +277,83 @@ def teach_prices(app: Sidecar, rng: random.Random, spread: float = LEARNED_SPREA
                 app.lifecycle.decided(d)
                 ttft = (prior.base_s + prior.per_token_s * uncached) * factor
                 signals.clock = functools.partial(float, at + ttft)
+                if respond and k == LESSONS - 1:
+                    app.lifecycle.responded(d, 200, None)
                 app.lifecycle.first_chunk(d)
                 app.lifecycle.ended(d)
     finally:
         signals.clock = real
 
 
+def scrape_all(app: Sidecar) -> None:
+    """Every endpoint scraped once, through the scraper's own `take`, from a simulated engine's page whose
+    load differs by endpoint (16 pages, so that values differ without parsing a new page text per engine)."""
+    pages = [EngineMetrics("m", functools.partial(dict, {"vllm:num_requests_running": float(i % 8),
+                                                         "vllm:num_requests_waiting": float(i % 3),
+                                                         "vllm:kv_cache_usage_perc": 0.05 * i + 0.013}),
+                           cache_config=(4096, 16)).render() for i in range(16)]
+    for i, endpoint in enumerate(app.registry.snapshot()):
+        app.scraper.take(endpoint, pages[i % len(pages)])
+
+
+async def rendered(app: Sidecar, n: int) -> tuple[list[float], list[float], bytes]:
+    """`/metrics` rendered n times in process, as its handler does (off the loop): wall and render CPU each,
+    and the last page."""
+    page = app.metrics_page
+    render_now, cpu, text = page.render_now, [], [b""]
+
+    def counted(fleet: tuple[str, ...]) -> bytes:
+        started = time.thread_time()
+        try:
+            text[0] = render_now(fleet)
+            return text[0]
+        finally:
+            cpu.append(time.thread_time() - started)
+
+    page.render_now = counted  # type: ignore[method-assign]  # the same call, its thread's CPU read around it
+    try:
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            await page.render()
+            times.append(time.perf_counter() - t)
+            await asyncio.sleep(0.01)
+    finally:
+        del page.render_now
+    return times, cpu, text[0]
+
+
+async def measure_decisions(app: Sidecar, out: dict[str, Any], n: int, rng: random.Random,
+                            windows: tuple[Ticker, Holds, FullCollections]) -> None:
+    """n decisions in process (`Decider.decide`, counted, then ended): wall and CPU each."""
+    if n == 0:
+        return
+    ticker, holds, fulls = windows
+    times, cpu = [], []
+    for i in range(n):
+        parsed = parse_body("completions", body(rng.randrange(PREFIXES), 10_000 + i))
+        t, c = time.perf_counter(), time.thread_time()
+        d = await app.decider.decide(parsed, f"bench-{i}")
+        cpu.append(time.thread_time() - c)
+        times.append(time.perf_counter() - t)
+        app.lifecycle.ended(d)
+        await asyncio.sleep(0)
+    out["decide"] = {**figures(times, ticker.window(), holds.window(), fulls.window()),
+                     "cpu_mean_ms": statistics.fmean(cpu) * 1e3,
+                     "cpu_p50_ms": statistics.median(cpu) * 1e3}
+
+
 async def measure_size(n: int, reps: dict[str, int], policy: str = "loadaware", learned: bool = False,
-                       full_scan: bool = False, all_queueing: bool = False) -> dict[str, Any]:
+                       full_scan: bool = False, all_queueing: bool = False, busy: bool = False,
+                       ops: frozenset[str] | None = None) -> dict[str, Any]:
     flags = ["--endpoints", ",".join(fleet(n)), "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
              "--metrics-listen", "127.0.0.1:0", "--admin-http-listen", "127.0.0.1:0",
              "--prefix-source", "approx", "--policy", policy, "--log-level", "warning"]
+    if busy:  # the one scrape each engine gets stays fresh for the whole run
+        flags += ["--scrape-stale-s", "3600"]
+
+    def wanted(op: str) -> bool:
+        return ops is None or op in ops
     app = Sidecar(from_args(flags, environ={}))
     app.scraper.run = idle  # type: ignore[method-assign]  # no engines: a scrape would only fail
     assert app.models is not None and app.models_poller is not None
@@ -294,8 +369,10 @@ async def measure_size(n: int, reps: dict[str, int], policy: str = "loadaware", 
     out: dict[str, Any] = {"endpoints": n}
     rng = random.Random(n)
     try:
-        if learned:
-            teach_prices(app, rng)
+        if learned or busy:
+            teach_prices(app, rng, respond=busy)
+        if busy:
+            scrape_all(app)
         if full_scan:
             app.decider.selection.ranking = None  # every endpoint scored
         if all_queueing:  # fresh scrapes with a queue on every engine (the bench runs well within --scrape-stale-s)
@@ -318,22 +395,19 @@ async def measure_size(n: int, reps: dict[str, int], policy: str = "loadaware", 
         fulls.window()
         await asyncio.sleep(1.0)
         out["idle"] = figures([1.0], ticker.window(), holds.window(), fulls.window())
-        t = time.perf_counter()
-        await asyncio.to_thread(busy, 1.0)
-        out["busy_thread"] = figures([time.perf_counter() - t], ticker.window(), holds.window(), fulls.window())
-
-        times, cpu = [], []
-        for i in range(reps["decide"]):
-            parsed = parse_body("completions", body(rng.randrange(PREFIXES), 10_000 + i))
-            t, c = time.perf_counter(), time.thread_time()
-            d = await app.decider.decide(parsed, f"bench-{i}")
-            cpu.append(time.thread_time() - c)
-            times.append(time.perf_counter() - t)
-            app.lifecycle.ended(d)
-            await asyncio.sleep(0)
-        out["decide"] = {**figures(times, ticker.window(), holds.window(), fulls.window()),
-                         "cpu_mean_ms": statistics.fmean(cpu) * 1e3,
-                         "cpu_p50_ms": statistics.median(cpu) * 1e3}
+        if wanted("busy_thread"):
+            t = time.perf_counter()
+            await asyncio.to_thread(spin, 1.0)
+            out["busy_thread"] = figures([time.perf_counter() - t], ticker.window(), holds.window(), fulls.window())
+        await measure_decisions(app, out, reps["decide"] if wanted("decide") else 0, rng, (ticker, holds, fulls))
+        if wanted("metrics_render"):
+            ticker.window()
+            holds.window()
+            fulls.window()
+            times, cpu, text = await rendered(app, reps["metrics"])
+            out["metrics_render"] = {**figures(times, ticker.window(), holds.window(), fulls.window()),
+                                     "min_ms": min(times) * 1e3, "cpu_mean_ms": statistics.fmean(cpu) * 1e3,
+                                     "cpu_min_ms": min(cpu) * 1e3, "bytes": len(text), "lines": text.count(b"\n")}
 
         ext = f"127.0.0.1:{app.bound_port}"
         admin = f"127.0.0.1:{app.admin_port}"
@@ -359,6 +433,8 @@ async def measure_size(n: int, reps: dict[str, int], policy: str = "loadaware", 
                            ("debug_state", lambda: timed(lambda: http_get(debug + "/debug/state"), reps["debug"])),
                            ("debug_decisions", lambda: timed(lambda: http_get(debug + "/debug/decisions"),
                                                              reps["debug"]))):
+            if not wanted(op):
+                continue
             ticker.window()
             holds.window()
             fulls.window()
@@ -370,12 +446,13 @@ async def measure_size(n: int, reps: dict[str, int], policy: str = "loadaware", 
         holds.window()
         fulls.window()
         times = []
-        for _ in range(reps["full_gc"]):
+        for _ in range(reps["full_gc"] if wanted("full_gc") else 0):
             t = time.perf_counter()
             collector.collect() if collector is not None else gc.collect()
             times.append(time.perf_counter() - t)
             await asyncio.sleep(0.01)
-        out["full_gc"] = figures(times, ticker.window(), holds.window(), fulls.window())
+        if times:
+            out["full_gc"] = figures(times, ticker.window(), holds.window(), fulls.window())
         for d in kept:
             app.lifecycle.ended(d)
     finally:
@@ -389,22 +466,25 @@ async def measure_size(n: int, reps: dict[str, int], policy: str = "loadaware", 
 
 
 def run(quick: bool = False, sizes: Sequence[int] = SIZES, policy: str = "loadaware", learned: bool = False,
-        full_scan: bool = False, all_queueing: bool = False) -> dict[str, Any]:
+        full_scan: bool = False, all_queueing: bool = False, busy: bool = False,
+        ops: frozenset[str] | None = None) -> dict[str, Any]:
     reps = {"decide": 50, "grpc_decide": 30, "explain": 5, "metrics": 2, "debug": 2, "full_gc": 2} if quick else \
         {"decide": 300, "grpc_decide": 200, "explain": 20, "metrics": 5, "debug": 5, "full_gc": 5}
     import loadaware
     return {"tree": str(Path(loadaware.__file__).resolve().parents[1]), "reps": reps, "policy": policy,
-            "learned": learned, "full_scan": full_scan, "all_queueing": all_queueing,
-            "sizes": [asyncio.run(measure_size(n, reps, policy, learned, full_scan, all_queueing)) for n in sizes]}
+            "learned": learned, "full_scan": full_scan, "all_queueing": all_queueing, "busy": busy,
+            "sizes": [asyncio.run(measure_size(n, reps, policy, learned, full_scan, all_queueing, busy, ops))
+                      for n in sizes]}
 
 
-def run_baseline(ref: str, quick: bool, sizes: Sequence[int]) -> dict[str, Any]:
-    """The same measurement on commit `ref`: exported to a temporary folder, this file copied in, run there."""
+def run_baseline(ref: str, quick: bool, sizes: Sequence[int], extra: Sequence[str] = ()) -> dict[str, Any]:
+    """The same measurement on commit `ref`: exported to a temporary folder, this file copied in, run there
+    (`extra`: --busy and --ops, passed on)."""
     with tempfile.TemporaryDirectory(prefix="fleet-size-baseline-") as tmp:
         archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
         shutil.copy(Path(__file__), Path(tmp) / "bench" / "fleet_size.py")
-        args = [sys.executable, "-m", "bench.fleet_size", "--json", "--sizes", ",".join(map(str, sizes))]
+        args = [sys.executable, "-m", "bench.fleet_size", "--json", "--sizes", ",".join(map(str, sizes)), *extra]
         env = {**os.environ, "PYTHONPATH": tmp}
         done = subprocess.run(args + (["--quick"] if quick else []), cwd=tmp, env=env, capture_output=True,
                               text=True)
@@ -420,6 +500,7 @@ def table(result: dict[str, Any], baseline: dict[str, Any] | None = None) -> str
              "while it runs (max, p99) and the longest the sidecar's code held the loop (CPU, max, p99)\n")
     rows = [title, f"Tree: {result['tree']}; policy {result.get('policy', 'loadaware')}"
             + ("; every engine queues" if result.get("all_queueing") else "")
+            + ("; a busy fleet's state on every endpoint" if result.get("busy") else "")
             + (f"; before = {baseline['ref']}" if baseline else ""), "",
             "| endpoints | call | " + ("before: p50 / mean / max ms | before: lag max / p99 | before: held max / p99 "
                                      "| before: full GCs (max ms) | " if baseline else "")
@@ -435,12 +516,19 @@ def table(result: dict[str, Any], baseline: dict[str, Any] | None = None) -> str
                 f"{f.get('full_gc_n', 0)} ({f.get('full_gc_max_ms', 0.0):.0f}) |")
 
     for size in result["sizes"]:
-        for op in OPS:
+        for op in (op for op in OPS if op in size):
             line = f"| {size['endpoints']:,} | {op} | "
             if baseline:
                 b = before.get(size["endpoints"], {}).get(op)
                 line += cells(b) + " " if b else "- | - | - | - | "
             rows.append(line + cells(size[op]))
+    for size in result["sizes"]:
+        for label, record in (("before", before.get(size["endpoints"])), ("after" if baseline else "", size)):
+            r = (record or {}).get("metrics_render")
+            if r:
+                rows.append(f"\n/metrics rendered in process at {size['endpoints']:,} endpoints"
+                            f"{' ' + label if label else ''}: best {r['min_ms']:.1f} ms wall, {r['cpu_min_ms']:.1f} ms "
+                            f"CPU (p50 {r['p50_ms']:.1f} ms); {r['bytes'] / 2**20:.1f} MiB, {r['lines']:,} lines")
     return "\n".join(rows) + "\n"
 
 
@@ -455,10 +543,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--all-queueing", action="store_true", help="every engine's scrape shows an admission queue")
     p.add_argument("--learned", action="store_true",
                    help=f"every endpoint learns its prices first (within +-{LEARNED_SPREAD:.0%} of the prior's)")
+    p.add_argument("--busy", action="store_true", help="--learned, and every endpoint scraped and answered once: "
+                   "every per-endpoint /metrics series present")
+    p.add_argument("--ops", default=None, help=f"comma list of the calls to measure (of {', '.join(OPS[1:])})")
     args = p.parse_args(argv)
     sizes = tuple(int(s) for s in args.sizes.split(",") if s.strip())
-    baseline = run_baseline(args.baseline, args.quick, sizes) if args.baseline else None
-    result = run(args.quick, sizes, args.policy, args.learned, args.full_scan, args.all_queueing)
+    ops = frozenset(o.strip() for o in args.ops.split(",") if o.strip()) if args.ops else None
+    if ops is not None and not ops <= set(OPS):
+        p.error(f"--ops: unknown {sorted(ops - set(OPS))}")
+    extra = (["--busy"] if args.busy else []) + (["--ops", args.ops] if args.ops else [])
+    baseline = run_baseline(args.baseline, args.quick, sizes, extra) if args.baseline else None
+    result = run(args.quick, sizes, args.policy, args.learned, args.full_scan, args.all_queueing, args.busy, ops)
     if args.json:
         print(json.dumps({**result, "baseline": baseline} if baseline else result, indent=2))
     else:

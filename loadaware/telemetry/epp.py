@@ -31,7 +31,7 @@ SCHEDULER_E2E = "inference_extension_scheduler_e2e_duration_seconds"
 PER_POD = "inference_pool_per_pod_queue_size"
 PER_POD_HELP = "Scraped vllm:num_requests_waiting per engine with a fresh scrape"
 PER_POD_LABELS = ("name", "model_server_pod")
-_PER_POD_LAYOUT = LabelLayout(PER_POD_LABELS)
+_PER_POD_LAYOUT = LabelLayout(sorted(PER_POD_LABELS))  # (pod, pool): the written order, nothing to reorder
 # The model label comes from request bodies: bounded, so clients cannot grow the series without end. A model
 # no engine serves is never a label of its own; past the budget, new names share one.
 MAX_MODEL_LABELS = 64
@@ -115,7 +115,7 @@ class EppMetrics:
         pods = self._pool()
         name = self.pool_name
         scraped = [p for p in pods if p.running is not None and p.waiting is not None]
-        per_pod = _PER_POD_LAYOUT.lines(PER_POD, [((name, p.pod), float(p.waiting or 0.0)) for p in scraped])
+        per_pod = _PER_POD_LAYOUT.lines(PER_POD, [((p.pod, name), float(p.waiting or 0.0)) for p in scraped])
         return (families_text(self._pool_gauges(pods)) + family_header(PER_POD, PER_POD_HELP, "gauge") + per_pod
                 + families_text((self._scheduler_e2e(),)))
 
