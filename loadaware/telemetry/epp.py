@@ -101,7 +101,7 @@ class EppMetrics:
     # ---- render time ----
     def collect_pool(self) -> Iterator[Metric]:
         pods = self._pool()
-        yield from self._pool_gauges(pods)
+        yield from self._pool_gauges(pods, _scraped(pods))
         per_pod = GaugeMetricFamily(PER_POD, PER_POD_HELP, labels=list(PER_POD_LABELS))
         for p in pods:
             if p.running is not None and p.waiting is not None:
@@ -114,15 +114,14 @@ class EppMetrics:
         (telemetry/exposition.py)."""
         pods = self._pool()
         name = self.pool_name
-        scraped = [p for p in pods if p.running is not None and p.waiting is not None]
+        scraped = _scraped(pods)
         per_pod = _PER_POD_LAYOUT.lines(PER_POD, [((p.pod, name), float(p.waiting or 0.0)) for p in scraped])
-        return (families_text(self._pool_gauges(pods)) + family_header(PER_POD, PER_POD_HELP, "gauge") + per_pod
-                + families_text((self._scheduler_e2e(),)))
+        return (families_text(self._pool_gauges(pods, scraped)) + family_header(PER_POD, PER_POD_HELP, "gauge")
+                + per_pod + families_text((self._scheduler_e2e(),)))
 
-    def _pool_gauges(self, pods: Sequence[PodLoad]) -> list[Metric]:
+    def _pool_gauges(self, pods: Sequence[PodLoad], scraped: Sequence[PodLoad]) -> list[Metric]:
         """The pool's one-series gauges: its size and the means over its freshly scraped engines."""
         name = self.pool_name
-        scraped = [p for p in pods if p.running is not None and p.waiting is not None]
         kv = [p.kv_usage for p in pods if p.kv_usage is not None]
         ready = GaugeMetricFamily("inference_pool_ready_pods", "Engines in the pool (the sidecar's fleet)",
                                   labels=["name"])
@@ -169,6 +168,11 @@ class _PoolCollector(TextCollector):
 
     def describe(self) -> Iterator[Metric]:
         return iter(())  # computed at render: nothing to check for clashes up front
+
+
+def _scraped(pods: Sequence[PodLoad]) -> list[PodLoad]:
+    """The engines with a fresh scrape."""
+    return [p for p in pods if p.running is not None and p.waiting is not None]
 
 
 def _mean(values: Sequence[float]) -> float | None:
