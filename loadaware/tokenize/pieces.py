@@ -145,11 +145,10 @@ class ChunkedEncoder:
         """Pieces vs the whole text; a mismatch disables the cache (exactness over speed)."""
         if not self.enabled or len(text) < self.min_chars:
             return self.enabled
-        saved, self.min_chars = self.min_chars, 0
-        try:
-            ok = self.encode(text) == self._encode(text)
-        finally:
-            self.min_chars = saved
+        # Read-only: the check is no sighting. Were it one, the encode that follows a check would be each
+        # checked prompt's second, and its own pieces (its unique text among them) would enter the cache: one
+        # prompt in SELF_CHECK_EVERY's, until the bound (docs/memory.md, "The piece cache and the exactness check").
+        ok = self._encode_read_only(text) == self._encode(text)
         if not ok:
             self.enabled = False
             with self._lock:

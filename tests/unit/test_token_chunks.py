@@ -65,6 +65,19 @@ def test_a_piece_seen_once_is_not_cached() -> None:
     assert encoder.hits > 0
 
 
+def test_the_exactness_check_is_no_sighting() -> None:
+    """The live exactness check (one prompt in SELF_CHECK_EVERY) encodes the prompt before its own encode: were
+    that a sighting, the prompt's unique pieces would be cached on the encode that follows, a cache that fills
+    with text seen once, 1 prompt in 64's, until its bound."""
+    tok = PromptTokenizer(TINY)
+    prefix = random_text(random.Random(4), 400)
+    for i in range(3 * SELF_CHECK_EVERY):
+        unique = " ".join(f"word{i}x{j}" for j in range(150))  # a piece of its own and the tail
+        tok.encode_prompt(f"{prefix} {unique} end")
+    assert tok.pieces.enabled and tok.pieces.hits > 0
+    assert all("word" not in piece for piece in tok.pieces._cache)
+
+
 def test_a_non_compositional_tokenizer_switches_the_cache_off() -> None:
     # A tokenizer whose output for a piece depends on where the piece sits (here: a marker on the first
     # word, as a BOS-adding post-processor or a "first"-only prefix space would) must not be cut up.
