@@ -1,6 +1,7 @@
 """When an engine has no room, from the signals the sidecar has (pure but for the reads it is given).
 
-    holds(i) = running(i) + waiting(i) + own_since(i)        the requests engine i has, as far as the sidecar knows
+    holds(i) = max(own(i), running(i) + waiting(i) + own_since(i))
+                                                         the requests engine i has, as far as the sidecar knows
     slots(i) = running(i) at its last scrape that showed a queue (waiting > 0), raised by any scrape that shows
                more running without one                  its batch capacity, learned: vLLM's max_num_seqs, or
                                                          fewer when its KV cache is the limit
@@ -10,7 +11,13 @@
     saturated(i) = room(i) <= reserve;   the pool is saturated when every eligible endpoint is
 
 running, waiting: vllm:num_requests_running / _waiting as last scraped. own_since(i): this sidecar's requests
-sent to i since that scrape less those that ended since (the load tracker's correction). queue:
+sent to i since that scrape less those that ended since (the load tracker's correction). own(i): this sidecar's
+requests in flight on i. The scrape plus its correction errs on the light side twice over: a request that ended
+at the engine before the scrape but whose end reached the sidecar after it is subtracted though the scrape no
+longer counts it, and one still on its way to the engine at the scrape is counted nowhere. While lower bands
+are held, every request of room seen in error is taken at once and the top band's reserved slot is gone
+(docs/results.md, "Admission under saturation"); the sidecar's own count errs on the heavy side (an end is heard
+after the engine finished), so the larger of the two is what an engine holds. queue:
 --saturation-queue, the requests an engine may queue beyond its batch (0: none; a request waits where it can
 still be released by priority and placed later). reserve: the slots kept per engine for the highest priority
 the objectives define (--reserved-slots; 0 for that priority itself), so that its requests find a free slot
@@ -37,14 +44,16 @@ class LoadSignals(Protocol):
 
     def snapshot_correction(self, endpoint: str) -> int: ...
 
+    def count(self, endpoint: str) -> int: ...
 
-def room(running: float, waiting: float, own_since: int, slots: float | None, queue: int) -> float:
+
+def room(running: float, waiting: float, own_since: int, slots: float | None, queue: int, own: int = 0) -> float:
     """An engine's room (see the module's formula)."""
     if slots is None:
         if waiting <= 0:
             return math.inf
         return float(max(0.0, queue - waiting - own_since))
-    return float(max(0.0, slots + queue - (running + waiting + own_since)))
+    return float(max(0.0, slots + queue - max(own, running + waiting + own_since)))
 
 
 def learn_slots(known: float | None, running: float, waiting: float) -> float | None:
@@ -80,7 +89,7 @@ class PoolRoom:
         if stats is None:
             return math.inf
         return room(stats.running, stats.waiting, self.signals.snapshot_correction(endpoint),
-                    self.slots.get(endpoint), self.queue)
+                    self.slots.get(endpoint), self.queue, self.signals.count(endpoint))
 
     def _eligible(self) -> Iterator[str]:
         out = self.excluded()

@@ -136,7 +136,8 @@ def test_an_engines_batch_is_learned_from_a_scrape_that_shows_a_queue() -> None:
 class Signals:
     def __init__(self, scraped: dict[str, tuple[float, float] | None]) -> None:
         self.scraped = scraped
-        self.own: dict[str, int] = {}
+        self.own: dict[str, int] = {}  # requests sent since the scrape less ended since (the correction)
+        self.inflight: dict[str, int] = {}  # the sidecar's own requests in flight
 
     def fresh_stats(self, endpoint: str, now: float | None = None) -> EngineStats | None:
         st = self.scraped.get(endpoint)
@@ -144,6 +145,24 @@ class Signals:
 
     def snapshot_correction(self, endpoint: str) -> int:
         return self.own.get(endpoint, 0)
+
+    def count(self, endpoint: str) -> int:
+        return self.inflight.get(endpoint, 0)
+
+
+def test_an_engine_holds_at_least_the_sidecars_own_requests_in_flight() -> None:
+    """A scrape taken after two requests finished at the engine but before their ends reached the sidecar shows 6
+    running, and the correction subtracts those two ends again: the scrape alone would see 4 free slots of 8. The
+    sidecar still has 8 in flight there: none is free."""
+    signals = Signals({"a": (6, 0)})
+    pool = PoolRoom(signals, lambda: ("a",), set, queue=0)
+    pool.scraped("a", 8, 1)  # its batch of 8 is known
+    signals.own["a"] = -2
+    assert pool.of("a") == 4
+    signals.inflight["a"] = 8
+    assert pool.of("a") == 0
+    signals.inflight["a"] = 7
+    assert pool.of("a") == 1
 
 
 def test_the_pool_has_room_while_any_eligible_endpoint_has_a_free_slot_beyond_the_reserve() -> None:
