@@ -86,6 +86,7 @@ class RigOptions:
     sources: str = "kv-events,approx"  # "" = no prefix source, no tokenizer
     mix: Mix = field(default_factory=Mix)
     seed: int = 7
+    flags: tuple[str, ...] = ()  # more of the sidecar's flags (after the rig's: they win)
 
 
 def sidecar(options: RigOptions) -> Sidecar:
@@ -97,7 +98,7 @@ def sidecar(options: RigOptions) -> Sidecar:
         flags += ["--tokenizer", str(TINY_MODEL_DIR), "--prefix-source", options.sources]
     if "kv-events" in options.sources:  # feeds the rig attaches itself (KvEngines), never dialled
         flags += ["--kv-events-endpoints", ",".join(f"{ep}=127.0.0.1:{9 + i}" for i, ep in enumerate(FLEET))]
-    return Sidecar(from_args(flags, environ={}))
+    return Sidecar(from_args([*flags, *options.flags], environ={}))
 
 
 # ---------------------------------------------------------------- the engines' KV events
@@ -394,12 +395,15 @@ def top_growth(first: tracemalloc.Snapshot, last: tracemalloc.Snapshot, requests
     return lines
 
 
-async def measure(options: RigOptions, checkpoints: Sequence[int], trace: bool = False, top: int = 25
-                  ) -> dict[str, Any]:
-    """Runs to each checkpoint (the first one is the warm-up) and reads the meter there."""
+async def measure(options: RigOptions, checkpoints: Sequence[int], trace: bool = False, top: int = 25,
+                  frames: int = 12, listener: Any = None) -> dict[str, Any]:
+    """Runs to each checkpoint (the first one is the warm-up) and reads the meter there. `listener`: one more
+    lifecycle listener on the sidecar (a test's deliberate leak)."""
     if trace:
-        tracemalloc.start(12)
+        tracemalloc.start(frames)
     rig = Rig(options)
+    if listener is not None:
+        rig.app.lifecycle.subscribe(listener)
     meter = Meter()
     samples: list[dict[str, Any]] = []
     snaps: list[tracemalloc.Snapshot] = []
@@ -436,13 +440,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--short", action="store_true", help="short prompts")
     ap.add_argument("--reset", type=float, default=Mix.reset)
     ap.add_argument("--duplex", type=float, default=Mix.duplex)
+    ap.add_argument("--chat", type=float, default=Mix.chat)
+    ap.add_argument("--session", type=float, default=Mix.session)
     ap.add_argument("--tracemalloc", action="store_true")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--frames", type=int, default=12, help="traceback depth with --tracemalloc")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--flags", default="", help="more sidecar flags, space-separated")
     args = ap.parse_args(argv)
-    options = RigOptions(args.policy, args.sources, Mix(short=args.short, reset=args.reset, duplex=args.duplex))
+    mix = Mix(chat=args.chat, duplex=args.duplex, session=args.session, reset=args.reset, short=args.short)
+    options = RigOptions(args.policy, args.sources, mix, flags=tuple(args.flags.split()))
     checkpoints = [int(x) for x in args.checkpoints.split(",")]
-    result = asyncio.run(measure(options, checkpoints, args.tracemalloc, args.top))
+    result = asyncio.run(measure(options, checkpoints, args.tracemalloc, args.top, args.frames))
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
