@@ -29,7 +29,9 @@ differ. Measured per size:
 - Explain over gRPC, `/metrics`, `/debug/state`, `/debug/decisions` (the default 50), wall time per call;
 - `/metrics` rendered in process (`metrics_render`): the page's own coroutine, as the HTTP handler awaits it
   (refreshing the gauges read at render time and writing the text in a worker thread), without the HTTP
-  transfer; wall time, and the render thread's CPU in brackets;
+  transfer; wall time, and the render thread's CPU in brackets. With `--busy`, every engine is scraped again
+  with another load and requests come and go between two renders, as between two scrapes of a busy fleet
+  (the HTTP calls that follow see no change between them);
 - the event loop's lag while each of them runs: a ticker task on the loop sleeps 1 ms and records how late
   it woke (max and p99). The clients run in a worker thread, so the loop is free for the ticker unless the
   sidecar's own work holds it, or the GIL and the OS keep the loop's thread from running (on a busy box a
@@ -64,7 +66,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -296,9 +298,10 @@ def scrape_all(app: Sidecar) -> None:
         app.scraper.take(endpoint, pages[i % len(pages)])
 
 
-async def rendered(app: Sidecar, n: int) -> tuple[list[float], list[float], bytes]:
+async def rendered(app: Sidecar, n: int, between: Callable[[int], Awaitable[None]] | None = None
+                   ) -> tuple[list[float], list[float], bytes]:
     """`/metrics` rendered n times in process, as its handler does (off the loop): wall and render CPU each,
-    and the last page."""
+    and the last page. `between(i)` runs before the i-th render, not timed."""
     page = app.metrics_page
     render_now, cpu, text = page.render_now, [], [b""]
 
@@ -313,7 +316,9 @@ async def rendered(app: Sidecar, n: int) -> tuple[list[float], list[float], byte
     page.render_now = counted  # type: ignore[method-assign]  # the same call, its thread's CPU read around it
     try:
         times = []
-        for _ in range(n):
+        for i in range(n):
+            if between is not None:
+                await between(i)
             t = time.perf_counter()
             await page.render()
             times.append(time.perf_counter() - t)
@@ -321,6 +326,28 @@ async def rendered(app: Sidecar, n: int) -> tuple[list[float], list[float], byte
     finally:
         del page.render_now
     return times, cpu, text[0]
+
+
+def traffic_between_pages(app: Sidecar, rng: random.Random) -> Callable[[int], Awaitable[None]]:
+    """What changes in a busy fleet between two scrapes of /metrics, for `rendered`: every engine scraped
+    again with another load, and requests come and go (the last round's 50 end, 50 new ones stay open), so
+    only what really stays put (routing states, models, counters' creation times) can be reused."""
+    held: list[Decision] = []
+
+    async def between(i: int) -> None:
+        for d in held:
+            app.lifecycle.ended(d)
+        held.clear()
+        for k in range(50):
+            held.append(await app.decider.decide(parse_body("completions", body(rng.randrange(PREFIXES),
+                                                                                20_000 + 50 * i + k)), f"churn-{k}"))
+        now = time.monotonic()
+        for j, endpoint in enumerate(app.registry.snapshot()):
+            running, waiting, kv = float((i + j) % 8), float((i + j) % 3), 0.05 * ((i + j) % 16) + 0.013
+            app.loads.record(endpoint, EngineStats(running, waiting, kv, now))
+            app.metrics.scraped(endpoint, running, waiting, kv)
+
+    return between
 
 
 async def measure_decisions(app: Sidecar, out: dict[str, Any], n: int, rng: random.Random,
@@ -404,7 +431,7 @@ async def measure_size(n: int, reps: dict[str, int], policy: str = "loadaware", 
             ticker.window()
             holds.window()
             fulls.window()
-            times, cpu, text = await rendered(app, reps["metrics"])
+            times, cpu, text = await rendered(app, reps["metrics"], traffic_between_pages(app, rng) if busy else None)
             out["metrics_render"] = {**figures(times, ticker.window(), holds.window(), fulls.window()),
                                      "min_ms": min(times) * 1e3, "cpu_mean_ms": statistics.fmean(cpu) * 1e3,
                                      "cpu_min_ms": min(cpu) * 1e3, "bytes": len(text), "lines": text.count(b"\n")}

@@ -19,7 +19,7 @@ a dict's items in one C call, which the GIL does not interrupt.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -36,6 +36,11 @@ class _Table(TextCollector):
         self.labelnames = tuple(labelnames)
         self._values: dict[tuple[str, ...], float] = {}
         self._layout = LabelLayout(self.labelnames)
+        # What a render can reuse: the series' version (bumped by every change a render could show) and the
+        # text written at that version, kept only once the version held from one render to the next (see
+        # _kept_text).
+        self._version = 0
+        self._kept: tuple[int, str | None] = (-1, None)
         registry.register(self)
 
     def _key(self, values: Sequence[str]) -> tuple[str, ...]:
@@ -47,6 +52,7 @@ class _Table(TextCollector):
         """Forget a series; KeyError when it was never set (as prometheus_client's remove)."""
         key = self._key(values)
         del self._values[key]
+        self._version += 1
         self._removed(key)
 
     def _removed(self, key: tuple[str, ...]) -> None:
@@ -77,30 +83,59 @@ class _Table(TextCollector):
         """The series as (label values, value), copied in one C call (the loop may change the dict meanwhile)."""
         return list(self._values.items())
 
+    def _kept_text(self, version: int, write: Callable[[], str]) -> str:
+        """The text at `version` (read before `write` reads the series: a change in between makes the next
+        render write again), written again only when the version moved. A text is kept only when the version
+        did not move since the render before: a family that changes between every two scrapes (loads,
+        signals) holds no copy of its text, one that rarely changes (routing states, models, counters'
+        creation times) is written once per change."""
+        kept_version, text = self._kept
+        if text is not None and kept_version == version:
+            return text
+        text = write()
+        self._kept = (version, text if kept_version == version else None)
+        return text
+
 
 class _GaugeSeries:
     """What `TableGauge.labels(...)` returns: the series to set (it holds no state of its own)."""
 
-    __slots__ = ("_key", "_values")
+    __slots__ = ("_gauge", "_key")
 
-    def __init__(self, values: dict[tuple[str, ...], float], key: tuple[str, ...]) -> None:
-        self._values = values
+    def __init__(self, gauge: TableGauge, key: tuple[str, ...]) -> None:
+        self._gauge = gauge
         self._key = key
 
     def set(self, value: float) -> None:
-        self._values[self._key] = float(value)
+        gauge, value = self._gauge, float(value)
+        values = gauge._values
+        if values.get(self._key) != value:  # the same value again (a model list polled again) changes nothing
+            values[self._key] = value
+            gauge._version += 1
 
 
 class TableGauge(_Table):
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry
+                 ) -> None:
+        super().__init__(name, documentation, labelnames, registry)
+        self._handed_out = False  # series() was called: writes no longer bump the version, nothing is reused
+
     def labels(self, *values: str) -> _GaugeSeries:
-        return _GaugeSeries(self._values, self._key(values))
+        return _GaugeSeries(self, self._key(values))
 
     def series(self) -> dict[tuple[str, ...], float]:
         """The series themselves, for a caller that sets thousands at once (the render thread's gauges): a
-        plain `series[key] = float(value)` each, with no object made per set. Values must be floats."""
+        plain `series[key] = float(value)` each, with no object made per set. Values must be floats. The
+        gauge's text is then written at every render."""
+        self._handed_out = True
         return self._values
 
     def exposition(self) -> str:
+        if self._handed_out:
+            return self._text()
+        return self._kept_text(self._version, self._text)
+
+    def _text(self) -> str:
         return family_header(self.name, self.documentation, "gauge") + self._layout.lines(self.name, self._series())
 
     def _family(self) -> GaugeMetricFamily:
@@ -133,6 +168,7 @@ class TableCounter(_Table):
         if key not in self._values:
             self._values[key] = 0.0
             self._created[key] = value_text(time.time())
+            self._version += 1  # the version follows the creation times: the totals are written every render
         return _CounterSeries(self, key)
 
     def add(self, key: tuple[str, ...], amount: float = 1.0) -> bool:
@@ -144,6 +180,7 @@ class TableCounter(_Table):
         if value is None:
             values[key] = float(amount)  # a float whatever was added: the text is a float's
             self._created[key] = value_text(time.time())
+            self._version += 1
             return True
         values[key] = value + amount
         return False
@@ -159,12 +196,18 @@ class TableCounter(_Table):
         family.add_metric(key, value, created=None if created is None else float(created))
 
     def exposition(self) -> str:
-        series = self._series()
+        """The totals, written every render (they move with every request), then the creation times, kept
+        between renders while no series came or went. Both are read from their own dict: a series made or
+        removed while the page renders may show its total and not its creation time, or the other way round
+        (Prometheus takes either)."""
         total = self.name + "_total"
-        text = family_header(total, self.documentation, "counter") + self._layout.lines(total, series)
-        created = self._created.copy()  # a series made meanwhile may have no creation time yet: left out,
-        timed = [(key, t) for key, _ in series if (t := created.get(key)) is not None]  # as generate_latest does
+        version = self._version
+        text = family_header(total, self.documentation, "counter") + self._layout.lines(total, self._series())
+        return text + self._kept_text(version, self._created_text)
+
+    def _created_text(self) -> str:
+        timed = list(self._created.items())
         if not timed:
-            return text
+            return ""
         name = self.name + "_created"
-        return text + family_header(name, self.documentation, "gauge") + self._layout.text_lines(name, timed)
+        return family_header(name, self.documentation, "gauge") + self._layout.text_lines(name, timed)

@@ -96,6 +96,31 @@ def test_an_endpoint_that_leaves_leaves_both_renderings() -> None:
     assert f'endpoint="{endpoints[2]}"' not in metrics.render(lambda: inflight, kept).decode()
 
 
+def test_a_text_kept_between_renders_follows_every_change() -> None:
+    """A family's text is reused while it did not change (routing states, models, creation times): every
+    kind of change between two renders shows in the next."""
+    metrics, endpoints, inflight = busy_fleet(30)
+
+    def same() -> None:
+        for _ in range(3):  # the third render reuses what the second kept
+            assert metrics.render(lambda: inflight, endpoints) == generate_latest(metrics.registry)
+
+    changes = (lambda: metrics.routing_state_changed(endpoints[3], "ejected", "timeout"),
+               lambda: metrics.models_seen(endpoints[4], frozenset({"m"})),  # the same list again: nothing moves
+               lambda: metrics.models_seen(endpoints[4], frozenset({"m", "n"})),
+               lambda: metrics.decided(endpoints[5], "no_endpoints"),  # a new series: its creation time shows
+               lambda: metrics.responded(endpoints[6], 200),  # only a total moves
+               lambda: metrics.kv_connected.labels(endpoints[7]).set(0.5),
+               lambda: metrics.kv_connected.remove(endpoints[7]),
+               lambda: metrics.forget_endpoint(endpoints[8]))
+    same()
+    assert metrics.routing_state._kept[1] is not None and metrics.decisions._kept[1] is not None  # reused
+    assert metrics.signal_prefill._kept[1] is None  # set in bulk at every render: never kept
+    for change in changes:
+        change()
+        same()
+
+
 def test_other_label_layouts_and_a_later_collector_keep_their_place() -> None:
     registry = TextRegistry(auto_describe=True)
     four = TableGauge("loadaware_t_four", "Four labels,\nsorted", ("d", "c", "b", "a"), registry=registry)
