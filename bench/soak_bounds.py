@@ -30,7 +30,7 @@ ENGINE_CACHE_BLOCKS = 16_384
 APPROX_PER_ENGINE_BLOCKS = 6_250
 # New prompt blocks per request, averaged over the mix (a long prompt's ~500 blocks at 3% dominate).
 BLOCKS_PER_REQUEST = 20.0
-# Admission outcomes that mean the held-requests bound was reached (flow_metrics.py).
+# Admission outcomes that mean the held-requests bound was reached (loadaware/telemetry/flow_metrics.py).
 HELD_FULL_OUTCOMES = ("rejected_queue_full", "evicted", "placed_full")
 
 
