@@ -16,6 +16,7 @@ from loadaware.fleet.state_holders import DEFAULT_MAX_ENTRIES as DEFAULT_STATE_E
 from loadaware.prefix.queued import BYTES_PER_QUEUED_BLOCK
 from loadaware.prefix.queued import DEFAULT_MAX_BLOCKS as QUEUED_MAX_BLOCKS
 from loadaware.prefix.working_set import MAX_ENTRIES as WORKING_SET_MAX_ENTRIES
+from loadaware.routing.affinity import DEFAULT_MAX_ENTRIES as DEFAULT_SESSION_ENTRIES
 from loadaware.telemetry.decisions import RING_CANDIDATES
 from loadaware.tokenize.conversation import DEFAULT_MB as CONVERSATION_CACHE_DEFAULT_MB
 
@@ -49,10 +50,25 @@ WORKING_SET_BYTES_PER_ENTRY = 190
 TOKEN_SIGNALS_BYTES_PER_ENDPOINT = 2800
 # Stored responses' holders (fleet/state_holders.py): one id -> endpoint entry (an OrderedDict slot, a tuple with
 # its expiry) measured 171 B with tracemalloc over 100,000, plus the id's own string (~86 B for vLLM's
-# "resp_" + 16-32 hex digits); the endpoint strings are shared.
-STATE_HOLDER_BYTES_PER_ENTRY = 260
+# "resp_" + 16-32 hex digits); the endpoint strings are shared. December 6: 272 B in all over 20,000 ids of 37
+# characters.
+STATE_HOLDER_BYTES_PER_ENTRY = 300
 # A request in flight holds its prompt's token ids (a list of ints) until its stream ends: per token.
 INFLIGHT_BYTES_PER_TOKEN = 48
+# Session affinity (routing/affinity.py): one session's binding (its key string, a UUID's 36 characters; the
+# (endpoint, time) tuple and its float; an OrderedDict slot; the endpoint string is the registry's).
+# Measured 271 B with tracemalloc over 20,000 sessions.
+SESSION_BYTES_PER_ENTRY = 300
+# One metric series of a family labelled by endpoint (telemetry/metrics.py; the label strings are shared).
+# Measured 146 B with tracemalloc (one series in each of the 22 endpoint-labelled families, 2,000 endpoints);
+# an endpoint has ENDPOINT_SERIES of them at most, as budgeted (a second label's every value is a series).
+METRIC_SERIES_BYTES = 160
+ENDPOINT_SERIES = 48
+# One ext_proc stream open after its decision, Python side: its state, reader and writer tasks, the Decision
+# and its lease (extproc/stream.py); gRPC's per-call memory is native and not counted.
+# Measured 7,824 B with tracemalloc over 500 streams (three tasks and their coroutines' frames, the Decision and
+# its candidates, the parsed request).
+OPEN_STREAM_BYTES = 8_500
 
 # ---- measured fixed costs ----
 # The sidecar started and serving, with the repository's tiny tokenizer (measured 77-79 MiB RSS).
@@ -85,6 +101,9 @@ class Bounds:
     endpoints: int = BUDGET_ENDPOINTS
     conversation_cache_bytes: int = CONVERSATION_CACHE_DEFAULT_MB * MiB  # --conversation-cache-mb
     state_max_entries: int = DEFAULT_STATE_ENTRIES  # --state-max-entries
+    session_max_entries: int = DEFAULT_SESSION_ENTRIES  # --session-max-entries (counted whether sessions are on)
+    # --admission-max-held-bytes when --admission is on (the held bodies), else 0: admission is off by default
+    admission_held_bytes: int = 0
 
 
 def worst_case(bounds: Bounds) -> dict[str, int]:
@@ -104,6 +123,10 @@ def worst_case(bounds: Bounds) -> dict[str, int]:
         "working_set": 2 * WORKING_SET_MAX_ENTRIES * WORKING_SET_BYTES_PER_ENTRY,
         "queued_prefixes": QUEUED_MAX_BLOCKS * BYTES_PER_QUEUED_BLOCK,
         "state_holders": bounds.state_max_entries * STATE_HOLDER_BYTES_PER_ENTRY,
+        "sessions": bounds.session_max_entries * SESSION_BYTES_PER_ENTRY,
+        "endpoint_series": bounds.endpoints * ENDPOINT_SERIES * METRIC_SERIES_BYTES,
+        "open_streams": BUDGET_INFLIGHT_REQUESTS * OPEN_STREAM_BYTES,
+        "admission_held": bounds.admission_held_bytes,
     }
 
 

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 # Expired entries a binding drops from the cold end at most: keeps each request O(1) even after a long lull
 # left the whole map expired (the entry count bound still holds, and lookups ignore what is left).
 EXPIRED_DROPPED_PER_BINDING = 4
+DEFAULT_MAX_ENTRIES = 100_000  # --session-max-entries' default (config.py); memory_budget.py counts it
 
 
 class SessionAffinity:
@@ -49,7 +50,7 @@ class SessionAffinity:
 
     __slots__ = ("_entries", "clock", "max_entries", "ttl_s")
 
-    def __init__(self, max_entries: int = 100_000, ttl_s: float = 600.0,
+    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES, ttl_s: float = 600.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if max_entries < 1 or ttl_s <= 0:
             raise ValueError("session affinity needs max_entries >= 1 and ttl_s > 0")

@@ -70,7 +70,8 @@ def bounds_of(settings: Settings) -> Bounds:
     return Bounds(kv_events_max_blocks=settings.kv_events_max_blocks, approx_max_blocks=settings.approx_max_blocks,
                   piece_cache_tokens=MAX_CACHED_TOKENS, recent_decisions=ring,
                   conversation_cache_bytes=settings.conversation_cache_mb * MiB,
-                  state_max_entries=settings.state_max_entries)
+                  state_max_entries=settings.state_max_entries, session_max_entries=settings.session_max_entries,
+                  admission_held_bytes=settings.admission_max_held_bytes if settings.admission else 0)
 
 
 def test_every_sidecar_manifest_is_found() -> None:

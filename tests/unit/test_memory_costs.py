@@ -4,22 +4,28 @@ inflated out of all proportion would hide a real regression behind its slack).""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import random
 import tracemalloc
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from bench.memory_per_request import Feed, Mix, Rig, RigOptions
 from loadaware import memory_budget as mb
+from loadaware.fleet.state_holders import StateHolders
 from loadaware.lifecycle import Decision
 from loadaware.policies.base import Candidate
 from loadaware.prefix.approx import ApproxIndex
 from loadaware.prefix.blocks import BlockIndex
 from loadaware.prefix.queued import BYTES_PER_QUEUED_BLOCK, QueuedIndex
 from loadaware.prefix.working_set import WorkingSet
+from loadaware.routing.affinity import SessionAffinity
 from loadaware.telemetry.decisions import RING_CANDIDATES, RecentDecisions
+from loadaware.telemetry.metrics import Metrics
 from loadaware.tokenize.pieces import DOORKEEPER_SLOTS, ChunkedEncoder
 
 BS = 16
@@ -146,3 +152,85 @@ def test_queued_prefix_entry() -> None:
         cost = used()
     assert index.total_blocks == 100_000
     check(cost / index.total_blocks, BYTES_PER_QUEUED_BLOCK, "queued-prefix entry")
+
+
+def test_session_affinity_entry() -> None:
+    """Session keys as a gateway sends them (a UUID's 36 characters), bound to the registry's endpoint strings."""
+    endpoints = [f"10.0.0.{i}:8000" for i in range(8)]
+    keep: list[Any] = []
+    with traced() as used:
+        affinity = SessionAffinity(max_entries=20_000, ttl_s=600.0)
+        for i in range(40_000):  # full, and turned over once
+            affinity.remember(str(uuid.UUID(int=i)), endpoints[i % 8], i * 1e-3)
+        gc.collect()
+        cost = used()
+        keep.append(affinity)
+    assert len(affinity) == 20_000
+    check(cost / len(affinity), mb.SESSION_BYTES_PER_ENTRY, "session-affinity entry")
+
+
+def test_state_holder_entry() -> None:
+    """Stored responses' ids as vLLM names them ("resp_" and 32 hex digits), each learned once."""
+    endpoints = [f"10.0.0.{i}:8000" for i in range(8)]
+    keep: list[Any] = []
+    with traced() as used:
+        holders = StateHolders(None, max_entries=20_000, ttl_s=86_400.0)
+        for i in range(40_000):
+            holders.learn(f"resp_{i:032x}", endpoints[i % 8])
+        gc.collect()
+        cost = used()
+        keep.append(holders)
+    assert len(holders) == 20_000
+    check(cost / len(holders), mb.STATE_HOLDER_BYTES_PER_ENTRY, "stored response's holder")
+
+
+def test_endpoint_metric_series() -> None:
+    """Every metric family labelled by endpoint given one series for each of 2,000 endpoints (the families with
+    a second label: one value of it; each more value is one more series)."""
+    metrics = Metrics("loadaware")
+
+    def labelnames(collector: Any) -> tuple[str, ...]:  # the tables' (table_series.py), or prometheus_client's
+        names: Any = getattr(collector, "labelnames", None) or getattr(collector, "_labelnames", ())
+        return tuple(names)
+
+    families: list[Any] = [c for c in list(metrics.registry._collector_to_names) if "endpoint" in labelnames(c)]
+    assert len(families) >= 10
+    endpoints = [f"10.0.{i // 256}.{i % 256}:8000" for i in range(2_000)]  # the registry's strings
+    with traced() as used:
+        for ep in endpoints:
+            for family in families:
+                child = family.labels(*(ep if n == "endpoint" else "x" for n in labelnames(family)))
+                (child.inc if hasattr(child, "inc") else child.set)(1)
+        gc.collect()
+        cost = used()
+    per_series = cost / len(endpoints) / len(families)
+    print(f"{len(families)} families labelled by endpoint, {per_series:.0f} B a series")
+    check(per_series, mb.METRIC_SERIES_BYTES, "per-endpoint metric series")
+
+
+async def test_open_stream() -> None:
+    """One ext_proc stream open after its decision, its handler waiting for the next message (BUFFERED, the
+    response headers not yet come): its state, tasks, decision and lease, Python side (gRPC's own per-call
+    memory is native and not counted here)."""
+    rig = Rig(RigOptions(policy="leastload", sources="", mix=Mix(short=True, chat=0, duplex=0, reset=0,
+                                                                  call_gone=0, session=0)))
+    await rig.run(200)  # warm: the metric series, the reply caches
+    streams = 500
+    # the client's side (its messages, the stand-in context) made before tracing: not the sidecar's cost
+    feeds = [Feed(rig.traffic.request(10_000 + i)[0][:2], lambda: None, end_at=2, how="reset")
+             for i in range(streams)]  # each waits after its body's reply
+    tasks: list[asyncio.Future[None]] = [asyncio.Future()] * streams
+    with traced() as used:
+        for i, feed in enumerate(feeds):
+            tasks[i] = asyncio.ensure_future(rig.app.extproc.process(None, feed))
+        await asyncio.gather(*(f.hung for f in feeds))
+        gc.collect()
+        cost = used()
+        assert rig.app.extproc.open_streams == streams
+        for feed, task in zip(feeds, tasks):
+            feed.reset()
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert rig.in_flight() == 0
+    print(f"{cost / streams:.0f} B an open stream")
+    check(cost / streams, mb.OPEN_STREAM_BYTES, "open ext_proc stream")
