@@ -178,12 +178,14 @@ class AdmissionController:
         now = self.clock()
         loop = asyncio.get_running_loop()
         ticket = Ticket(priority, fairness_id, size, now, request_id, objective, loop.create_future())
-        if on_hold is not None:
-            await on_hold(s.ttl_s)
+        # In the queue before the first await: requests checked against the bounds while this one's hold is being
+        # announced would otherwise not count it, and the queue would pass its bounds.
         self.queue.push(ticket)
         self._show_queue()
         self._schedule_pump()
         try:
+            if on_hold is not None:
+                await on_hold(s.ttl_s)
             result = await asyncio.wait_for(asyncio.shield(ticket.waiter), s.ttl_s)
         except TimeoutError:
             if ticket.waiter.done() and not ticket.waiter.cancelled():  # released in the same instant

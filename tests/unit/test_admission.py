@@ -320,6 +320,26 @@ async def test_a_full_queue_evicts_a_lower_sheddable_request_or_sheds_or_places(
     assert len(admission.queue) == 0
 
 
+async def test_the_bound_holds_while_holds_are_being_announced() -> None:
+    """A BUFFERED hold first tells Envoy (an await): arrivals meanwhile count the request being held."""
+    admission, _ = controller(max_held=2, ttl_s=5)
+    most = 0
+
+    async def on_hold(seconds: float) -> None:
+        nonlocal most
+        await asyncio.sleep(0.001)  # the reply to Envoy on its way
+        most = max(most, len(admission.queue))
+
+    tasks = [asyncio.create_task(admission.admit("standard", "t", 1, str(n), on_hold)) for n in range(5)]
+    await asyncio.sleep(0.05)
+    assert most == 2 and len(admission.queue) == 2
+    assert sorted(t.result().outcome for t in tasks if t.done()) == ["placed_full"] * 3
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert len(admission.queue) == 0
+
+
 async def test_bytes_bound_the_queue_like_requests() -> None:
     admission, _ = controller(max_held_bytes=100, ttl_s=5)
     first = asyncio.create_task(admission.admit("standard", "t", 80))
