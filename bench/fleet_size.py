@@ -298,10 +298,11 @@ def scrape_all(app: Sidecar) -> None:
         app.scraper.take(endpoint, pages[i % len(pages)])
 
 
-async def rendered(app: Sidecar, n: int, between: Callable[[int], Awaitable[None]] | None = None
-                   ) -> tuple[list[float], list[float], bytes]:
-    """`/metrics` rendered n times in process, as its handler does (off the loop): wall and render CPU each,
-    and the last page. `between(i)` runs before the i-th render, not timed."""
+async def rendered(app: Sidecar, n: int, windows: tuple[Ticker, Holds, FullCollections],
+                   between: Callable[[int], Awaitable[None]] | None = None) -> dict[str, Any]:
+    """`/metrics` rendered n times in process, as its handler does (off the loop): figures() of the renders
+    (the loop's lag and holds while they ran, not while `between(i)` ran before the i-th, untimed), the best
+    wall time, the render thread's CPU, and the page's size."""
     page = app.metrics_page
     render_now, cpu, text = page.render_now, [], [b""]
 
@@ -314,18 +315,31 @@ async def rendered(app: Sidecar, n: int, between: Callable[[int], Awaitable[None
             cpu.append(time.thread_time() - started)
 
     page.render_now = counted  # type: ignore[method-assign]  # the same call, its thread's CPU read around it
+    ticker, holds, fulls = windows
+    times: list[float] = []
+    lags: list[float] = []
+    held: list[float] = []
+    collections: list[float] = []
     try:
-        times = []
         for i in range(n):
             if between is not None:
                 await between(i)
+                await asyncio.sleep(0.01)
+            ticker.window()  # what ran before this render is not the render's
+            holds.window()
+            fulls.window()
             t = time.perf_counter()
             await page.render()
             times.append(time.perf_counter() - t)
+            lags += ticker.window()
+            held += holds.window()
+            collections += fulls.window()
             await asyncio.sleep(0.01)
     finally:
         del page.render_now
-    return times, cpu, text[0]
+    return {**figures(times, lags, held, collections), "min_ms": min(times) * 1e3,
+            "cpu_mean_ms": statistics.fmean(cpu) * 1e3, "cpu_min_ms": min(cpu) * 1e3, "bytes": len(text[0]),
+            "lines": text[0].count(b"\n")}
 
 
 def traffic_between_pages(app: Sidecar, rng: random.Random) -> Callable[[int], Awaitable[None]]:
@@ -428,13 +442,8 @@ async def measure_size(n: int, reps: dict[str, int], policy: str = "loadaware", 
             out["busy_thread"] = figures([time.perf_counter() - t], ticker.window(), holds.window(), fulls.window())
         await measure_decisions(app, out, reps["decide"] if wanted("decide") else 0, rng, (ticker, holds, fulls))
         if wanted("metrics_render"):
-            ticker.window()
-            holds.window()
-            fulls.window()
-            times, cpu, text = await rendered(app, reps["metrics"], traffic_between_pages(app, rng) if busy else None)
-            out["metrics_render"] = {**figures(times, ticker.window(), holds.window(), fulls.window()),
-                                     "min_ms": min(times) * 1e3, "cpu_mean_ms": statistics.fmean(cpu) * 1e3,
-                                     "cpu_min_ms": min(cpu) * 1e3, "bytes": len(text), "lines": text.count(b"\n")}
+            out["metrics_render"] = await rendered(app, reps["metrics"], (ticker, holds, fulls),
+                                                   traffic_between_pages(app, rng) if busy else None)
 
         ext = f"127.0.0.1:{app.bound_port}"
         admin = f"127.0.0.1:{app.admin_port}"
