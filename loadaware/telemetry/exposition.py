@@ -184,7 +184,9 @@ class TextRegistry(CollectorRegistry):
             self._ordered.remove(collector)
 
     def render(self) -> bytes:
-        """What generate_latest(self) writes (series within a family may come in another order)."""
+        """What generate_latest(self) writes, byte for byte (but for a counter series made or removed while
+        the page renders, whose creation time may show without its total or the other way round:
+        TableCounter.exposition)."""
         with self._order_lock:
             collectors = tuple(self._ordered)
         parts: list[bytes] = []
