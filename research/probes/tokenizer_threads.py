@@ -3,13 +3,13 @@
     python -m research.probes.tokenizer_threads [--encodes 300000] [--every 64] [--worker own|shared|python]
         [--workers 2]
 
-Why: the sidecar's request path in process (`python -m bench.memory_per_request`) kept ~6 B of live malloc a
-request with a tokenizer and none without, all of it native (Python's allocated blocks flat). The sidecar encodes
-most prompts on the event loop's thread and some in its tokenizer pool (the exactness check's whole-text encode, 1
-in 64). This probe does only that: the soak's prompt tails (their last 300 characters) encoded with the repository's
-tiny tokenizer, one in `--every` on a pool thread (0: none), and reads live malloc (mallinfo2, after a full
-collection and a heap trim) every 100,000 encodes. `--worker own`: the pool thread encodes with a Tokenizer of its
-own; `python`: it builds a list of ints instead (the control: plain Python work across threads).
+Why: the sidecar's request path in process (`python -m bench.memory_per_request`) kept a few bytes of live malloc a
+request with a tokenizer and none without, all of it native (Python's allocated blocks flat; docs/memory.md). The
+sidecar encodes most prompts on the event loop's thread and some in its tokenizer pool (the exactness check's
+whole-text encode, 1 in 64). This probe does only that: the soak's prompt tails (their last 300 characters) encoded
+with the repository's tiny tokenizer, one in `--every` on a pool thread (0: none), and reads live malloc (mallinfo2,
+after a full collection and a heap trim) every 100,000 encodes. `--worker own`: the pool thread encodes with a
+Tokenizer of its own; `python`: it builds a list of ints instead (the control: plain Python work across threads).
 """
 
 from __future__ import annotations

@@ -2,13 +2,13 @@
 process (bench/memory_per_request.py's rig: no Envoy, no network), and live memory over the second half grows
 by at most a few bytes a request.
 
-The path: the cheapest realistic one, `leastload` on short prompts with no tokenizer, so that 100,000 requests
-take ~30 s of CPU; everything else of the request's life is there: completions and chat, BUFFERED and full
-duplex (response headers naming the engine that served, a streamed response), session affinity on half of the
-requests (its map, bounded small, full after the first few thousand), streams that Envoy resets while the
-handler waits and reads that fail because the call is gone, the lifecycle ended for each. The tokenizer and
-prefix-source paths are measured by the rig itself (`python -m bench.memory_per_request`, docs/results.md);
-the piece cache's own regression has its test (tests/unit/test_token_chunks.py).
+The path: the cheapest realistic one, `leastload` on short prompts with no tokenizer, so that 100,000 requests fit
+the test's time (its CPU is in docs/results.md); everything else of the request's life is there: completions and
+chat, BUFFERED and full duplex (response headers naming the engine that served, a streamed response), session
+affinity on half of the requests (its map, bounded small, full after the first few thousand), streams that Envoy
+resets while the handler waits and reads that fail because the call is gone, the lifecycle ended for each. The
+tokenizer and prefix-source paths are measured by the rig itself (`python -m bench.memory_per_request`,
+docs/results.md); the piece cache's own regression has its test (tests/unit/test_token_chunks.py).
 
 The measure: glibc's live malloc (mallinfo2's bytes handed out and not freed, after a full collection and a
 heap trim), the figure the soak reports beside RSS. It is stable in process: no gRPC core runs, and
