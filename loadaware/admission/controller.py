@@ -7,7 +7,9 @@
     per engine and beyond the highest band's requests in flight)
     held past its time to live (--admission-ttl-s)
         sheddable (priority < 0)            -> 429, Retry-After, reason ttl_expired
-        not sheddable                       -> placed anyway (never dropped)
+        not sheddable                       -> held late: released after the top band into any free slot (the
+                                               reserve included) for up to LATE_S, then placed anyway (never
+                                               dropped)
     the queue is full (--admission-max-held requests or --admission-max-held-bytes)
         a held sheddable request of a lower priority exists -> that one is evicted (429, reason evicted)
         else sheddable                      -> 429, reason queue_full
@@ -32,7 +34,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from loadaware.admission.flow_queue import FlowQueue, Ticket
+from loadaware.admission.flow_queue import FlowQueue, Ticket, is_late
 from loadaware.admission.objectives import Objectives
 from loadaware.admission.saturation import PoolRoom, Scraped
 from loadaware.lifecycle import Decision
@@ -42,6 +44,10 @@ log = logging.getLogger(__name__)
 faults = RateLimitedLog(log)
 
 TICK_S = 0.05  # while anything is held: room can appear with no event (a scrape going stale, say)
+# How long a request that is not sheddable waits late (any free slot, the reserve included) past its time to live
+# before it is placed anyway: within the 5 s the BUFFERED conversation adds to Envoy's message timeout for a hold
+# (extproc/conversation.py, HOLD_MARGIN_S), so Envoy never gives up on it first.
+LATE_S = 4.0
 RATE_WINDOW_S = 10.0
 MAX_RETRY_AFTER_S = 60
 RELEASED, EVICTED = "released", "evicted"
@@ -55,6 +61,7 @@ class AdmissionSettings:
     max_held: int = 5_000
     max_held_bytes: int = 256 * 1024 * 1024
     ttl_s: float = 30.0
+    late_s: float = LATE_S  # how long a request that is not sheddable is held late past its time to live
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,12 +200,15 @@ class AdmissionController:
             else:
                 self.queue.discard(ticket)
                 self._show_queue()
-                waited = self.clock() - now
                 if sheddable:
-                    return self._shed(priority, "rejected_ttl", waited)
-                self.metrics.admission(priority, "placed_ttl", waited)
-                self._pending += 1
-                return Verdict(True, priority, "placed_ttl", waited, held=True)
+                    return self._shed(priority, "rejected_ttl", self.clock() - now)
+                late = await self._late(ticket)
+                if late is None:
+                    waited = self.clock() - now
+                    self.metrics.admission(priority, "placed_ttl", waited)
+                    self._pending += 1
+                    return Verdict(True, priority, "placed_ttl", waited, held=True)
+                result = late
         except BaseException:  # the stream ended while held: it leaves the queue
             if self.queue.discard(ticket):
                 self._show_queue()
@@ -210,6 +220,33 @@ class AdmissionController:
             return self._shed(priority, "evicted", waited)
         self.metrics.admission(priority, "released", waited)
         return Verdict(True, priority, "released", waited, held=True)
+
+    async def _late(self, held: Ticket) -> str | None:
+        """A request that is not sheddable, past its time to live: held on in its late band, which the pump releases
+        after the top band into any free slot (the reserve included), for up to `late_s`. Placed into a full batch
+        instead, it would queue in the engine ahead of the top band's next requests. Its result, or None when `late_s`
+        passed too."""
+        ticket = Ticket(held.priority, held.fairness_id, held.size, held.enqueued_at, held.request_id, held.objective,
+                        asyncio.get_running_loop().create_future(), late=True)
+        self.queue.push(ticket)
+        self._show_queue()
+        self._schedule_pump()
+        try:
+            result: str = await asyncio.wait_for(asyncio.shield(ticket.waiter), self.settings.late_s)
+            return result
+        except TimeoutError:
+            if ticket.waiter.done() and not ticket.waiter.cancelled():
+                late: str = ticket.waiter.result()
+                return late
+            self.queue.discard(ticket)
+            self._show_queue()
+            return None
+        except BaseException:  # the stream ended while held: it leaves the queue
+            if self.queue.discard(ticket):
+                self._show_queue()
+            elif ticket.waiter.done() and not ticket.waiter.cancelled() and ticket.waiter.result() == RELEASED:
+                self._pending = max(0, self._pending - 1)
+            raise
 
     def _shed(self, priority: int, outcome: str, waited: float) -> Verdict:
         self.metrics.admission(priority, outcome, waited)
@@ -275,7 +312,7 @@ class AdmissionController:
                     priority = self.queue.next_priority()
                     if priority is None:
                         break
-                    if budgets[priority >= top] <= 0:
+                    if budgets[priority >= top or is_late(priority)] <= 0:
                         break
                     ticket = self.queue.pop()
                     if ticket is None:

@@ -13,6 +13,7 @@ stream ended) is O(1): it is marked and its counts drop at once, and the rotatio
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,20 @@ class Ticket:
     waiter: Any = None  # the controller's future for it
     gone: bool = False  # removed (released, expired, evicted or cancelled)
     contended: bool = False  # when released: another fairness id of its band was held too (fairness applied)
+    # Past its time to live and not sheddable (controller.py): held in its band's late band, just above it, which
+    # may take any free slot, the top band's reserve included.
+    late: bool = False
+
+    @property
+    def band(self) -> float:
+        return self.priority + LATE if self.late else self.priority
+
+
+LATE = 0.5  # a late band's key above its own priority: released before it, after every higher band
+
+
+def is_late(band: float) -> bool:
+    return band != int(band)
 
 
 @dataclass(slots=True)
@@ -57,8 +72,8 @@ class Band:
 
 class FlowQueue:
     def __init__(self) -> None:
-        self._bands: dict[int, Band] = {}
-        self._order: list[int] = []  # priorities with a band, highest first
+        self._bands: dict[float, Band] = {}
+        self._order: list[float] = []  # bands' keys (priorities, late bands between), highest first
         self.count = 0
         self.size = 0
 
@@ -66,9 +81,9 @@ class FlowQueue:
         return self.count
 
     def push(self, ticket: Ticket) -> None:
-        band = self._bands.get(ticket.priority)
+        band = self._bands.get(ticket.band)
         if band is None:
-            band = self._bands[ticket.priority] = Band()
+            band = self._bands[ticket.band] = Band()
             self._order = sorted(self._bands, reverse=True)
         flow = band.flows.get(ticket.fairness_id)
         if flow is None:
@@ -102,8 +117,8 @@ class FlowQueue:
                 return ticket
         return None
 
-    def next_priority(self) -> int | None:
-        """The band the next `pop` releases from (None: nothing held)."""
+    def next_priority(self) -> float | None:
+        """The band the next `pop` releases from (None: nothing held): its priority, or a late band's key."""
         for priority in self._order:
             if self._bands[priority].count > 0:
                 return priority
@@ -114,11 +129,11 @@ class FlowQueue:
         already left."""
         if ticket.gone:
             return False
-        band = self._bands.get(ticket.priority)
+        band = self._bands.get(ticket.band)
         if band is None:
             return False
         self._removed(ticket, band)
-        if ticket.priority in self._bands:
+        if ticket.band in self._bands:
             band.stale += 1
             if band.stale > band.count + 64:
                 band.compact()
@@ -138,8 +153,13 @@ class FlowQueue:
         return None
 
     def bands(self) -> dict[int, tuple[int, int]]:
-        """{priority: (held requests, held bytes)} for every band that holds any."""
-        return {p: (b.count, b.size) for p, b in self._bands.items() if b.count}
+        """{priority: (held requests, held bytes)} for every band that holds any, a late band counted in its own."""
+        out: dict[int, tuple[int, int]] = {}
+        for key, b in self._bands.items():
+            if b.count:
+                n, size = out.get(math.floor(key), (0, 0))
+                out[math.floor(key)] = (n + b.count, size + b.size)
+        return out
 
     def held(self, limit: int) -> list[Ticket]:
         """Up to `limit` held requests, highest band first (for /debug)."""
@@ -165,5 +185,5 @@ class FlowQueue:
         self.count -= 1
         self.size -= ticket.size
         if band.count == 0:  # an empty band goes: priorities are few, but a band's flows must not linger
-            del self._bands[ticket.priority]
+            del self._bands[ticket.band]
             self._order = sorted(self._bands, reverse=True)

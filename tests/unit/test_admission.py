@@ -291,11 +291,26 @@ async def test_two_backlogged_tenants_share_releases_evenly_at_ten_to_one() -> N
 
 
 async def test_past_its_time_to_live_a_sheddable_request_gets_429_and_another_is_placed() -> None:
-    admission, _ = controller(ttl_s=0.05)
+    admission, _ = controller(ttl_s=0.05, late_s=0.05)
     shed, placed = await asyncio.gather(admission.admit("batch", "t", 1), admission.admit("standard", "t", 1))
     assert not shed.admitted and shed.outcome == "rejected_ttl" and shed.retry_after_s >= 1
     assert placed.admitted and placed.outcome == "placed_ttl" and placed.wait_s >= 0.05
     assert len(admission.queue) == 0
+
+
+async def test_past_its_time_to_live_a_request_that_is_not_sheddable_may_take_the_reserve() -> None:
+    """Held late, it waits for any free slot (the top band's reserve included) rather than being placed into a full
+    batch, and a top-band arrival is not held behind it."""
+    admission, pool = controller(reserved_slots=1, ttl_s=0.05, late_s=5)
+    standard = asyncio.create_task(admission.admit("standard", "t", 1))
+    await asyncio.sleep(0.1)
+    assert not standard.done() and admission.queue.bands() == {0: (1, 1)}  # late, still held in its band
+    pool.free = 1
+    critical = await asyncio.wait_for(admission.admit("critical", "t", 1), 1)  # the reserved slot: the top band's
+    assert critical.outcome == "admitted" and not standard.done()
+    admission.settled(critical)
+    await room_appears(admission, pool, 1)  # one free slot, the reserve: the late request takes it
+    assert standard.done() and standard.result().outcome == "released" and standard.result().wait_s >= 0.05
 
 
 async def test_a_full_queue_evicts_a_lower_sheddable_request_or_sheds_or_places() -> None:
