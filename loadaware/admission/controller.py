@@ -183,61 +183,45 @@ class AdmissionController:
                 self._pending += 1
                 return Verdict(True, priority, "placed_full")
         now = self.clock()
-        loop = asyncio.get_running_loop()
-        ticket = Ticket(priority, fairness_id, size, now, request_id, objective, loop.create_future())
-        # In the queue before the first await: requests checked against the bounds while this one's hold is being
-        # announced would otherwise not count it, and the queue would pass its bounds.
-        self.queue.push(ticket)
-        self._show_queue()
-        self._schedule_pump()
-        try:
-            if on_hold is not None:
-                await on_hold(s.ttl_s)
-            result = await asyncio.wait_for(asyncio.shield(ticket.waiter), s.ttl_s)
-        except TimeoutError:
-            if ticket.waiter.done() and not ticket.waiter.cancelled():  # released in the same instant
-                result = ticket.waiter.result()
-            else:
-                self.queue.discard(ticket)
-                self._show_queue()
-                if sheddable:
-                    return self._shed(priority, "rejected_ttl", self.clock() - now)
-                late = await self._late(ticket)
-                if late is None:
-                    waited = self.clock() - now
-                    self.metrics.admission(priority, "placed_ttl", waited)
-                    self._pending += 1
-                    return Verdict(True, priority, "placed_ttl", waited, held=True)
-                result = late
-        except BaseException:  # the stream ended while held: it leaves the queue
-            if self.queue.discard(ticket):
-                self._show_queue()
-            elif ticket.waiter.done() and not ticket.waiter.cancelled() and ticket.waiter.result() == RELEASED:
-                self._pending = max(0, self._pending - 1)
-            raise
+        ticket = Ticket(priority, fairness_id, size, now, request_id, objective,
+                        asyncio.get_running_loop().create_future())
+        result = await self._wait(ticket, s.ttl_s, on_hold)
+        if result is None:  # past its time to live
+            if sheddable:
+                return self._shed(priority, "rejected_ttl", self.clock() - now)
+            # Held late: the pump releases it after the top band into any free slot, the reserve included. Placed
+            # into a full batch instead, it would queue in the engine ahead of the top band's next requests.
+            late = Ticket(priority, fairness_id, size, now, request_id, objective,
+                          asyncio.get_running_loop().create_future(), late=True)
+            result = await self._wait(late, s.late_s)
+            if result is None:
+                waited = self.clock() - now
+                self.metrics.admission(priority, "placed_ttl", waited)
+                self._pending += 1
+                return Verdict(True, priority, "placed_ttl", waited, held=True)
         waited = self.clock() - now
         if result == EVICTED:
             return self._shed(priority, "evicted", waited)
         self.metrics.admission(priority, "released", waited)
         return Verdict(True, priority, "released", waited, held=True)
 
-    async def _late(self, held: Ticket) -> str | None:
-        """A request that is not sheddable, past its time to live: held on in its late band, which the pump releases
-        after the top band into any free slot (the reserve included), for up to `late_s`. Placed into a full batch
-        instead, it would queue in the engine ahead of the top band's next requests. Its result, or None when `late_s`
-        passed too."""
-        ticket = Ticket(held.priority, held.fairness_id, held.size, held.enqueued_at, held.request_id, held.objective,
-                        asyncio.get_running_loop().create_future(), late=True)
+    async def _wait(self, ticket: Ticket, timeout: float,
+                    on_hold: Callable[[float], Awaitable[None]] | None = None) -> str | None:
+        """Hold `ticket` until the pump releases or evicts it (its result), or `timeout` passes (None). In the queue
+        before the first await: requests checked against the bounds while this one's hold is announced (`on_hold`)
+        count it. A stream that ends while held leaves the queue."""
         self.queue.push(ticket)
         self._show_queue()
         self._schedule_pump()
         try:
-            result: str = await asyncio.wait_for(asyncio.shield(ticket.waiter), self.settings.late_s)
+            if on_hold is not None:
+                await on_hold(timeout)
+            result: str = await asyncio.wait_for(asyncio.shield(ticket.waiter), timeout)
             return result
         except TimeoutError:
-            if ticket.waiter.done() and not ticket.waiter.cancelled():
-                late: str = ticket.waiter.result()
-                return late
+            if ticket.waiter.done() and not ticket.waiter.cancelled():  # released in the same instant
+                released: str = ticket.waiter.result()
+                return released
             self.queue.discard(ticket)
             self._show_queue()
             return None
