@@ -7,7 +7,13 @@ request streamed so its first token is timed. Printed per run: requests answered
 within the client's time-out), TTFT p50/p95 per objective, and the sidecar's own record (admission outcomes,
 the Jain index of the standard band's releases while its tenants competed, the most requests and bytes held).
 
-    python -m bench.admission [--quick] [--out DIR]
+    python -m bench.admission [--quick] [--out DIR] [--seed N] [--control]
+
+--control adds a fleet with twice the batch slots (the same engines, --max-num-seqs doubled) at the same two
+request rates: the 1.5x rate is then 0.75x of its capacity, so nothing is held or queued, but the machine
+carries the same requests, tokens and streams. The critical band's p95 there over its p95 at 0.7x is what the
+rate alone costs on this machine (the load generator, Envoy, the sidecar and the engines share its cores); the
+saturated run's p95 over the control's at the same rate is what saturation costs the critical band.
 
 Targets (issue 33): critical TTFT p95 at 1.5x within 1.2x of 0.7x; every request answered (served, 429 or
 503); standard band Jain index >= 0.95; held requests and bytes within their configured bounds.
@@ -44,8 +50,10 @@ ENGINES = 2
 MAX_NUM_SEQS = 8
 DECODE_MS = 10.0
 MAX_TOKENS = 30
-FLEET_ARGS = ["--max-num-seqs", str(MAX_NUM_SEQS), "--decode-base-ms", str(DECODE_MS), "--decode-per-seq-ms", "0",
-              "--prefill-tokens-per-s", "200000", "--prefill-overhead-ms", "2"]
+ENGINE_ARGS = ["--decode-base-ms", str(DECODE_MS), "--decode-per-seq-ms", "0",
+               "--prefill-tokens-per-s", "200000", "--prefill-overhead-ms", "2"]
+FLEET_ARGS = ["--max-num-seqs", str(MAX_NUM_SEQS), *ENGINE_ARGS]
+CONTROL_FLEET_ARGS = ["--max-num-seqs", str(2 * MAX_NUM_SEQS), *ENGINE_ARGS]
 OBJECTIVES = {"critical": {"priority": 10}, "standard": {"priority": 0}, "batch": {"priority": -1}}
 # The offered mix: critical and standard together fit in the capacity at 1.5x (60% of 1.5x = 0.9x); batch, the
 # sheddable rest, is what admission sheds. The standard band's two tenants offer 10:1.
@@ -202,7 +210,8 @@ def metrics_of(stack: Stack) -> dict[str, float]:
     return out
 
 
-def run(out_dir: Path, quick: bool = False, seed: int = 11, reserved_slots: int | None = None) -> dict[str, Any]:
+def run(out_dir: Path, quick: bool = False, seed: int = 11, reserved_slots: int | None = None,
+        control: bool = False) -> dict[str, Any]:
     duration = 8.0 if quick else 40.0
     out_dir.mkdir(parents=True, exist_ok=True)
     objectives = out_dir / "objectives.json"
@@ -236,6 +245,8 @@ def run(out_dir: Path, quick: bool = False, seed: int = 11, reserved_slots: int 
         off["admission"] = "off"
         log.info("1.5x, admission off: %s", json.dumps(off["status"]))
         results["runs_off"] = [off]
+    if control:
+        results["runs_control"] = control_runs(out_dir, sidecar_args, cap, duration, seed)
     low, high = results["runs"]
     p95 = (low["objectives"]["critical"]["ttft_p95_s"], high["objectives"]["critical"]["ttft_p95_s"])
     jain = (high["sidecar"].get("jain_index") or {}).get("0")
@@ -244,8 +255,28 @@ def run(out_dir: Path, quick: bool = False, seed: int = 11, reserved_slots: int 
         "critical_ttft_p95_s_admission_off": off["objectives"]["critical"]["ttft_p95_s"],
         "lost": low["lost"] + high["lost"], "standard_jain_index": jain,
         "held_max": high["held_max"], "held_bytes_max": high["held_bytes_max"]}
+    if control:
+        c_low, c_high = (r["objectives"]["critical"]["ttft_p95_s"] for r in results["runs_control"])
+        results["figures"]["control_critical_ttft_p95_s"] = [c_low, c_high]
+        results["figures"]["rate_alone_ratio"] = c_high / p95[0] if c_high and p95[0] else None
+        results["figures"]["saturation_alone_ratio"] = p95[1] / c_high if c_high and p95[1] else None
     (out_dir / "admission.json").write_text(json.dumps(results, indent=2))
     return results
+
+
+def control_runs(out_dir: Path, sidecar_args: list[str], cap: float, duration: float,
+                 seed: int) -> list[dict[str, Any]]:
+    """The same two request rates on a fleet with twice the batch slots (the module's docstring)."""
+    runs = []
+    with Stack(out_dir / "logs-control", engines=ENGINES, lmcache=False, sidecar_args=sidecar_args,
+               fleet_args=CONTROL_FLEET_ARGS) as stack:
+        for load in (0.7, 1.5):
+            time.sleep(TTL_S)
+            r = asyncio.run(run_at(stack, load, cap, duration, seed)).figures()
+            r["control"] = True
+            runs.append(r)
+            log.info("control, %.1fx rate: %s", load, json.dumps(r["status"]))
+    return runs
 
 
 def table(results: dict[str, Any]) -> str:
@@ -254,9 +285,10 @@ def table(results: dict[str, Any]) -> str:
              f"critical 10%, standard 50% (two tenants 10:1), batch 40%)", "",
              "| load | requests | statuses | lost | critical TTFT p50 / p95 | standard p95 | batch served / shed |",
              "|---|---|---|---|---|---|---|"]
-    for r in results["runs"] + results.get("runs_off", []):
+    for r in results["runs"] + results.get("runs_off", []) + results.get("runs_control", []):
         o = r["objectives"]
         label = f"{r['load']:.1f}x ({r['rate']:.0f}/s){', admission off' if r.get('admission') == 'off' else ''}"
+        label += ", control (twice the slots)" if r.get("control") else ""
         lines.append(f"| {label} | {r['requests']} | {r['status']} | {r['lost']} | "
                      f"{_s(o['critical']['ttft_p50_s'])} / {_s(o['critical']['ttft_p95_s'])} | "
                      f"{_s(o['standard']['ttft_p95_s'])} | {o['batch']['served']} / {o['batch']['shed']} |")
@@ -266,6 +298,10 @@ def table(results: dict[str, Any]) -> str:
               f"- lost (no answer within {CLIENT_TIMEOUT_S:.0f} s): **{f['lost']}** (target 0)",
               f"- standard band, Jain index of releases while its tenants competed: **{f['standard_jain_index']}** "
               "(target >= 0.95)",
+              *([f"- control: critical p95 at the 1.5x rate with twice the slots over 0.7x (the rate alone): "
+                 f"**{f['rate_alone_ratio']:.2f}x**; saturated over the control at the same rate: "
+                 f"**{f['saturation_alone_ratio']:.2f}x**"] if f.get("rate_alone_ratio") and
+                f.get("saturation_alone_ratio") else []),
               f"- most held: {f['held_max']} requests, {f['held_bytes_max']:,} bytes (bounds {MAX_HELD}, "
               f"{MAX_HELD_BYTES:,})", ""]
     return "\n".join(lines)
@@ -281,9 +317,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="out/bench-admission")
     p.add_argument("--seed", type=int, default=11)
     p.add_argument("--reserved-slots", type=int, default=None, help="the sidecar's --reserved-slots (default: its own)")
+    p.add_argument("--control", action="store_true", help="also the same rates on a fleet with twice the slots")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
-    results = run(Path(args.out), args.quick, args.seed, args.reserved_slots)
+    results = run(Path(args.out), args.quick, args.seed, args.reserved_slots, args.control)
     print(table(results))
     print(json.dumps(results["figures"], indent=2))
     return 0

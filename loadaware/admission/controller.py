@@ -74,6 +74,7 @@ class Verdict:
     wait_s: float = 0.0
     retry_after_s: int = 0
     held: bool = False
+    late: bool = False  # released from its late band: any free slot, the reserve included, is its room
 
 
 class AdmissionMetrics(Protocol):
@@ -150,12 +151,14 @@ class AdmissionController:
             return self.room.total() - self._pending
         return self.room.total(self.settings.reserved_slots) - len(self._top_inflight) - self._pending
 
-    def room_for(self, priority: int) -> Callable[[str], bool]:
-        """Has an engine room for one more request of this priority: any free slot for the highest band, a free
-        slot beyond --reserved-slots for a band below it. The decision moves a request off an engine without room
-        when one of its candidates has some (routing/room.py): an admitted request placed on a full batch would
-        wait in that engine's queue, behind whatever is there, however high its priority."""
-        reserve = 0 if priority >= self.objectives.top() else self.settings.reserved_slots
+    def room_for(self, verdict: Verdict) -> Callable[[str], bool]:
+        """Has an engine room for one more request with this verdict: any free slot for the highest band and for
+        a late request (released into any free slot), a free slot beyond --reserved-slots for a band below it.
+        The decision moves a request off an engine without room when one of its candidates has some
+        (routing/room.py): an admitted request placed on a full batch would wait in that engine's queue, behind
+        whatever is there, however high its priority."""
+        anywhere = verdict.late or verdict.priority >= self.objectives.top()
+        reserve = 0 if anywhere else self.settings.reserved_slots
         of = self.room.of
         return lambda endpoint: of(endpoint) > reserve
 
@@ -186,14 +189,14 @@ class AdmissionController:
         ticket = Ticket(priority, fairness_id, size, now, request_id, objective,
                         asyncio.get_running_loop().create_future())
         result = await self._wait(ticket, s.ttl_s, on_hold)
+        late = result is None
         if result is None:  # past its time to live
             if sheddable:
                 return self._shed(priority, "rejected_ttl", self.clock() - now)
             # Held late: the pump releases it after the top band into any free slot, the reserve included. Placed
             # into a full batch instead, it would queue in the engine ahead of the top band's next requests.
-            late = Ticket(priority, fairness_id, size, now, request_id, objective,
-                          asyncio.get_running_loop().create_future(), late=True)
-            result = await self._wait(late, s.late_s)
+            result = await self._wait(Ticket(priority, fairness_id, size, now, request_id, objective,
+                                             asyncio.get_running_loop().create_future(), late=True), s.late_s)
             if result is None:
                 waited = self.clock() - now
                 self.metrics.admission(priority, "placed_ttl", waited)
@@ -203,7 +206,7 @@ class AdmissionController:
         if result == EVICTED:
             return self._shed(priority, "evicted", waited)
         self.metrics.admission(priority, "released", waited)
-        return Verdict(True, priority, "released", waited, held=True)
+        return Verdict(True, priority, "released", waited, held=True, late=late)
 
     async def _wait(self, ticket: Ticket, timeout: float,
                     on_hold: Callable[[float], Awaitable[None]] | None = None) -> str | None:

@@ -193,7 +193,7 @@ class Conversation:
             return stream.decision
         decision: Decision | None = None
         try:
-            room = self.admission.room_for(verdict.priority) if verdict is not None and self.admission else None
+            room = self.admission.room_for(verdict) if verdict is not None and self.admission else None
             decision = await self.decider.decide(request, request_id, parse_s=parse_s, subset=subset,
                                                  session=stream.headers.session, room=room)
         finally:

@@ -311,6 +311,7 @@ async def test_past_its_time_to_live_a_request_that_is_not_sheddable_may_take_th
     admission.settled(critical)
     await room_appears(admission, pool, 1)  # one free slot, the reserve: the late request takes it
     assert standard.done() and standard.result().outcome == "released" and standard.result().wait_s >= 0.05
+    assert standard.result().late and not critical.late  # placed as it was released: into any free slot
 
 
 async def test_a_full_queue_evicts_a_lower_sheddable_request_or_sheds_or_places() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from loadaware.admission.controller import AdmissionController, AdmissionSettings
+from loadaware.admission.controller import AdmissionController, AdmissionSettings, Verdict
 from loadaware.admission.objectives import Objectives
 from loadaware.admission.saturation import PoolRoom
 from loadaware.fleet.registry import EndpointRegistry
@@ -77,6 +77,8 @@ def test_admission_says_which_engines_have_room_for_which_band() -> None:
     for ep, running in zip(FLEET, (8.0, 7.0, 6.0)):
         room.scraped(ep, 8.0, 1.0)  # each has queued once: its batch of 8 is known
         loads.record(ep, EngineStats(running, 0.0, 0.5, now))
-    top, lower = controller.room_for(10), controller.room_for(-1)
+    top, lower = controller.room_for(Verdict(True, 10, "admitted")), controller.room_for(Verdict(True, -1, "admitted"))
+    late = controller.room_for(Verdict(True, -1, "released", held=True, late=True))
     assert [top(ep) for ep in FLEET] == [False, True, True]
     assert [lower(ep) for ep in FLEET] == [False, False, True]
+    assert [late(ep) for ep in FLEET] == [False, True, True]  # released into any free slot, the reserve included
