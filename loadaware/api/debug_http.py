@@ -14,6 +14,7 @@ is tens of thousands of series, and a decision waiting on the loop meanwhile wou
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -25,6 +26,9 @@ from loadaware.fleet.addresses import parse_hostport
 from loadaware.lifecycle import Decision
 
 DEFAULT_DECISIONS = 50
+# /metrics goes out in slices of this size, the loop free between them: at 10,000 busy endpoints the page is
+# ~13 MiB, and handed to the transport whole it held the loop for ~13 ms while decisions waited.
+BODY_SLICE = 256 * 1024
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -61,8 +65,19 @@ class MetricsHttp(HttpSite):
         super().__init__([("/metrics", self._metrics)])
         self.render_metrics = render_metrics  # renders off the loop itself (the app knows what is safe where)
 
-    async def _metrics(self, _request: web.Request) -> web.Response:
-        return web.Response(body=await self.render_metrics(), content_type="text/plain", charset="utf-8")
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        body = await self.render_metrics()
+        if len(body) <= BODY_SLICE:
+            return web.Response(body=body, content_type="text/plain", charset="utf-8")
+        response = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8"})
+        response.content_length = len(body)
+        await response.prepare(request)
+        view = memoryview(body)
+        for start in range(0, len(body), BODY_SLICE):
+            await response.write(view[start:start + BODY_SLICE])  # waits while the client's buffer is full
+            await asyncio.sleep(0)  # a full buffer or not, the loop runs what waits between two slices
+        await response.write_eof()
+        return response
 
 
 class DebugHttp(HttpSite):
