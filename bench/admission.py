@@ -30,6 +30,7 @@ import sys
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,7 @@ class Sent:
     ttft_s: float | None = None
     total_s: float | None = None
     reason: str = ""
+    retry_after: str | None = None  # the Retry-After of an answer other than 200
 
 
 @dataclass
@@ -120,13 +122,16 @@ async def one(http: aiohttp.ClientSession, url: str, n: int, record: Sent) -> No
             else:
                 await resp.read()
                 record.reason = resp.headers.get("x-loadaware-request-dropped-reason", "")
+                record.retry_after = resp.headers.get("retry-after")
             record.status = resp.status
             record.total_s = time.monotonic() - started
     except (aiohttp.ClientError, TimeoutError) as exc:
         record.reason = type(exc).__name__
 
 
-async def open_loop(url: str, rate: float, duration: float, seed: int, sample: Any) -> list[Sent]:
+async def open_loop(url: str | Sequence[str], rate: float, duration: float, seed: int, sample: Any) -> list[Sent]:
+    """The requests in order; with several URLs the n-th goes to url[n % len(url)] (replicas in turn)."""
+    urls = [url] if isinstance(url, str) else list(url)
     rng = random.Random(seed)
     weights = [w for _, _, w in MIX]
     offsets = arrival_offsets(rate, duration, arrivals="poisson", seed=seed)
@@ -141,7 +146,7 @@ async def open_loop(url: str, rate: float, duration: float, seed: int, sample: A
             delay = start + offset - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(http, url, n, record)))
+            tasks.append(asyncio.create_task(one(http, urls[n % len(urls)], n, record)))
         await asyncio.gather(*tasks)
         sampler.cancel()
         await asyncio.gather(sampler, return_exceptions=True)
@@ -189,7 +194,7 @@ async def run_at(stack: Stack, load: float, cap: float, duration: float, seed: i
     result.sent = await open_loop(stack.url, result.rate, duration, seed, sample)
     after = metrics_of(stack)
     state = get_json(f"{debug}/debug/state").get("admission") or {}
-    result.sidecar = {"outcomes": {k: after.get(k, 0) - before.get(k, 0) for k in after if after[k] != before.get(k)},
+    result.sidecar = {"outcomes": outcomes_delta(before, after),
                       "jain_index": state.get("jain_index"), "contended_releases": state.get("contended_releases"),
                       "slots": state.get("slots")}
     return result
@@ -197,7 +202,12 @@ async def run_at(stack: Stack, load: float, cap: float, duration: float, seed: i
 
 def metrics_of(stack: Stack) -> dict[str, float]:
     assert stack.sidecar is not None
-    with urllib.request.urlopen(f"http://{stack.sidecar.metrics_listen}/metrics", timeout=5) as resp:
+    return outcomes_of(stack.sidecar.metrics_listen)
+
+
+def outcomes_of(metrics_listen: str) -> dict[str, float]:
+    """The sidecar's admission outcomes ("priority/outcome" -> count) from its /metrics at HOST:PORT."""
+    with urllib.request.urlopen(f"http://{metrics_listen}/metrics", timeout=5) as resp:
         text = resp.read().decode()
     out = {}
     for priority in ("10", "0", "-1"):
@@ -210,22 +220,32 @@ def metrics_of(stack: Stack) -> dict[str, float]:
     return out
 
 
+def outcomes_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: after.get(k, 0) - before.get(k, 0) for k in after if after[k] != before.get(k)}
+
+
+def sidecar_args(objectives: Path, reserved_slots: int | None = None, scrape_interval_s: float = 0.1) -> list[str]:
+    """The sidecar's admission flags for this case (the objectives file at `objectives`)."""
+    args = ["--admission", "on", "--objectives", str(objectives), "--admission-ttl-s", str(TTL_S),
+            "--admission-max-held", str(MAX_HELD), "--admission-max-held-bytes", str(MAX_HELD_BYTES),
+            "--scrape-interval-s", f"{scrape_interval_s:g}", "--log-level", "warning"]
+    if reserved_slots is not None:  # else the sidecar's default
+        args += ["--reserved-slots", str(reserved_slots)]
+    return args
+
+
 def run(out_dir: Path, quick: bool = False, seed: int = 11, reserved_slots: int | None = None,
         control: bool = False) -> dict[str, Any]:
     duration = 8.0 if quick else 40.0
     out_dir.mkdir(parents=True, exist_ok=True)
     objectives = out_dir / "objectives.json"
     objectives.write_text(json.dumps(OBJECTIVES))
-    sidecar_args = ["--admission", "on", "--objectives", str(objectives), "--admission-ttl-s", str(TTL_S),
-                    "--admission-max-held", str(MAX_HELD), "--admission-max-held-bytes", str(MAX_HELD_BYTES),
-                    "--scrape-interval-s", "0.1", "--log-level", "warning"]
-    if reserved_slots is not None:  # else the sidecar's default
-        sidecar_args += ["--reserved-slots", str(reserved_slots)]
+    admission_args = sidecar_args(objectives, reserved_slots)
     results: dict[str, Any] = {"config": {
         "engines": ENGINES, "max_num_seqs": MAX_NUM_SEQS, "decode_ms": DECODE_MS, "max_tokens": MAX_TOKENS,
         "mix": [list(m) for m in MIX], "objectives": OBJECTIVES, "ttl_s": TTL_S, "max_held": MAX_HELD,
         "max_held_bytes": MAX_HELD_BYTES, "duration_s": duration, "seed": seed, "reserved_slots": reserved_slots}}
-    with Stack(out_dir / "logs", engines=ENGINES, lmcache=False, sidecar_args=sidecar_args,
+    with Stack(out_dir / "logs", engines=ENGINES, lmcache=False, sidecar_args=admission_args,
                fleet_args=FLEET_ARGS) as stack:
         cap = asyncio.run(capacity(stack.url, 4.0 if quick else 10.0))
         results["capacity_rps"] = cap
@@ -246,7 +266,7 @@ def run(out_dir: Path, quick: bool = False, seed: int = 11, reserved_slots: int 
         log.info("1.5x, admission off: %s", json.dumps(off["status"]))
         results["runs_off"] = [off]
     if control:
-        results["runs_control"] = control_runs(out_dir, sidecar_args, cap, duration, seed)
+        results["runs_control"] = control_runs(out_dir, admission_args, cap, duration, seed)
     low, high = results["runs"]
     p95 = (low["objectives"]["critical"]["ttft_p95_s"], high["objectives"]["critical"]["ttft_p95_s"])
     jain = (high["sidecar"].get("jain_index") or {}).get("0")
@@ -264,11 +284,11 @@ def run(out_dir: Path, quick: bool = False, seed: int = 11, reserved_slots: int 
     return results
 
 
-def control_runs(out_dir: Path, sidecar_args: list[str], cap: float, duration: float,
+def control_runs(out_dir: Path, admission_args: list[str], cap: float, duration: float,
                  seed: int) -> list[dict[str, Any]]:
     """The same two request rates on a fleet with twice the batch slots (the module's docstring)."""
     runs = []
-    with Stack(out_dir / "logs-control", engines=ENGINES, lmcache=False, sidecar_args=sidecar_args,
+    with Stack(out_dir / "logs-control", engines=ENGINES, lmcache=False, sidecar_args=admission_args,
                fleet_args=CONTROL_FLEET_ARGS) as stack:
         for load in (0.7, 1.5):
             time.sleep(TTL_S)

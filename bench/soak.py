@@ -171,7 +171,10 @@ def soak_bodies(prefixes: int = 64, per_prefix: int = 4, max_tokens: int = 4, se
 
 
 def private_envoy_config(fleet: list[str], listen: int, admin: int, sidecar: int, out: Path) -> Path:
-    """envoy/envoy.yaml with only its ports and engine addresses rewritten."""
+    """envoy/envoy.yaml with only its ports and engine addresses rewritten (a fleet of fewer engines than the
+    shipped three: the shipped engines it lacks are left out of the cluster)."""
+    if not 0 < len(fleet) <= len(SHIPPED_ENGINES):
+        raise ValueError(f"envoy.yaml: a fleet of 1 to {len(SHIPPED_ENGINES)} engines, not {len(fleet)}")
     text = ENVOY_CONFIG.read_text()
     for old, new in ((10000, listen), (9901, admin), (9002, sidecar)):
         text = re.sub(rf"\bport_value:\s*{old}\b", f"port_value: {new}", text)
@@ -179,6 +182,11 @@ def private_envoy_config(fleet: list[str], listen: int, admin: int, sidecar: int
         host, port = mine.rsplit(":", 1)
         text, n = re.subn(rf"address: {re.escape(shipped)}, port_value: {SHIPPED_ENGINE_PORT}\b",
                           f"address: {host}, port_value: {port}", text)
+        if n != 1:
+            raise RuntimeError(f"envoy.yaml: expected one engine at {shipped}:{SHIPPED_ENGINE_PORT}, found {n}")
+    for shipped in SHIPPED_ENGINES[len(fleet):]:
+        text, n = re.subn(rf"^.*address: {re.escape(shipped)}, port_value: {SHIPPED_ENGINE_PORT}\b.*\n", "", text,
+                          flags=re.MULTILINE)
         if n != 1:
             raise RuntimeError(f"envoy.yaml: expected one engine at {shipped}:{SHIPPED_ENGINE_PORT}, found {n}")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -35,6 +35,18 @@ def test_private_config_keeps_the_shipped_one_but_its_ports_and_engines(tmp_path
     assert "port_value: 10000" not in out.read_text() and "port_value: 9901" not in out.read_text()
 
 
+def test_private_config_of_a_smaller_fleet_leaves_the_shipped_engines_it_lacks_out(tmp_path: Path) -> None:
+    fleet = ["127.0.79.2:41000", "127.0.79.3:41000"]
+    out = private_envoy_config(fleet, listen=42001, admin=42002, sidecar=42003, out=tmp_path / "envoy.yaml")
+    clusters = {c["name"]: c for c in yaml.safe_load(out.read_text())["static_resources"]["clusters"]}
+    engines = [e["endpoint"]["address"]["socket_address"]
+               for e in clusters["engines"]["load_assignment"]["endpoints"][0]["lb_endpoints"]]
+    assert [f"{e['address']}:{e['port_value']}" for e in engines] == fleet
+    assert "127.0.0." not in out.read_text().replace("127.0.0.1", "")
+    with pytest.raises(ValueError):
+        private_envoy_config([*fleet, "127.0.79.4:41000", "127.0.79.5:41000"], 1, 2, 3, tmp_path / "four.yaml")
+
+
 def test_growth_is_between_the_samples_nearest_the_window() -> None:
     samples = [Sample(t, rss, 0.0) for t, rss in ((0, 70.0), (290, 100.0), (310, 101.0), (1790, 104.0), (1800, 105.0))]
     (t0, t1), start, end, pct = growth(samples, 300, 1800)
