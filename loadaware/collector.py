@@ -13,9 +13,11 @@ State that comes after start lives long too: per endpoint, the signals, the pref
 the load tracker's stats (at 10,000 endpoints ~120,000 objects, ~25 ms of every full collection). So a
 collection that walked mostly survivors (it took at least FREEZE_AFTER_S of CPU and freed fewer than
 FREEZE_BELOW_FREED objects) freezes them (gc.freeze), and the next ones walk only what came after. Freezing
-also freezes the cycles of the streams open at that moment, which no collection can free afterwards (~1 KB a
-stream): so at most once per FREEZE_EVERY_S, and only when a collection was slow, which after a freeze takes
-new long-lived state of the same size again. `loadaware_gc_freezes_total` counts them.
+also freezes the cycles of the streams open at that moment, and any cycle in the state that later leaves it,
+which the next collections cannot free: so a freeze first thaws what the previous one froze and collects it all
+(the start-up objects included), freeing what died frozen since, and comes at most once per FREEZE_EVERY_S,
+only when a collection was slow (which after a freeze takes new long-lived state of the same size again).
+`loadaware_gc_freezes_total` counts them.
 """
 
 from __future__ import annotations
@@ -147,9 +149,8 @@ class FullCollections:
         self.cpu_s.inc(cpu_s)
         if self.freeze_survivors and cpu_s >= FREEZE_AFTER_S and found < FREEZE_BELOW_FREED and (
                 self._frozen_at is None or time.monotonic() - self._frozen_at >= FREEZE_EVERY_S):
-            gc.freeze()  # what survived is long-lived state: later collections leave it be
-            self._frozen_at = time.monotonic()
-            self.freezes.inc()
+            found += self.refreeze()
+            took = time.perf_counter() - started
         self.runs.inc()
         self.freed.inc(found)
         self.last_s.set(took)
@@ -157,6 +158,17 @@ class FullCollections:
         self.max_s.set(self.max_pause_s)
         if took > SLOW_COLLECTION_S:
             log.warning("a full garbage collection took %.0f ms (%d unreachable objects)", took * 1e3, found)
+        return found
+
+    def refreeze(self) -> int:
+        """Thaw what earlier freezes kept out of the collector, collect it all, and freeze the survivors: what
+        died frozen since (a reference cycle that left the state it was part of, a stream's) is freed here, so a
+        freeze keeps from the collector at most what dies within FREEZE_EVERY_S. Returns the objects freed."""
+        gc.unfreeze()
+        found = gc.collect()
+        gc.freeze()  # what survived is long-lived state: later collections leave it be
+        self._frozen_at = time.monotonic()
+        self.freezes.inc()
         return found
 
     async def run(self) -> None:

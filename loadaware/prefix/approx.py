@@ -62,7 +62,10 @@ def prefix_walk(holders: dict[int, int], names: dict[int, str], alive: int, keys
 class _Run:
     """Consecutive blocks of one chain that one engine was last routed at the same moment (`at`): their keys in
     chain order from chain position `start`; `parent` is the key of the block before (None: the chain's first).
-    Runs sit in their engine's list least recently routed first (`prev`, `next`)."""
+    Runs sit in their engine's list least recently routed first (`prev`, `next`); a run in no list points at
+    DETACHED, never at itself: a run that left its list is then no reference cycle and is freed at once. (A cycle
+    waits for the cyclic collector, and one frozen out of it by a slow collection, loadaware/collector.py, is never
+    freed: every run evicted after such a freeze was kept, the soak's steady growth.)"""
 
     __slots__ = ("at", "keys", "next", "parent", "prev", "start")
 
@@ -71,8 +74,19 @@ class _Run:
         self.start = start
         self.parent = parent
         self.at = at
-        self.prev: _Run = self
-        self.next: _Run = self
+        self.prev: _Run = DETACHED
+        self.next: _Run = DETACHED
+
+
+def _detached() -> _Run:
+    """What a run in no list points at: linked to itself, so that unlinking a detached run writes only here."""
+    run = _Run.__new__(_Run)
+    run.keys, run.start, run.parent, run.at = [], 0, None, 0.0
+    run.prev = run.next = run
+    return run
+
+
+DETACHED = _detached()
 
 
 class _Guess:
@@ -87,6 +101,7 @@ class _Guess:
         self.owner: dict[int, _Run] = {}
         self.attached: dict[int, int] = {}
         self.runs = _Run([], 0, None, 0.0)  # the list's sentinel: runs.next is the least recently routed
+        self.runs.prev = self.runs.next = self.runs  # (the one cycle: the list, broken by clear())
 
     def held(self, keys: Sequence[int]) -> int:
         """How many of the chain's first blocks this engine holds. What an engine holds is prefix-closed (each
@@ -116,9 +131,17 @@ class _Guess:
 
     def unlink(self, run: _Run) -> None:
         run.prev.next, run.next.prev = run.next, run.prev
-        run.prev = run.next = run
+        run.prev = run.next = DETACHED
         if run.parent is not None:
             self.detach(run.parent)
+
+    def clear(self) -> None:
+        """Unlink every run (the guess is dropped): its list is no reference cycle left for the collector."""
+        sentinel = self.runs
+        run = sentinel.next
+        while run is not sentinel:
+            run.prev, run.next, run = DETACHED, DETACHED, run.next
+        sentinel.prev = sentinel.next = DETACHED
 
     def attach(self, key: int) -> None:
         self.attached[key] = self.attached.get(key, 0) + 1
@@ -269,6 +292,7 @@ class ApproxIndex:
             return 0
         for key in guess.owner:
             unhold(self._holders, key, guess.bit)
+        guess.clear()
         self._slots.release(engine)
         self.total_blocks -= len(guess.owner)
         self.evicted["endpoint_removed"] += len(guess.owner)

@@ -157,3 +157,29 @@ def test_a_slow_collection_of_survivors_freezes_them_once() -> None:
     finally:
         gc.unfreeze()  # the rest of the test run collects as before
     del kept
+
+
+def pair() -> Node:
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    return a
+
+
+def test_a_freeze_frees_what_died_frozen_since_the_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cycle alive at a freeze and dropped after it is out of every later collection's reach: the next freeze
+    thaws and collects first, so it is freed then (a frozen cycle was never freed: the soak's steady growth)."""
+    monkeypatch.setattr("loadaware.collector.FREEZE_EVERY_S", 0.0)
+    registry = CollectorRegistry()
+    collections = FullCollections(30.0, registry, freeze_survivors=True)
+    kept = [State() for _ in range(200_000)]  # a slow collection of survivors: each one freezes
+    pairs = [pair() for _ in range(500)]
+    try:
+        collections.collect()
+        assert registry.get_sample_value("loadaware_gc_freezes_total") == 1
+        pairs.clear()  # 1,000 nodes in cycles, frozen, now unreachable
+        kept += [State() for _ in range(200_000)]  # new long-lived state: the next collection is slow again
+        assert collections.collect() >= 1_000
+        assert registry.get_sample_value("loadaware_gc_freezes_total") == 2
+    finally:
+        gc.unfreeze()
+    del kept
