@@ -7,13 +7,18 @@ request streamed so its first token is timed. Printed per run: requests answered
 within the client's time-out), TTFT p50/p95 per objective, and the sidecar's own record (admission outcomes,
 the Jain index of the standard band's releases while its tenants competed, the most requests and bytes held).
 
-    python -m bench.admission [--quick] [--out DIR] [--seed N] [--control]
+    python -m bench.admission [--quick] [--out DIR] [--seed N] [--control] [--slower K]
 
 --control adds a fleet with twice the batch slots (the same engines, --max-num-seqs doubled) at the same two
 request rates: the 1.5x rate is then 0.75x of its capacity, so nothing is held or queued, but the machine
 carries the same requests, tokens and streams. The critical band's p95 there over its p95 at 0.7x is what the
 rate alone costs on this machine (the load generator, Envoy, the sidecar and the engines share its cores); the
 saturated run's p95 over the control's at the same rate is what saturation costs the critical band.
+
+--slower K makes every decode step K times longer and every run K times longer: the fleet's capacity, and so both
+request rates, are K times lower while each run sends as many requests. Saturation is the same (1.5x of what the
+engines carry); the machine carries 1/K of the requests, streams and tokens a second, so what the load generator,
+Envoy and the engines cost each other on shared cores shrinks with it.
 
 Targets (issue 33): critical TTFT p95 at 1.5x within 1.2x of 0.7x; every request answered (served, 429 or
 503); standard band Jain index >= 0.95; held requests and bytes within their configured bounds.
@@ -51,10 +56,15 @@ ENGINES = 2
 MAX_NUM_SEQS = 8
 DECODE_MS = 10.0
 MAX_TOKENS = 30
-ENGINE_ARGS = ["--decode-base-ms", str(DECODE_MS), "--decode-per-seq-ms", "0",
-               "--prefill-tokens-per-s", "200000", "--prefill-overhead-ms", "2"]
-FLEET_ARGS = ["--max-num-seqs", str(MAX_NUM_SEQS), *ENGINE_ARGS]
-CONTROL_FLEET_ARGS = ["--max-num-seqs", str(2 * MAX_NUM_SEQS), *ENGINE_ARGS]
+
+
+def fleet_args(max_num_seqs: int = MAX_NUM_SEQS, slower: float = 1.0) -> list[str]:
+    """The simulated engines' flags: `max_num_seqs` batch slots, each decode step `slower` x DECODE_MS."""
+    return ["--max-num-seqs", str(max_num_seqs), "--decode-base-ms", f"{DECODE_MS * slower:g}",
+            "--decode-per-seq-ms", "0", "--prefill-tokens-per-s", "200000", "--prefill-overhead-ms", "2"]
+
+
+FLEET_ARGS = fleet_args()
 OBJECTIVES = {"critical": {"priority": 10}, "standard": {"priority": 0}, "batch": {"priority": -1}}
 # The offered mix: critical and standard together fit in the capacity at 1.5x (60% of 1.5x = 0.9x); batch, the
 # sheddable rest, is what admission sheds. The standard band's two tenants offer 10:1.
@@ -235,19 +245,20 @@ def sidecar_args(objectives: Path, reserved_slots: int | None = None, scrape_int
 
 
 def run(out_dir: Path, quick: bool = False, seed: int = 11, reserved_slots: int | None = None,
-        control: bool = False) -> dict[str, Any]:
-    duration = 8.0 if quick else 40.0
+        control: bool = False, slower: float = 1.0) -> dict[str, Any]:
+    duration = (8.0 if quick else 40.0) * slower
+    fleet = fleet_args(slower=slower)
     out_dir.mkdir(parents=True, exist_ok=True)
     objectives = out_dir / "objectives.json"
     objectives.write_text(json.dumps(OBJECTIVES))
     admission_args = sidecar_args(objectives, reserved_slots)
     results: dict[str, Any] = {"config": {
-        "engines": ENGINES, "max_num_seqs": MAX_NUM_SEQS, "decode_ms": DECODE_MS, "max_tokens": MAX_TOKENS,
+        "engines": ENGINES, "max_num_seqs": MAX_NUM_SEQS, "decode_ms": DECODE_MS * slower, "max_tokens": MAX_TOKENS,
         "mix": [list(m) for m in MIX], "objectives": OBJECTIVES, "ttl_s": TTL_S, "max_held": MAX_HELD,
         "max_held_bytes": MAX_HELD_BYTES, "duration_s": duration, "seed": seed, "reserved_slots": reserved_slots}}
     with Stack(out_dir / "logs", engines=ENGINES, lmcache=False, sidecar_args=admission_args,
-               fleet_args=FLEET_ARGS) as stack:
-        cap = asyncio.run(capacity(stack.url, 4.0 if quick else 10.0))
+               fleet_args=fleet) as stack:
+        cap = asyncio.run(capacity(stack.url, (4.0 if quick else 10.0) * slower))
         results["capacity_rps"] = cap
         log.info("capacity %.1f req/s", cap)
         runs = []
@@ -260,13 +271,13 @@ def run(out_dir: Path, quick: bool = False, seed: int = 11, reserved_slots: int 
     # The same 1.5x traffic without admission: every request goes to an engine at once and queues there.
     plain_args = ["--scrape-interval-s", "0.1", "--log-level", "warning"]
     with Stack(out_dir / "logs-off", engines=ENGINES, lmcache=False, sidecar_args=plain_args,
-               fleet_args=FLEET_ARGS) as stack:
+               fleet_args=fleet) as stack:
         off = asyncio.run(run_at(stack, 1.5, cap, duration, seed)).figures()
         off["admission"] = "off"
         log.info("1.5x, admission off: %s", json.dumps(off["status"]))
         results["runs_off"] = [off]
     if control:
-        results["runs_control"] = control_runs(out_dir, admission_args, cap, duration, seed)
+        results["runs_control"] = control_runs(out_dir, admission_args, cap, duration, seed, slower)
     low, high = results["runs"]
     p95 = (low["objectives"]["critical"]["ttft_p95_s"], high["objectives"]["critical"]["ttft_p95_s"])
     jain = (high["sidecar"].get("jain_index") or {}).get("0")
@@ -285,11 +296,11 @@ def run(out_dir: Path, quick: bool = False, seed: int = 11, reserved_slots: int 
 
 
 def control_runs(out_dir: Path, admission_args: list[str], cap: float, duration: float,
-                 seed: int) -> list[dict[str, Any]]:
+                 seed: int, slower: float = 1.0) -> list[dict[str, Any]]:
     """The same two request rates on a fleet with twice the batch slots (the module's docstring)."""
     runs = []
     with Stack(out_dir / "logs-control", engines=ENGINES, lmcache=False, sidecar_args=admission_args,
-               fleet_args=CONTROL_FLEET_ARGS) as stack:
+               fleet_args=fleet_args(2 * MAX_NUM_SEQS, slower)) as stack:
         for load in (0.7, 1.5):
             time.sleep(TTL_S)
             r = asyncio.run(run_at(stack, load, cap, duration, seed)).figures()
@@ -301,7 +312,8 @@ def control_runs(out_dir: Path, admission_args: list[str], cap: float, duration:
 
 def table(results: dict[str, Any]) -> str:
     f = results["figures"]
-    lines = [f"### Admission under saturation (2 engines, capacity {results['capacity_rps']:.1f} req/s measured; "
+    lines = [f"### Admission under saturation (2 engines, {results['config']['decode_ms']:g} ms a decode step, "
+             f"capacity {results['capacity_rps']:.1f} req/s measured; "
              f"critical 10%, standard 50% (two tenants 10:1), batch 40%)", "",
              "| load | requests | statuses | lost | critical TTFT p50 / p95 | standard p95 | batch served / shed |",
              "|---|---|---|---|---|---|---|"]
@@ -338,9 +350,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=11)
     p.add_argument("--reserved-slots", type=int, default=None, help="the sidecar's --reserved-slots (default: its own)")
     p.add_argument("--control", action="store_true", help="also the same rates on a fleet with twice the slots")
+    p.add_argument("--slower", type=float, default=1.0,
+                   help="decode steps and runs this many times longer: the same saturation at 1/K the request rate")
     args = p.parse_args(argv)
+    if args.slower < 1:
+        p.error("--slower is at least 1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
-    results = run(Path(args.out), args.quick, args.seed, args.reserved_slots, args.control)
+    results = run(Path(args.out), args.quick, args.seed, args.reserved_slots, args.control, args.slower)
     print(table(results))
     print(json.dumps(results["figures"], indent=2))
     return 0

@@ -1,6 +1,8 @@
 """Native heap left behind per grpc.aio stream, by how the stream ends and how its handler ends it.
 
     python -m research.probes.stream_leak [--streams 6000]
+    python -m research.probes.stream_leak --curve cancel|eof [--streams 400000] [--steps 8] [--messages 10]
+        [--size 1000]
 
 A grpc.aio server in a process of its own (so only the server's heap is measured) with an ext_proc-shaped
 stream-stream handler: read one message, write one reply, read until EOF. A client process opens streams
@@ -12,6 +14,10 @@ another). Printed per stream:
 the growth of glibc's malloc bytes in use (mallinfo2: native allocations, and Python objects above 512 B) and
 of Python's allocated blocks (sys.getallocatedblocks: every live Python object), after a warm-up and a full
 collection on each side.
+
+`--curve END`: one case only (the sidecar's handler, the client ending each stream by END), each stream
+`--messages` round trips of `--size` bytes, and the growth printed after every `--streams / --steps` streams:
+whether what a stream keeps levels off or stays the same per stream (a leak), over hundreds of thousands.
 """
 
 from __future__ import annotations
@@ -53,10 +59,8 @@ def serve(handler_end: str, port_file: Path, use_uvloop: bool) -> None:
             shielded_io = ShieldedReads(read), ShieldedWrites(write)
             read, write = shielded_io
         try:
-            await read()
-            await write(b"x" * 50)
-            while await read() is not grpc.aio.EOF:
-                pass
+            while await read() is not grpc.aio.EOF:  # an answer to every message, as ext_proc's
+                await write(b"x" * 50)
             if handler_end.endswith("end_at_eof"):
                 await end_at_eof(context)
         finally:
@@ -100,15 +104,19 @@ async def end_stream(call: grpc.aio.StreamStreamCall, how: str, handler_waits_s:
         pass
 
 
-async def drive(port: int, stream_end: str, streams: int) -> tuple[float, float]:
-    """(malloc bytes, Python blocks) the server kept per stream."""
+async def drive(port: int, stream_end: str, streams: int, steps: int = 1, messages: int = 1,
+                size: int = 140) -> tuple[float, float]:
+    """(malloc bytes, Python blocks) the server kept per stream; with several steps, the growth after each is
+    printed as it goes."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         open_stream, stats = channel.stream_stream(f"/{SERVICE}/{STREAM}"), channel.unary_unary(f"/{SERVICE}/{STATS}")
+        request = b"r" * size
 
         async def one() -> None:
             call = open_stream()
-            await call.write(b"request" * 20)
-            await call.read()
+            for _ in range(messages):
+                await call.write(request)
+                await call.read()
             await end_stream(call, stream_end, 0.002)
 
         async def run(n: int) -> None:
@@ -122,12 +130,21 @@ async def drive(port: int, stream_end: str, streams: int) -> tuple[float, float]
 
         await run(WARMUP)
         heap0, blocks0 = await measure()
-        await run(streams)
-        heap1, blocks1 = await measure()
-    return (heap1 - heap0) / streams, (blocks1 - blocks0) / streams
+        step, done, last = streams // steps, 0, heap0
+        heap1, blocks1 = heap0, blocks0
+        for _ in range(steps):
+            await run(step)
+            done += step
+            heap1, blocks1 = await measure()
+            if steps > 1:
+                print(f"| {done:,} | {(heap1 - heap0) / 1024:.0f} | {(heap1 - last) / step:.1f} | "
+                      f"{blocks1 - blocks0:+d} |", flush=True)
+            last = heap1
+    return (heap1 - heap0) / done, (blocks1 - blocks0) / done
 
 
-def measure_case(handler_end: str, stream_end: str, streams: int, work: Path, loop: str) -> tuple[float, float]:
+def measure_case(handler_end: str, stream_end: str, streams: int, work: Path, loop: str,
+                 steps: int = 1, messages: int = 1, size: int = 140) -> tuple[float, float]:
     port_file = work / f"port-{handler_end}-{stream_end}"
     port_file.unlink(missing_ok=True)
     server = subprocess.Popen([sys.executable, "-m", "research.probes.stream_leak", "--loop", loop,
@@ -138,7 +155,7 @@ def measure_case(handler_end: str, stream_end: str, streams: int, work: Path, lo
             if time.monotonic() > deadline or server.poll() is not None:
                 raise RuntimeError("the leak server did not start")
             time.sleep(0.05)
-        return asyncio.run(drive(int(port_file.read_text()), stream_end, streams))
+        return asyncio.run(drive(int(port_file.read_text()), stream_end, streams, steps, messages, size))
     finally:
         server.terminate()
         server.wait(10)
@@ -149,6 +166,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--streams", type=int, default=6000)
     p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
                    help="the server's event loop (the sidecar runs on uvloop when it is installed)")
+    p.add_argument("--curve", choices=("eof", "cancel"), help="one case, the growth after every step")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--messages", type=int, default=1, help="round trips per stream")
+    p.add_argument("--size", type=int, default=140, help="bytes of each client message")
     p.add_argument("--serve", nargs=2, metavar=("HANDLER_END", "PORT_FILE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve:
@@ -156,6 +177,14 @@ def main(argv: list[str] | None = None) -> None:
         return
     work = Path("/tmp") / f"stream-leak-{time.time_ns()}"
     work.mkdir(parents=True)
+    if args.curve:
+        print(f"grpcio {grpc.__version__}, server on {args.loop}, the sidecar's handler, the client ends by "
+              f"{args.curve}; {args.messages} round trips of {args.size} B a stream, after {WARMUP} of warm-up\n")
+        print("| streams | malloc heap kept (KiB) | B/stream over the last step | Python blocks kept |")
+        print("|---:|---:|---:|---:|")
+        measure_case(HANDLERS[-1], args.curve, args.streams, work, args.loop, max(1, args.steps), args.messages,
+                     args.size)
+        return
     print(f"grpcio {grpc.__version__}, server on {args.loop}, {args.streams} streams per case after {WARMUP} of "
           "warm-up\n")
     print("| the client | the handler at EOF | malloc heap kept (B/stream) | Python blocks kept (per stream) |")
