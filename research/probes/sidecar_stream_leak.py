@@ -1,13 +1,14 @@
 """The sidecar's native heap per ext_proc stream, with a gRPC client in Envoy's place: does it keep memory?
 
-    python -m research.probes.sidecar_stream_leak [--end cancel|eof] [--streams 24000]
+    python -m research.probes.sidecar_stream_leak [--end cancel|eof] [--streams 24000] [--steps 4] [--no-tokenizer]
 
 Starts the real sidecar (the tiny tokenizer, the approximate prefix source, a full collection and heap trim
 every 3 s) and speaks the BUFFERED conversation to it as Envoy does, 32 streams at a time: request headers,
 a unique soak prompt (bench/soak.py's bodies), response headers; then it cancels the stream (as Envoy resets
-one) or half-closes it. After a warm-up of 8,000 streams it prints, four times, how much the sidecar's RSS,
-its malloc heap ([heap] in smaps) and its live malloc bytes (loadaware_malloc_in_use_bytes) grew, per
-stream. No Envoy, engines or KV events: only the sidecar's ext_proc path and grpc.aio.
+one) or half-closes it. After a warm-up of 8,000 streams it prints, `--steps` times, how much the sidecar's
+RSS, its malloc heap ([heap] in smaps) and its live malloc bytes (loadaware_malloc_in_use_bytes) grew, per
+stream (`--no-tokenizer`: a sidecar without one). No Envoy, engines or KV events: only the sidecar's ext_proc
+path and grpc.aio.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def metric(text: str, name: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-async def drive(sidecar: SidecarProc, port: int, end: str, streams: int) -> None:
+async def drive(sidecar: SidecarProc, port: int, end: str, streams: int, steps: int = STEPS) -> None:
     bodies = soak_bodies()
     sent = 0
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -77,9 +78,9 @@ async def drive(sidecar: SidecarProc, port: int, end: str, streams: int) -> None
         started, done = time.monotonic(), 0
         print(f"| streams ({end}) | RSS (MiB) | [heap] (MiB) | live malloc (MiB) | live B/stream | s |")
         print("|---:|---:|---:|---:|---:|---:|")
-        for _ in range(STEPS):
-            await run(streams // STEPS)
-            done += streams // STEPS
+        for _ in range(steps):
+            await run(streams // steps)
+            done += streams // steps
             rss, heap, live = await measure()
             print(f"| {done} | {rss - rss0:+.1f} | {heap - heap0:+.1f} | {live - live0:+.2f} | "
                   f"{(live - live0) * 2**20 / done:.0f} | {time.monotonic() - started:.0f} |", flush=True)
@@ -89,13 +90,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--end", choices=("cancel", "eof"), default="cancel")
     p.add_argument("--streams", type=int, default=24000)
+    p.add_argument("--steps", type=int, default=STEPS)
+    p.add_argument("--no-tokenizer", action="store_true", help="the sidecar without a tokenizer")
     args = p.parse_args(argv)
     port = free_port()
     flags = ["--listen", f"127.0.0.1:{port}", "--endpoints", "127.0.0.2:8000,127.0.0.3:8000,127.0.0.4:8000",
-             "--tokenizer", str(TINY_TOKENIZER), "--metrics-listen", f"127.0.0.1:{free_port()}",
+             "--metrics-listen", f"127.0.0.1:{free_port()}",
              "--log-level", "warning", "--prefix-source", "approx", "--gc-full-interval-s", "3"]
+    if not args.no_tokenizer:
+        flags += ["--tokenizer", str(TINY_TOKENIZER)]
     with SidecarProc(flags, log_dir=Path("out") / "sidecar-stream-leak") as sidecar:
-        asyncio.run(drive(sidecar, port, args.end, args.streams))
+        asyncio.run(drive(sidecar, port, args.end, args.streams, max(1, args.steps)))
 
 
 if __name__ == "__main__":
