@@ -45,6 +45,12 @@ INLINE_CHARS = 2048
 INLINE_RENDER_CHARS = 64 * 1024
 MIN_TIMED_CHARS = 4096  # shorter encodes are dominated by fixed costs: their time says little per character
 SELF_CHECK_EVERY = 64
+# `tokenizers`' models keep a cache of their own: every word they merged, up to 10,000 by default, the first
+# seen kept for the process's life. A word of up to 255 bytes costs kilobytes there, so the default's worst case
+# is tens of MiB outside any budget, filled for hours by words seen once. The piece cache (pieces.py) is the
+# sidecar's cache; the library's serves only text that one missed, and its first thousand words (the common
+# ones) save as much there as ten thousand: it fills in minutes and holds at most a few MiB.
+LIBRARY_WORD_CACHE_WORDS = 1024
 
 
 MERGE_INLINE_SYSTEM = "merge_inline_system"  # an option key: the request came to vLLM's Messages endpoint
@@ -83,11 +89,27 @@ class ChatTemplateUnavailable(LookupError):
     """The tokenizer has no chat template that renders (told once at start): chat traffic routes on load."""
 
 
+def bound_word_cache(tokenizer: Tokenizer, words: int) -> bool:
+    """Resize the model's own word cache to `words` (0: none); False when this `tokenizers` cannot (the model
+    has no such cache, or the library lacks the call): the tokenizer works the same, only its cache stays."""
+    resize = getattr(tokenizer.model, "_resize_cache", None)
+    if resize is None:
+        return False
+    try:
+        resize(words)
+    except Exception:  # noqa: BLE001 - any failure leaves the library's default, never a tokenizer less
+        return False
+    return True
+
+
 class PromptTokenizer:
     def __init__(self, path: str, clock: Clock | None = None) -> None:
         folder, file = (path, os.path.join(path, "tokenizer.json")) if os.path.isdir(path) else \
             (os.path.dirname(path), path)
         self._tokenizer = Tokenizer.from_file(file)
+        if not bound_word_cache(self._tokenizer, LIBRARY_WORD_CACHE_WORDS):
+            log.info("tokenizer %s: its model's word cache could not be resized; it keeps the library's default",
+                     path)
         self.chat_template_source, self._specials = read_tokenizer_config(folder)
         self._plain = lambda text: self._tokenizer.encode(text, add_special_tokens=False).ids
         self.pieces = ChunkedEncoder(self._plain)

@@ -1,7 +1,7 @@
 """Live malloc per `tokenizers` encode when encodes alternate between the main thread and a worker thread.
 
     python -m research.probes.tokenizer_threads [--encodes 300000] [--every 64] [--worker own|shared|python]
-        [--workers 2]
+        [--workers 2] [--word-cache WORDS]
 
 Why: the sidecar's request path in process (`python -m bench.memory_per_request`) kept a few bytes of live malloc a
 request with a tokenizer and none without, all of it native (Python's allocated blocks flat; docs/memory.md). The
@@ -10,6 +10,7 @@ whole-text encode, 1 in 64). This probe does only that: the soak's prompt tails 
 with the repository's tiny tokenizer, one in `--every` on a pool thread (0: none), and reads live malloc (mallinfo2,
 after a full collection and a heap trim) every 100,000 encodes. `--worker own`: the pool thread encodes with a
 Tokenizer of its own; `python`: it builds a list of ints instead (the control: plain Python work across threads).
+`--word-cache WORDS`: the library's word cache resized to that many words first (as the sidecar does, to 0).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tokenizers import Tokenizer
 
 from bench.memory_per_request import Mix, Traffic
 from loadaware.collector import heap_trimmer, malloc_counts
+from loadaware.tokenize.tokenizer import bound_word_cache
 from sim.fleet import DEFAULT_TOKENIZER
 
 EVERY_READ = 100_000
@@ -39,9 +41,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--every", type=int, default=64)
     ap.add_argument("--worker", choices=("shared", "own", "python"), default="shared")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--word-cache", type=int, default=None, metavar="WORDS",
+                    help="resize the library's word cache first (default: the library's own capacity)")
     args = ap.parse_args(argv)
     path = str(DEFAULT_TOKENIZER / "tokenizer.json")
     main_tok = Tokenizer.from_file(path)
+    if args.word_cache is not None and not bound_word_cache(main_tok, args.word_cache):
+        print("this tokenizers cannot resize its word cache", file=sys.stderr)
+        return 2
     local = threading.local()
 
     def in_worker(text: str) -> Any:
@@ -50,6 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.worker == "own":
             if not hasattr(local, "tok"):
                 local.tok = Tokenizer.from_file(path)
+                if args.word_cache is not None:
+                    bound_word_cache(local.tok, args.word_cache)
             return local.tok.encode(text, add_special_tokens=False).ids
         return main_tok.encode(text, add_special_tokens=False).ids
 
@@ -77,7 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if i % EVERY_READ == EVERY_READ - 1:
             now = live()
             if last is not None:
-                print(f"{args.worker} every={args.every} workers={args.workers} encodes {i + 1:,}: "
+                print(f"{args.worker} every={args.every} workers={args.workers} word cache "
+                      f"{'default' if args.word_cache is None else args.word_cache} encodes {i + 1:,}: "
                       f"{(now - last) / EVERY_READ:+.2f} B of live malloc per encode", flush=True)
             last = now
     pool.shutdown()
