@@ -5,7 +5,7 @@
 
 Why: the library's BPE model caches each word it has merged (up to 10,000 words by default, the first seen
 kept for the process's life, nothing evicted) and the sidecar's live malloc rose with it for hours in the soak:
-a bound still filling. The sidecar already keeps its own piece cache (tokenize/chunks.py), so the library's
+a bound still filling. The sidecar already keeps its own piece cache (tokenize/pieces.py), so the library's
 cache only serves text that piece cache missed. This probe encodes the same distinct texts (windows of
 `--kb` KB at different offsets of the repository's docs and sources, so no two are the same) through a fresh
 Tokenizer per capacity, and prints per capacity: the median and p90 time of an encode, and the live malloc
