@@ -91,6 +91,21 @@ def malloc_counts() -> Callable[[], tuple[int, int]] | None:
     return counts
 
 
+def settled_malloc_reader() -> Callable[[], int] | None:
+    """Live malloc bytes after a full collection and a heap trim: what a before/after measurement compares
+    (nothing garbage or merely cached by the allocator in it). None without glibc's mallinfo2 and malloc_trim."""
+    counts, trim = malloc_counts(), heap_trimmer()
+    if counts is None or trim is None:
+        return None
+
+    def read() -> int:
+        gc.collect()
+        trim()
+        return counts()[0]
+
+    return read
+
+
 class FullCollections:
     def __init__(self, interval_s: float, registry: CollectorRegistry, trim_heap: bool = True,
                  freeze_survivors: bool = False) -> None:

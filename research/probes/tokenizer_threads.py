@@ -16,7 +16,6 @@ Tokenizer of its own; `python`: it builds a list of ints instead (the control: p
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import sys
 import threading
@@ -27,7 +26,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from bench.memory_per_request import Mix, Traffic
-from loadaware.collector import heap_trimmer, malloc_counts
+from loadaware.collector import settled_malloc_reader
 from loadaware.tokenize.tokenizer import bound_word_cache
 from sim.fleet import DEFAULT_TOKENIZER
 
@@ -62,15 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return local.tok.encode(text, add_special_tokens=False).ids
         return main_tok.encode(text, add_special_tokens=False).ids
 
-    malloc, trim = malloc_counts(), heap_trimmer()
-    if malloc is None or trim is None:
+    live = settled_malloc_reader()
+    if live is None:
         print("needs glibc (mallinfo2, malloc_trim)", file=sys.stderr)
         return 2
-
-    def live() -> int:
-        gc.collect()
-        trim()
-        return malloc()[0]
 
     pool = ThreadPoolExecutor(args.workers)
     traffic = Traffic(Mix(), 7)

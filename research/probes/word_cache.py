@@ -17,7 +17,6 @@ base64 without its symbols): each a word never seen before, the word cache's wor
 from __future__ import annotations
 
 import argparse
-import gc
 import random
 import statistics
 import string
@@ -28,7 +27,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from loadaware.collector import heap_trimmer, malloc_counts
+from loadaware.collector import settled_malloc_reader
+from loadaware.tokenize.tokenizer import bound_word_cache
 from sim.fleet import DEFAULT_TOKENIZER
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,18 +55,16 @@ def random_words(count: int, size: int, chars: int) -> list[str]:
 def measure(path: str, capacity: int | None, texts: list[str]) -> tuple[float, float, float]:
     """(median ms, p90 ms, MiB kept) for `texts` encoded twice through a Tokenizer whose word cache holds
     `capacity` words (None: the library's default)."""
-    malloc, trim = malloc_counts(), heap_trimmer()
-    if malloc is None or trim is None:
+    read = settled_malloc_reader()
+    if read is None:
         raise SystemExit("needs glibc (mallinfo2, malloc_trim)")
 
     def live() -> float:
-        gc.collect()
-        trim()
-        return malloc()[0] / 2**20
+        return read() / 2**20
 
     tok = Tokenizer.from_file(path)
-    if capacity is not None:
-        tok.model._resize_cache(capacity)
+    if capacity is not None and not bound_word_cache(tok, capacity):
+        raise SystemExit("this tokenizers cannot resize its word cache")
     before = live()
     times = []
     for _ in range(2):

@@ -10,13 +10,12 @@ every word of both.
 
 from __future__ import annotations
 
-import gc
 import random
 import string
 
 from tokenizers import Tokenizer
 
-from loadaware.collector import heap_trimmer, malloc_counts
+from loadaware.collector import settled_malloc_reader
 from loadaware.tokenize.tokenizer import LIBRARY_WORD_CACHE_WORDS, PromptTokenizer, bound_word_cache
 from testkit.paths import TINY_TOKENIZER
 
@@ -30,18 +29,12 @@ def new_words(seed: int) -> list[str]:
 
 
 def kept_mib(tok: Tokenizer, texts: list[str]) -> float:
-    malloc, trim = malloc_counts(), heap_trimmer()
-    assert malloc is not None and trim is not None, "glibc's mallinfo2 and malloc_trim"
-
-    def live() -> float:
-        gc.collect()
-        trim()
-        return malloc()[0] / 2**20
-
-    before = live()
+    read = settled_malloc_reader()
+    assert read is not None, "glibc's mallinfo2 and malloc_trim"
+    before = read()
     for text in texts:
         tok.encode(text, add_special_tokens=False)
-    return live() - before
+    return (read() - before) / 2**20
 
 
 def test_the_library_default_keeps_every_new_word() -> None:
