@@ -234,28 +234,32 @@ def outcomes_delta(before: dict[str, float], after: dict[str, float]) -> dict[st
     return {k: after.get(k, 0) - before.get(k, 0) for k in after if after[k] != before.get(k)}
 
 
-def sidecar_args(objectives: Path, reserved_slots: int | None = None, scrape_interval_s: float = 0.1) -> list[str]:
+def sidecar_args(objectives: Path, reserved_slots: int | None = None, scrape_interval_s: float = 0.1,
+                 late_reserved_slots: int | None = None) -> list[str]:
     """The sidecar's admission flags for this case (the objectives file at `objectives`)."""
     args = ["--admission", "on", "--objectives", str(objectives), "--admission-ttl-s", str(TTL_S),
             "--admission-max-held", str(MAX_HELD), "--admission-max-held-bytes", str(MAX_HELD_BYTES),
             "--scrape-interval-s", f"{scrape_interval_s:g}", "--log-level", "warning"]
     if reserved_slots is not None:  # else the sidecar's default
         args += ["--reserved-slots", str(reserved_slots)]
+    if late_reserved_slots is not None:
+        args += ["--late-reserved-slots", str(late_reserved_slots)]
     return args
 
 
 def run(out_dir: Path, quick: bool = False, seed: int = 11, reserved_slots: int | None = None,
-        control: bool = False, slower: float = 1.0) -> dict[str, Any]:
+        control: bool = False, slower: float = 1.0, late_reserved_slots: int | None = None) -> dict[str, Any]:
     duration = (8.0 if quick else 40.0) * slower
     fleet = fleet_args(slower=slower)
     out_dir.mkdir(parents=True, exist_ok=True)
     objectives = out_dir / "objectives.json"
     objectives.write_text(json.dumps(OBJECTIVES))
-    admission_args = sidecar_args(objectives, reserved_slots)
+    admission_args = sidecar_args(objectives, reserved_slots, late_reserved_slots=late_reserved_slots)
     results: dict[str, Any] = {"config": {
         "engines": ENGINES, "max_num_seqs": MAX_NUM_SEQS, "decode_ms": DECODE_MS * slower, "max_tokens": MAX_TOKENS,
         "mix": [list(m) for m in MIX], "objectives": OBJECTIVES, "ttl_s": TTL_S, "max_held": MAX_HELD,
-        "max_held_bytes": MAX_HELD_BYTES, "duration_s": duration, "seed": seed, "reserved_slots": reserved_slots}}
+        "max_held_bytes": MAX_HELD_BYTES, "duration_s": duration, "seed": seed, "reserved_slots": reserved_slots,
+        "late_reserved_slots": late_reserved_slots}}
     with Stack(out_dir / "logs", engines=ENGINES, lmcache=False, sidecar_args=admission_args,
                fleet_args=fleet) as stack:
         cap = asyncio.run(capacity(stack.url, (4.0 if quick else 10.0) * slower))
@@ -349,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="out/bench-admission")
     p.add_argument("--seed", type=int, default=11)
     p.add_argument("--reserved-slots", type=int, default=None, help="the sidecar's --reserved-slots (default: its own)")
+    p.add_argument("--late-reserved-slots", type=int, default=None,
+                   help="the sidecar's --late-reserved-slots (default: its own)")
     p.add_argument("--control", action="store_true", help="also the same rates on a fleet with twice the slots")
     p.add_argument("--slower", type=float, default=1.0,
                    help="decode steps and runs this many times longer: the same saturation at 1/K the request rate")
@@ -356,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.slower < 1:
         p.error("--slower is at least 1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
-    results = run(Path(args.out), args.quick, args.seed, args.reserved_slots, args.control, args.slower)
+    results = run(Path(args.out), args.quick, args.seed, args.reserved_slots, args.control, args.slower,
+                  args.late_reserved_slots)
     print(table(results))
     print(json.dumps(results["figures"], indent=2))
     return 0

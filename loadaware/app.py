@@ -208,7 +208,8 @@ class Wiring:
         health = self.endpoint_health
         room = PoolRoom(self.loads, self.registry.snapshot, health.not_admitted, s.saturation_queue)
         controller = AdmissionController(AdmissionSettings(s.saturation_queue, s.reserved_slots, s.admission_max_held,
-                                                           s.admission_max_held_bytes, s.admission_ttl_s),
+                                                           s.admission_max_held_bytes, s.admission_ttl_s,
+                                                           s.late_reserved_slots),
                                          objectives, room, self.metrics)
         self.lifecycle.subscribe(controller)
         self.loads.subscribe_scrapes(controller.on_scrape)

@@ -7,9 +7,9 @@
     per engine and beyond the highest band's requests in flight)
     held past its time to live (--admission-ttl-s)
         sheddable (priority < 0)            -> 429, Retry-After, reason ttl_expired
-        not sheddable                       -> held late: released after the top band into any free slot (the
-                                               reserve included) for up to LATE_S, then placed anyway (never
-                                               dropped)
+        not sheddable                       -> held late: released after the top band into any free slot
+                                               beyond --late-reserved-slots per engine (0: the reserve
+                                               included) for up to LATE_S, then placed anyway (never dropped)
     the queue is full (--admission-max-held requests or --admission-max-held-bytes)
         a held sheddable request of a lower priority exists -> that one is evicted (429, reason evicted)
         else sheddable                      -> 429, reason queue_full
@@ -51,6 +51,7 @@ LATE_S = 4.0
 RATE_WINDOW_S = 10.0
 MAX_RETRY_AFTER_S = 60
 RELEASED, EVICTED = "released", "evicted"
+TOP, LATE, LOWER = "top", "late", "lower"  # whose room: the highest band's, a late request's, a lower band's
 MAX_FAIRNESS_IDS = 1_000  # per band, in the fairness record; more ids are counted together as "other"
 
 
@@ -61,6 +62,7 @@ class AdmissionSettings:
     max_held: int = 5_000
     max_held_bytes: int = 256 * 1024 * 1024
     ttl_s: float = 30.0
+    late_reserved_slots: int = 0  # free slots per engine a late request leaves to the highest band
     late_s: float = LATE_S  # how long a request that is not sheddable is held late past its time to live
 
 
@@ -74,7 +76,7 @@ class Verdict:
     wait_s: float = 0.0
     retry_after_s: int = 0
     held: bool = False
-    late: bool = False  # released from its late band: any free slot, the reserve included, is its room
+    late: bool = False  # released from its late band: any free slot beyond --late-reserved-slots is its room
 
 
 class AdmissionMetrics(Protocol):
@@ -140,25 +142,32 @@ class AdmissionController:
         top = priority >= self.objectives.top()
         if top and not self._pending:
             return self.room.has_room()  # stops at the first engine with room
-        return self._room(top) > 0
+        return self._room(TOP if top else LOWER) > 0
 
-    def _room(self, top: bool) -> float:
-        """The free slots the highest band (`top`) or a band below it may take, less the admitted requests not yet
-        decided. A lower band's: beyond --reserved-slots per engine and beyond as many more as the highest band
-        has in flight (by Little's law about as many of its requests as arrive in one service time), so that
-        the free slots kept for it grow with its demand."""
-        if top or not self.settings.reserved_slots:
+    def _room(self, kind: str) -> float:
+        """The free slots the highest band (TOP), a late request (LATE) or a band below the highest (LOWER) may
+        take, less the admitted requests not yet decided. A late request's: beyond --late-reserved-slots per
+        engine. A lower band's: beyond --reserved-slots per engine and beyond as many more as the highest band has
+        in flight (by Little's law about as many of its requests as arrive in one service time), so that the free
+        slots kept for it grow with its demand."""
+        s = self.settings
+        if kind == TOP or (kind == LATE and not s.late_reserved_slots) or not s.reserved_slots:
             return self.room.total() - self._pending
-        return self.room.total(self.settings.reserved_slots) - len(self._top_inflight) - self._pending
+        if kind == LATE:
+            return self.room.total(min(s.late_reserved_slots, s.reserved_slots)) - self._pending
+        return self.room.total(s.reserved_slots) - len(self._top_inflight) - self._pending
 
     def room_for(self, verdict: Verdict) -> Callable[[str], bool]:
-        """Has an engine room for one more request with this verdict: any free slot for the highest band and for
-        a late request (released into any free slot), a free slot beyond --reserved-slots for a band below it.
+        """Has an engine room for one more request with this verdict: any free slot for the highest band, one
+        beyond --late-reserved-slots for a late request, one beyond --reserved-slots for a band below it.
         The decision moves a request off an engine without room when one of its candidates has some
         (routing/room.py): an admitted request placed on a full batch would wait in that engine's queue, behind
         whatever is there, however high its priority."""
-        anywhere = verdict.late or verdict.priority >= self.objectives.top()
-        reserve = 0 if anywhere else self.settings.reserved_slots
+        s = self.settings
+        if verdict.priority >= self.objectives.top() or not s.reserved_slots:
+            reserve = 0
+        else:
+            reserve = min(s.late_reserved_slots, s.reserved_slots) if verdict.late else s.reserved_slots
         of = self.room.of
         return lambda endpoint: of(endpoint) > reserve
 
@@ -193,7 +202,7 @@ class AdmissionController:
         if result is None:  # past its time to live
             if sheddable:
                 return self._shed(priority, "rejected_ttl", self.clock() - now)
-            # Held late: the pump releases it after the top band into any free slot, the reserve included. Placed
+            # Held late: the pump releases it after the top band into a free slot (--late-reserved-slots). Placed
             # into a full batch instead, it would queue in the engine ahead of the top band's next requests.
             result = await self._wait(Ticket(priority, fairness_id, size, now, request_id, objective,
                                              asyncio.get_running_loop().create_future(), late=True), s.late_s)
@@ -293,13 +302,14 @@ class AdmissionController:
             if self.queue:
                 # Each band's budget: the room beyond what it may not take, less the released not yet decided.
                 top = self.objectives.top()
-                budgets = {True: self._room(True), False: self._room(False)}
+                budgets = {kind: self._room(kind) for kind in (TOP, LATE, LOWER)}
                 now = self.clock()
                 while self.queue:
                     priority = self.queue.next_priority()
                     if priority is None:
                         break
-                    if budgets[priority >= top or is_late(priority)] <= 0:
+                    kind = TOP if priority >= top else LATE if is_late(priority) else LOWER
+                    if budgets[kind] <= 0:
                         break
                     ticket = self.queue.pop()
                     if ticket is None:
@@ -360,8 +370,9 @@ class AdmissionController:
             "jain_index": {str(p): jain_index(list(ids.values())) for p, ids in self.contended.items()},
             "slots": dict(self.room.slots), "top_inflight": len(self._top_inflight),
             "settings": {"saturation_queue": self.settings.saturation_queue,
-                         "reserved_slots": self.settings.reserved_slots, "top_priority": self.objectives.top(),
-                         "max_held": self.settings.max_held,
+                         "reserved_slots": self.settings.reserved_slots,
+                         "late_reserved_slots": self.settings.late_reserved_slots,
+                         "top_priority": self.objectives.top(), "max_held": self.settings.max_held,
                          "max_held_bytes": self.settings.max_held_bytes, "ttl_s": self.settings.ttl_s},
         }
 

@@ -105,15 +105,18 @@ async def end_stream(call: grpc.aio.StreamStreamCall, how: str, handler_waits_s:
 
 
 async def drive(port: int, stream_end: str, streams: int, steps: int = 1, messages: int = 1,
-                size: int = 140) -> tuple[float, float]:
+                size: int = 140, new_connection_each_step: bool = False) -> tuple[float, float]:
     """(malloc bytes, Python blocks) the server kept per stream; with several steps, the growth after each is
-    printed as it goes."""
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        open_stream, stats = channel.stream_stream(f"/{SERVICE}/{STREAM}"), channel.unary_unary(f"/{SERVICE}/{STATS}")
+    printed as it goes. `new_connection_each_step`: each step's streams on a connection of their own, the
+    previous one closed (as a server's maximum connection age makes Envoy reconnect)."""
+    target = f"127.0.0.1:{port}"
+    async with grpc.aio.insecure_channel(target) as channel:
+        stats = channel.unary_unary(f"/{SERVICE}/{STATS}")
+        streams_channel = grpc.aio.insecure_channel(target) if new_connection_each_step else channel
         request = b"r" * size
 
         async def one() -> None:
-            call = open_stream()
+            call = streams_channel.stream_stream(f"/{SERVICE}/{STREAM}")()
             for _ in range(messages):
                 await call.write(request)
                 await call.read()
@@ -133,6 +136,9 @@ async def drive(port: int, stream_end: str, streams: int, steps: int = 1, messag
         step, done, last = streams // steps, 0, heap0
         heap1, blocks1 = heap0, blocks0
         for _ in range(steps):
+            if new_connection_each_step:
+                await streams_channel.close()
+                streams_channel = grpc.aio.insecure_channel(target)
             await run(step)
             done += step
             heap1, blocks1 = await measure()
@@ -140,11 +146,14 @@ async def drive(port: int, stream_end: str, streams: int, steps: int = 1, messag
                 print(f"| {done:,} | {(heap1 - heap0) / 1024:.0f} | {(heap1 - last) / step:.1f} | "
                       f"{blocks1 - blocks0:+d} |", flush=True)
             last = heap1
+        if new_connection_each_step:
+            await streams_channel.close()
     return (heap1 - heap0) / done, (blocks1 - blocks0) / done
 
 
 def measure_case(handler_end: str, stream_end: str, streams: int, work: Path, loop: str,
-                 steps: int = 1, messages: int = 1, size: int = 140) -> tuple[float, float]:
+                 steps: int = 1, messages: int = 1, size: int = 140,
+                 new_connection_each_step: bool = False) -> tuple[float, float]:
     port_file = work / f"port-{handler_end}-{stream_end}"
     port_file.unlink(missing_ok=True)
     server = subprocess.Popen([sys.executable, "-m", "research.probes.stream_leak", "--loop", loop,
@@ -155,7 +164,8 @@ def measure_case(handler_end: str, stream_end: str, streams: int, work: Path, lo
             if time.monotonic() > deadline or server.poll() is not None:
                 raise RuntimeError("the leak server did not start")
             time.sleep(0.05)
-        return asyncio.run(drive(int(port_file.read_text()), stream_end, streams, steps, messages, size))
+        return asyncio.run(drive(int(port_file.read_text()), stream_end, streams, steps, messages, size,
+                                 new_connection_each_step))
     finally:
         server.terminate()
         server.wait(10)
@@ -170,6 +180,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--messages", type=int, default=1, help="round trips per stream")
     p.add_argument("--size", type=int, default=140, help="bytes of each client message")
+    p.add_argument("--new-connection-each-step", action="store_true",
+                   help="with --curve: each step's streams on a fresh connection, the previous one closed")
     p.add_argument("--serve", nargs=2, metavar=("HANDLER_END", "PORT_FILE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve:
@@ -183,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
         print("| streams | malloc heap kept (KiB) | B/stream over the last step | Python blocks kept |")
         print("|---:|---:|---:|---:|")
         measure_case(HANDLERS[-1], args.curve, args.streams, work, args.loop, max(1, args.steps), args.messages,
-                     args.size)
+                     args.size, args.new_connection_each_step)
         return
     print(f"grpcio {grpc.__version__}, server on {args.loop}, {args.streams} streams per case after {WARMUP} of "
           "warm-up\n")

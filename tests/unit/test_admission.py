@@ -12,7 +12,7 @@ import pytest
 from envoy.config.core.v3 import base_pb2
 
 from bench.extproc_inprocess import buffered_messages, duplex_messages
-from loadaware.admission.controller import AdmissionController, AdmissionSettings, jain_index
+from loadaware.admission.controller import AdmissionController, AdmissionSettings, Verdict, jain_index
 from loadaware.admission.flow_queue import FlowQueue, Ticket
 from loadaware.admission.objectives import (
     DEFAULT_PRIORITY,
@@ -194,6 +194,9 @@ class Room:
     def has_room(self, reserve: int = 0) -> bool:
         return self.free > reserve
 
+    def of(self, endpoint: str) -> float:
+        return self.free  # one engine
+
     def total(self, reserve: int = 0) -> float:
         return max(0.0, self.free - reserve)
 
@@ -312,6 +315,23 @@ async def test_past_its_time_to_live_a_request_that_is_not_sheddable_may_take_th
     await room_appears(admission, pool, 1)  # one free slot, the reserve: the late request takes it
     assert standard.done() and standard.result().outcome == "released" and standard.result().wait_s >= 0.05
     assert standard.result().late and not critical.late  # placed as it was released: into any free slot
+
+
+async def test_with_late_reserved_slots_a_late_request_leaves_the_reserve_to_the_top_band() -> None:
+    """--late-reserved-slots 1 of --reserved-slots 1: held late, a request takes a free slot beyond the reserve
+    only, and an engine whose only free slot is the reserve is no room for it."""
+    admission, pool = controller(reserved_slots=1, late_reserved_slots=1, ttl_s=0.05, late_s=5)
+    standard = asyncio.create_task(admission.admit("standard", "t", 1))
+    await asyncio.sleep(0.1)
+    await room_appears(admission, pool, 1)  # the reserve only: kept for the top band
+    assert not standard.done() and admission.queue.bands() == {0: (1, 1)}
+    await room_appears(admission, pool, 2)  # one beyond the reserve: the late request's
+    verdict = standard.result()
+    assert verdict.outcome == "released" and verdict.late
+    pool.free = 1
+    assert not admission.room_for(verdict)("e") and admission.room_for(Verdict(True, 10, "admitted"))("e")
+    pool.free = 2
+    assert admission.room_for(verdict)("e")
 
 
 async def test_a_full_queue_evicts_a_lower_sheddable_request_or_sheds_or_places() -> None:
