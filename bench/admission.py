@@ -248,7 +248,8 @@ def sidecar_args(objectives: Path, reserved_slots: int | None = None, scrape_int
 
 
 def run(out_dir: Path, quick: bool = False, seed: int = 11, reserved_slots: int | None = None,
-        control: bool = False, slower: float = 1.0, late_reserved_slots: int | None = None) -> dict[str, Any]:
+        control: bool = False, slower: float = 1.0, late_reserved_slots: int | None = None,
+        admission_off: bool = True) -> dict[str, Any]:
     duration = (8.0 if quick else 40.0) * slower
     fleet = fleet_args(slower=slower)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -272,14 +273,15 @@ def run(out_dir: Path, quick: bool = False, seed: int = 11, reserved_slots: int 
             runs.append(r.figures())
             log.info("%.1fx: %s", load, json.dumps(runs[-1]["status"]))
         results["runs"] = runs
-    # The same 1.5x traffic without admission: every request goes to an engine at once and queues there.
-    plain_args = ["--scrape-interval-s", "0.1", "--log-level", "warning"]
-    with Stack(out_dir / "logs-off", engines=ENGINES, lmcache=False, sidecar_args=plain_args,
-               fleet_args=fleet) as stack:
-        off = asyncio.run(run_at(stack, 1.5, cap, duration, seed)).figures()
-        off["admission"] = "off"
-        log.info("1.5x, admission off: %s", json.dumps(off["status"]))
-        results["runs_off"] = [off]
+    off: dict[str, Any] | None = None
+    if admission_off:  # the same 1.5x traffic without admission: every request goes to an engine and queues there
+        plain_args = ["--scrape-interval-s", "0.1", "--log-level", "warning"]
+        with Stack(out_dir / "logs-off", engines=ENGINES, lmcache=False, sidecar_args=plain_args,
+                   fleet_args=fleet) as stack:
+            off = asyncio.run(run_at(stack, 1.5, cap, duration, seed)).figures()
+            off["admission"] = "off"
+            log.info("1.5x, admission off: %s", json.dumps(off["status"]))
+            results["runs_off"] = [off]
     if control:
         results["runs_control"] = control_runs(out_dir, admission_args, cap, duration, seed, slower)
     low, high = results["runs"]
@@ -287,7 +289,7 @@ def run(out_dir: Path, quick: bool = False, seed: int = 11, reserved_slots: int 
     jain = (high["sidecar"].get("jain_index") or {}).get("0")
     results["figures"] = {
         "critical_ttft_p95_ratio": p95[1] / p95[0] if p95[0] and p95[1] else None,
-        "critical_ttft_p95_s_admission_off": off["objectives"]["critical"]["ttft_p95_s"],
+        "critical_ttft_p95_s_admission_off": off["objectives"]["critical"]["ttft_p95_s"] if off else None,
         "lost": low["lost"] + high["lost"], "standard_jain_index": jain,
         "held_max": high["held_max"], "held_bytes_max": high["held_bytes_max"]}
     if control:
@@ -355,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reserved-slots", type=int, default=None, help="the sidecar's --reserved-slots (default: its own)")
     p.add_argument("--late-reserved-slots", type=int, default=None,
                    help="the sidecar's --late-reserved-slots (default: its own)")
+    p.add_argument("--no-admission-off", action="store_true",
+                   help="skip the run of the same 1.5x traffic with admission off")
     p.add_argument("--control", action="store_true", help="also the same rates on a fleet with twice the slots")
     p.add_argument("--slower", type=float, default=1.0,
                    help="decode steps and runs this many times longer: the same saturation at 1/K the request rate")
@@ -363,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--slower is at least 1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
     results = run(Path(args.out), args.quick, args.seed, args.reserved_slots, args.control, args.slower,
-                  args.late_reserved_slots)
+                  args.late_reserved_slots, not args.no_admission_off)
     print(table(results))
     print(json.dumps(results["figures"], indent=2))
     return 0

@@ -1,7 +1,7 @@
 """After the pick, with admission on: the choice goes to an engine with room for the request's band.
 
-    room(e)  = admission's: a free batch slot for the highest band and a late request, one beyond --reserved-slots
-               for a lower band
+    room(e)  = admission's: a free batch slot for the highest band, one beyond --late-reserved-slots for a late
+               request, one beyond --reserved-slots for a lower band
                (loadaware/admission/saturation.py)
     choice   = the policy's (or the session's) choice          if room(choice)
                the best-ranked candidate with room             if some candidate has room (rule "room")
