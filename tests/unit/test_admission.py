@@ -304,7 +304,7 @@ async def test_past_its_time_to_live_a_sheddable_request_gets_429_and_another_is
 async def test_past_its_time_to_live_a_request_that_is_not_sheddable_may_take_the_reserve() -> None:
     """Held late, it waits for any free slot (the top band's reserve included) rather than being placed into a full
     batch, and a top-band arrival is not held behind it."""
-    admission, pool = controller(reserved_slots=1, ttl_s=0.05, late_s=5)
+    admission, pool = controller(reserved_slots=1, late_reserved_slots=0, ttl_s=0.05, late_s=5)
     standard = asyncio.create_task(admission.admit("standard", "t", 1))
     await asyncio.sleep(0.1)
     assert not standard.done() and admission.queue.bands() == {0: (1, 1)}  # late, still held in its band

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import pytest
+
 from loadaware.admission.controller import AdmissionController, AdmissionSettings, Verdict
 from loadaware.admission.objectives import Objectives
 from loadaware.admission.saturation import PoolRoom
@@ -67,11 +69,13 @@ def test_a_failing_room_test_leaves_the_choice() -> None:
     assert d.endpoint == HOLDER and "admission_room_error" in d.reasons
 
 
-def test_admission_says_which_engines_have_room_for_which_band() -> None:
-    """The top band may take any free slot; a lower band only one beyond the reserve."""
+@pytest.mark.parametrize("late_reserved_slots", [0, 1])
+def test_admission_says_which_engines_have_room_for_which_band(late_reserved_slots: int) -> None:
+    """The top band may take any free slot; a lower band only one beyond the reserve; a late request one beyond
+    --late-reserved-slots."""
     loads = LoadTracker(stale_s=5)
     room = PoolRoom(loads, lambda: FLEET, set, 0)
-    controller = AdmissionController(AdmissionSettings(reserved_slots=1),
+    controller = AdmissionController(AdmissionSettings(reserved_slots=1, late_reserved_slots=late_reserved_slots),
                                      Objectives({"critical": 10, "batch": -1}), room)
     now = loads.clock()
     for ep, running in zip(FLEET, (8.0, 7.0, 6.0)):
@@ -81,4 +85,7 @@ def test_admission_says_which_engines_have_room_for_which_band() -> None:
     late = controller.room_for(Verdict(True, -1, "released", held=True, late=True))
     assert [top(ep) for ep in FLEET] == [False, True, True]
     assert [lower(ep) for ep in FLEET] == [False, False, True]
-    assert [late(ep) for ep in FLEET] == [False, True, True]  # released into any free slot, the reserve included
+    if late_reserved_slots:  # the reserve is left to the top band
+        assert [late(ep) for ep in FLEET] == [False, False, True]
+    else:  # released into any free slot, the reserve included
+        assert [late(ep) for ep in FLEET] == [False, True, True]
