@@ -319,6 +319,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--tracemalloc-s", type=float, default=0.0,
                    help="the sidecars write tracemalloc snapshots this often (python -m bench.soak_diff DIR)")
+    p.add_argument("--glibc-tunables", default="",
+                   help="GLIBC_TUNABLES for the sidecars, e.g. glibc.malloc.tcache_count=0: whether what live malloc "
+                        "gains is glibc's per-thread caches filling (docs/memory.md)")
     return p.parse_args(argv)
 
 
@@ -331,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     minutes = args.minutes if args.minutes is not None else 60 * (args.hours if args.hours is not None else 2.0)
     out = Path(args.out)
     cfg = MixedConfig(out_dir=out, duration_s=minutes * 60, rate=args.rate, sample_s=args.sample_s, seed=args.seed,
-                      modes=MODES if args.mode == "both" else (args.mode,), tracemalloc_interval_s=args.tracemalloc_s)
+                      modes=MODES if args.mode == "both" else (args.mode,), tracemalloc_interval_s=args.tracemalloc_s,
+                      glibc_tunables=args.glibc_tunables)
     # Churn and bursts every few minutes over hours; a short run gets the same number of each in proportion.
     if cfg.duration_s < 3600:
         cfg.churn_every_s = max(60.0, cfg.duration_s / 4)

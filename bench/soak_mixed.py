@@ -74,6 +74,7 @@ class MixedConfig:
     hangup_fraction: float = 0.05
     seed: int = 1
     tracemalloc_interval_s: float = 0.0
+    glibc_tunables: str = ""  # GLIBC_TUNABLES for the sidecars ("": glibc's defaults)
 
     @property
     def fill_s(self) -> float:
@@ -195,7 +196,8 @@ def mode_stack(mode: str, cfg: MixedConfig, bounds: Bounds) -> Iterator[ModeRun]
         objectives.write_text(json.dumps(OBJECTIVES))
         write_fleet(endpoints_file, fleet.endpoints)
         sidecar = stack.enter_context(SidecarProc(
-            sidecar_args(mode, cfg, bounds, fleet, endpoints_file, objectives), log_dir=logs))
+            sidecar_args(mode, cfg, bounds, fleet, endpoints_file, objectives), log_dir=logs,
+            env={"GLIBC_TUNABLES": cfg.glibc_tunables} if cfg.glibc_tunables else None))
         sidecar_port = int(sidecar.listen.rpartition(":")[2])
         listen, admin = free_port(), free_port()
         if mode == "buffered-kv":
