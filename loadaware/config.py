@@ -351,10 +351,10 @@ class Settings:
     reserved_slots: int = setting(1, parse_count,
             "batch slots per engine that only the highest priority the objectives define may take: its requests "
             "find a free slot while lower ones are held (0 = none)")
-    late_reserved_slots: int = setting(0, parse_count,
+    late_reserved_slots: int = setting(1, parse_count,
             "of the --reserved-slots per engine, those a request held past --admission-ttl-s (not sheddable, "
             "released late, before its band) leaves to the highest priority too; 0: a late request may take any "
-            "free slot")
+            "free slot, the reserve included")
     admission_max_held: int = setting(5_000, parse_positive_int,
             "most requests held at once (past it: a lower-priority sheddable one is evicted, a sheddable arrival "
             "gets 429, any other is placed at once)")

@@ -8,8 +8,8 @@
     held past its time to live (--admission-ttl-s)
         sheddable (priority < 0)            -> 429, Retry-After, reason ttl_expired
         not sheddable                       -> held late: released after the top band into any free slot
-                                               beyond --late-reserved-slots per engine (0: the reserve
-                                               included) for up to LATE_S, then placed anyway (never dropped)
+                                               beyond --late-reserved-slots (1) per engine, for up to LATE_S,
+                                               then placed anyway (never dropped)
     the queue is full (--admission-max-held requests or --admission-max-held-bytes)
         a held sheddable request of a lower priority exists -> that one is evicted (429, reason evicted)
         else sheddable                      -> 429, reason queue_full
@@ -62,7 +62,7 @@ class AdmissionSettings:
     max_held: int = 5_000
     max_held_bytes: int = 256 * 1024 * 1024
     ttl_s: float = 30.0
-    late_reserved_slots: int = 0  # free slots per engine a late request leaves to the highest band
+    late_reserved_slots: int = 1  # free slots per engine a late request leaves to the highest band
     late_s: float = LATE_S  # how long a request that is not sheddable is held late past its time to live
 
 
