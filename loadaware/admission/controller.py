@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 faults = RateLimitedLog(log)
 
 TICK_S = 0.05  # while anything is held: room can appear with no event (a scrape going stale, say)
-# How long a request that is not sheddable waits late (any free slot, the reserve included) past its time to live
+# How long a request that is not sheddable waits late (any slot beyond --late-reserved-slots) past its time to live
 # before it is placed anyway: within the 5 s the BUFFERED conversation adds to Envoy's message timeout for a hold
 # (extproc/conversation.py, HOLD_MARGIN_S), so Envoy never gives up on it first.
 LATE_S = 4.0
