@@ -150,12 +150,17 @@ class AdmissionController:
         engine. A lower band's: beyond --reserved-slots per engine and beyond as many more as the highest band has
         in flight (by Little's law about as many of its requests as arrive in one service time), so that the free
         slots kept for it grow with its demand."""
+        reserve = self._reserve(kind)
+        if kind != LOWER or not reserve:
+            return self.room.total(reserve) - self._pending
+        return self.room.total(reserve) - len(self._top_inflight) - self._pending
+
+    def _reserve(self, kind: str) -> int:
+        """The free slots per engine that `kind` leaves to the highest band."""
         s = self.settings
-        if kind == TOP or (kind == LATE and not s.late_reserved_slots) or not s.reserved_slots:
-            return self.room.total() - self._pending
-        if kind == LATE:
-            return self.room.total(min(s.late_reserved_slots, s.reserved_slots)) - self._pending
-        return self.room.total(s.reserved_slots) - len(self._top_inflight) - self._pending
+        if kind == TOP or not s.reserved_slots:
+            return 0
+        return min(s.late_reserved_slots, s.reserved_slots) if kind == LATE else s.reserved_slots
 
     def room_for(self, verdict: Verdict) -> Callable[[str], bool]:
         """Has an engine room for one more request with this verdict: any free slot for the highest band, one
@@ -163,11 +168,8 @@ class AdmissionController:
         The decision moves a request off an engine without room when one of its candidates has some
         (routing/room.py): an admitted request placed on a full batch would wait in that engine's queue, behind
         whatever is there, however high its priority."""
-        s = self.settings
-        if verdict.priority >= self.objectives.top() or not s.reserved_slots:
-            reserve = 0
-        else:
-            reserve = min(s.late_reserved_slots, s.reserved_slots) if verdict.late else s.reserved_slots
+        kind = TOP if verdict.priority >= self.objectives.top() else LATE if verdict.late else LOWER
+        reserve = self._reserve(kind)
         of = self.room.of
         return lambda endpoint: of(endpoint) > reserve
 
