@@ -151,9 +151,8 @@ class AdmissionController:
         in flight (by Little's law about as many of its requests as arrive in one service time), so that the free
         slots kept for it grow with its demand."""
         reserve = self._reserve(kind)
-        if kind != LOWER or not reserve:
-            return self.room.total(reserve) - self._pending
-        return self.room.total(reserve) - len(self._top_inflight) - self._pending
+        top_inflight = len(self._top_inflight) if kind == LOWER and reserve else 0
+        return self.room.total(reserve) - top_inflight - self._pending
 
     def _reserve(self, kind: str) -> int:
         """The free slots per engine that `kind` leaves to the highest band."""
