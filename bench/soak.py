@@ -89,6 +89,8 @@ class Sample:
     heap_mb: float = 0.0  # resident in the malloc heap ([heap]: native code, objects above 512 B)
     anon_mb: float = 0.0  # resident in anonymous mappings (Python's small-object arenas, thread stacks)
     malloc_in_use_mb: float = 0.0  # live in malloc, after the sidecar's last trim (loadaware_malloc_in_use_bytes)
+    malloc_mmapped_mb: float = 0.0  # of which in chunks mmapped on their own (Python's arenas among them)
+    python_blocks: float = 0.0  # blocks Python's allocator has handed out (loadaware_python_allocated_blocks)
     kv_lag_s: float = 0.0  # the largest KV-events feed lag (loadaware_kv_events_lag_seconds): a growing queue
 
 
@@ -133,12 +135,24 @@ def kv_lag_s(metrics_text: str) -> float:
                 if line.startswith("loadaware_kv_events_lag_seconds{")), default=0.0)
 
 
+def gauge(metrics_text: str, name: str) -> float:
+    """An unlabelled gauge's value in the sidecar's /metrics text; 0 when it is not there (yet)."""
+    for line in metrics_text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def malloc_in_use_mb(metrics_text: str) -> float:
     """The sidecar's loadaware_malloc_in_use_bytes in MiB; 0 before its first periodic collection."""
-    for line in metrics_text.splitlines():
-        if line.startswith("loadaware_malloc_in_use_bytes "):
-            return float(line.rsplit(" ", 1)[1]) / 2**20
-    return 0.0
+    return gauge(metrics_text, "loadaware_malloc_in_use_bytes") / 2**20
+
+
+def read_malloc(sample: Sample, metrics_text: str) -> None:
+    """The sidecar's own memory gauges into `sample`: live malloc, its mmapped part and Python's blocks."""
+    sample.malloc_in_use_mb = malloc_in_use_mb(metrics_text)
+    sample.malloc_mmapped_mb = gauge(metrics_text, "loadaware_malloc_mmapped_bytes") / 2**20
+    sample.python_blocks = gauge(metrics_text, "loadaware_python_allocated_blocks")
 
 
 def rss_mb(pid: int) -> float:
@@ -241,7 +255,8 @@ def run_soak(cfg: SoakConfig) -> SoakResult:
                                     *mapping_mb(sidecar.pid))
                     with contextlib.suppress(Exception):
                         text = sidecar.metrics_text()
-                        sample.malloc_in_use_mb, sample.kv_lag_s = malloc_in_use_mb(text), kv_lag_s(text)
+                        read_malloc(sample, text)
+                        sample.kv_lag_s = kv_lag_s(text)
                     result.samples.append(sample)
                     log.info("soak t=%6.0fs sidecar RSS %.1f MiB (heap %.1f, anon %.1f, malloc in use %.1f) "
                              "cpu %.0f s, KV-events lag %.2f s", sample.t_s, sample.rss_mb, sample.heap_mb,

@@ -42,7 +42,7 @@ from testkit.ports import free_port
 from testkit.procs import cpu_seconds
 from testkit.sidecar import SidecarProc
 
-from .soak import SOAK_FLEET, Sample, kv_lag_s, malloc_in_use_mb, mapping_mb, private_envoy_config, rss_mb
+from .soak import SOAK_FLEET, Sample, kv_lag_s, mapping_mb, private_envoy_config, read_malloc, rss_mb
 from .soak_bounds import Bounds, bound_specs, held_full_outcomes, read_fills, size_bounds
 from .soak_traffic import SESSION_HEADER, TrafficSpec
 
@@ -240,7 +240,8 @@ def sample(run: ModeRun, cfg: MixedConfig, t_s: float) -> None:
     fills: dict[str, float] = {"t_s": s.t_s}
     try:
         text = run.sidecar.metrics_text(timeout=10.0)
-        s.malloc_in_use_mb, s.kv_lag_s = malloc_in_use_mb(text), kv_lag_s(text)
+        read_malloc(s, text)
+        s.kv_lag_s = kv_lag_s(text)
         state = run.sidecar.debug_json("/debug/state", timeout=10.0)
         decisions = run.sidecar.debug_json("/debug/decisions?n=100000", timeout=10.0)
         fills.update(read_fills(state, text, len(decisions)))

@@ -73,7 +73,10 @@ def mode_report(run: ModeRun, cfg: MixedConfig, specs: Sequence[BoundSpec], done
         "no_failed_requests": failed == 0,
         "inflight_after_zero": done["after"].get("inflight_total") == 0,
     }
+    # what the growth is made of: Python's objects, or native memory (not judged; older sidecars export neither)
+    parts = {attr: growth_pct(run.samples, attr, start, end) for attr in ("malloc_mmapped_mb", "python_blocks")}
     return {"mode": run.mode, "prefix_sources": run.prefix_sources, "rss_growth": rss, "malloc_growth": malloc,
+            "malloc_parts": parts,
             "bounds": [b.to_dict() for b in bounds], "failed": failed, "followup_404_excused": excused,
             "traffic": traffic, "after": done["after"], "stream_ends": done["stream_ends"],
             "churn": run.churn_log, "session_probes": run.probes, "checks": checks, "passed": all(checks.values()),
@@ -93,11 +96,17 @@ def mode_markdown(r: dict[str, Any], window: tuple[float, float]) -> list[str]:
         return "not read" if g is None else (f"**{g['pct']:+.2f}%** ({g['start_mb']:.1f} -> {g['end_mb']:.1f} MiB, "
                                              f"t={g['t0_s']:.0f}..{g['t1_s']:.0f} s)")
 
+    def part(g: dict[str, float] | None) -> str:
+        return "not read" if g is None else f"{g['pct']:+.2f}% ({g['start_mb']:,.1f} -> {g['end_mb']:,.1f})"
+
     ok = sum(n for k, n in t["outcomes"].items() if k.endswith(":ok"))
     lines = [f"### {r['mode']} (prefix sources {r['prefix_sources']}): {'PASS' if r['passed'] else 'FAIL'}", "",
              "| figure | measured | target |", "|---|---|---|",
              f"| RSS growth t={window[0]:.0f}..{window[1]:.0f} s | {growth(rss)} | at most +1% |",
              f"| live malloc growth | {growth(malloc)} | at most +1% |",
+             *(f"| of it: {label} | {part(r.get('malloc_parts', {}).get(attr))} | (not judged) |"
+               for attr, label in (("malloc_mmapped_mb", "mmapped chunks (MiB)"),
+                                   ("python_blocks", "Python's allocated blocks"))),
              f"| bounds reached and held | {sum(1 for b in r['bounds'] if b['reached'] and b['held'])} of "
              f"{len(r['bounds'])} | all |",
              f"| failed requests | {r['failed']} (of {t['sent']} sent; {r['followup_404_excused']} follow-up 404s "
@@ -116,10 +125,12 @@ def mode_markdown(r: dict[str, Any], window: tuple[float, float]) -> list[str]:
     if t["failures"]:
         lines += ["", "First failures:", ""] + [f"- t={f['t_s']} s {f['kind']} {f['outcome']} {f['detail'][:160]}"
                                                for f in t["failures"][:10]]
-    lines += ["", "| t (s) | RSS (MiB) | [heap] | anonymous | live malloc | CPU (s) |",
-              "|---:|---:|---:|---:|---:|---:|"]
+    lines += ["", "| t (s) | RSS (MiB) | [heap] | anonymous | live malloc | of it mmapped | Python's blocks "
+              "| CPU (s) |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {s['t_s']:.0f} | {s['rss_mb']:.1f} | {s['heap_mb']:.1f} | {s['anon_mb']:.1f} | "
-              f"{s['malloc_in_use_mb']:.1f} | {s['cpu_s']:.0f} |" for s in r["samples"]]
+              f"{s['malloc_in_use_mb']:.1f} | {s.get('malloc_mmapped_mb', 0.0):.1f} | "
+              f"{s.get('python_blocks', 0.0):,.0f} | {s['cpu_s']:.0f} |" for s in r["samples"]]
     return lines
 
 

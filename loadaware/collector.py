@@ -27,6 +27,7 @@ import ctypes
 import ctypes.util
 import gc
 import logging
+import sys
 import time
 from collections.abc import Callable
 
@@ -72,9 +73,8 @@ class MallInfo2(ctypes.Structure):
                                                       "fsmblks", "uordblks", "fordblks", "keepcost")]
 
 
-def malloc_counts() -> Callable[[], tuple[int, int]] | None:
-    """glibc's mallinfo2 (2.33+) over all arenas: (bytes handed out and not freed, mmapped chunks included;
-    bytes free inside the heap). Live native memory apart from what fragmentation keeps resident."""
+def mallinfo2() -> Callable[[], MallInfo2] | None:
+    """glibc's mallinfo2 (2.33+), over all arenas; None without it."""
     name = ctypes.util.find_library("c")
     if name is None:
         return None
@@ -83,6 +83,15 @@ def malloc_counts() -> Callable[[], tuple[int, int]] | None:
     except (OSError, AttributeError):
         return None
     info.argtypes, info.restype = [], MallInfo2
+    return info
+
+
+def malloc_counts() -> Callable[[], tuple[int, int]] | None:
+    """(bytes handed out and not freed, mmapped chunks included; bytes free inside the heap): live native memory
+    apart from what fragmentation keeps resident. None without glibc's mallinfo2."""
+    info = mallinfo2()
+    if info is None:
+        return None
 
     def counts() -> tuple[int, int]:
         m = info()
@@ -129,10 +138,18 @@ class FullCollections:
         self.trim_s = Gauge("loadaware_gc_heap_trim_seconds",
                             "How long the last malloc-heap trim took, in a worker thread (the event loop runs "
                             "meanwhile)", registry=registry)
-        self.malloc = malloc_counts()
+        self.malloc = mallinfo2()
         self.malloc_in_use = Gauge("loadaware_malloc_in_use_bytes",
                                    "Bytes the malloc heap has handed out and not had back (native allocations "
                                    "and Python objects above 512 B), after the last trim", registry=registry)
+        # The two parts of what grows, apart: chunks mmapped on their own (Python's small-object arenas among
+        # them) and the blocks of Python's own allocator in use; the rest of in-use is the heaps' chunks.
+        self.malloc_mmapped = Gauge("loadaware_malloc_mmapped_bytes",
+                                    "Of the bytes in use, those in chunks mmapped on their own (Python's "
+                                    "small-object arenas, large buffers), after the last trim", registry=registry)
+        self.python_blocks = Gauge("loadaware_python_allocated_blocks",
+                                   "Blocks Python's allocator has handed out, after the last full collection",
+                                   registry=registry)
         self.malloc_free = Gauge("loadaware_malloc_free_bytes",
                                  "Bytes free inside the malloc heap after the last trim (fragmentation)",
                                  registry=registry)
@@ -150,9 +167,10 @@ class FullCollections:
             self.trimmed.inc(max(0, before - resident_bytes()))
             self.trim_s.set(time.perf_counter() - started)
         if self.malloc is not None:
-            in_use, free = self.malloc()
-            self.malloc_in_use.set(in_use)
-            self.malloc_free.set(free)
+            m = self.malloc()
+            self.malloc_in_use.set(m.uordblks + m.hblkhd)
+            self.malloc_mmapped.set(m.hblkhd)
+            self.malloc_free.set(m.fordblks)
 
     def collect(self) -> int:
         """The full collection, on the caller's thread (the event loop's: a collection holds the GIL wherever
@@ -166,6 +184,7 @@ class FullCollections:
                 self._frozen_at is None or time.monotonic() - self._frozen_at >= FREEZE_EVERY_S):
             found += self.refreeze()
             took = time.perf_counter() - started
+        self.python_blocks.set(sys.getallocatedblocks())
         self.runs.inc()
         self.freed.inc(found)
         self.last_s.set(took)

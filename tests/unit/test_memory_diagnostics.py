@@ -10,6 +10,7 @@ import gc
 import inspect
 import json
 import os
+import sys
 import tracemalloc
 from pathlib import Path
 
@@ -40,10 +41,14 @@ def test_a_full_collection_frees_old_generation_cycles_and_is_counted() -> None:
     try:
         make_cycles(500)
         assert sum(isinstance(o, Node) for o in gc.get_objects()) >= 1000
+        blocks_with_cycles = sys.getallocatedblocks()
         found = collections.collect()
     finally:
         gc.enable()
     assert found >= 1000 and not any(isinstance(o, Node) for o in gc.get_objects())
+    # Python's blocks are read after the collection: the cycles' 1,000 objects are no longer among them
+    blocks = registry.get_sample_value("loadaware_python_allocated_blocks")
+    assert blocks is not None and 0 < blocks <= blocks_with_cycles - 1000
     assert registry.get_sample_value("loadaware_gc_full_collections_total") == 1
     assert registry.get_sample_value("loadaware_gc_full_collected_objects_total") == found
     pause = registry.get_sample_value("loadaware_gc_full_collection_seconds")
@@ -63,6 +68,7 @@ def test_the_collection_trims_the_malloc_heap() -> None:
     assert calls == [1, 1]
     assert collections.trim_s._value.get() > 0
     assert collections.malloc_in_use._value.get() > 0  # mallinfo2 read after the trim
+    assert 0 < collections.malloc_mmapped._value.get() <= collections.malloc_in_use._value.get()
 
 
 def test_resident_bytes_is_this_process() -> None:

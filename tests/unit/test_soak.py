@@ -15,6 +15,7 @@ from bench.soak import (
     malloc_in_use_mb,
     mapping_mb,
     private_envoy_config,
+    read_malloc,
     rss_mb,
     soak_bodies,
 )
@@ -75,6 +76,17 @@ def test_the_live_malloc_figure_is_read_from_the_sidecars_metrics() -> None:
             "loadaware_malloc_free_bytes 1048576.0\n")
     assert malloc_in_use_mb(text) == 30.0
     assert malloc_in_use_mb("loadaware_malloc_free_bytes 1.0\n") == 0.0  # before the first collection
+
+
+def test_a_sample_reads_live_malloc_its_mmapped_part_and_pythons_blocks() -> None:
+    text = ("loadaware_malloc_in_use_bytes 3.145728e+07\nloadaware_malloc_mmapped_bytes 2097152.0\n"
+            "loadaware_malloc_mmapped_bytes_created 1.0\nloadaware_python_allocated_blocks 123456.0\n")
+    sample = Sample(t_s=1.0, rss_mb=90.0, cpu_s=1.0)
+    read_malloc(sample, text)
+    assert (sample.malloc_in_use_mb, sample.malloc_mmapped_mb, sample.python_blocks) == (30.0, 2.0, 123456.0)
+    older = Sample(t_s=1.0, rss_mb=90.0, cpu_s=1.0)
+    read_malloc(older, "loadaware_malloc_in_use_bytes 1048576.0\n")  # a sidecar without the two parts
+    assert (older.malloc_in_use_mb, older.malloc_mmapped_mb, older.python_blocks) == (1.0, 0.0, 0.0)
 
 
 def test_soak_flags_reach_its_config() -> None:
