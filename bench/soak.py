@@ -89,7 +89,7 @@ class Sample:
     heap_mb: float = 0.0  # resident in the malloc heap ([heap]: native code, objects above 512 B)
     anon_mb: float = 0.0  # resident in anonymous mappings (Python's small-object arenas, thread stacks)
     malloc_in_use_mb: float = 0.0  # live in malloc, after the sidecar's last trim (loadaware_malloc_in_use_bytes)
-    malloc_mmapped_mb: float = 0.0  # of which in chunks mmapped on their own (Python's arenas among them)
+    malloc_mmapped_mb: float = 0.0  # of which in chunks above malloc's mmap threshold (large buffers)
     python_blocks: float = 0.0  # blocks Python's allocator has handed out (loadaware_python_allocated_blocks)
     kv_lag_s: float = 0.0  # the largest KV-events feed lag (loadaware_kv_events_lag_seconds): a growing queue
 

@@ -105,7 +105,7 @@ def mode_markdown(r: dict[str, Any], window: tuple[float, float]) -> list[str]:
              f"| RSS growth t={window[0]:.0f}..{window[1]:.0f} s | {growth(rss)} | at most +1% |",
              f"| live malloc growth | {growth(malloc)} | at most +1% |",
              *(f"| of it: {label} | {part(r.get('malloc_parts', {}).get(attr))} | (not judged) |"
-               for attr, label in (("malloc_mmapped_mb", "mmapped chunks (MiB)"),
+               for attr, label in (("malloc_mmapped_mb", "chunks above the mmap threshold (MiB)"),
                                    ("python_blocks", "Python's allocated blocks"))),
              f"| bounds reached and held | {sum(1 for b in r['bounds'] if b['reached'] and b['held'])} of "
              f"{len(r['bounds'])} | all |",

@@ -142,11 +142,11 @@ class FullCollections:
         self.malloc_in_use = Gauge("loadaware_malloc_in_use_bytes",
                                    "Bytes the malloc heap has handed out and not had back (native allocations "
                                    "and Python objects above 512 B), after the last trim", registry=registry)
-        # The two parts of what grows, apart: chunks mmapped on their own (Python's small-object arenas among
-        # them) and the blocks of Python's own allocator in use; the rest of in-use is the heaps' chunks.
+        # What a growth is made of: malloc's large chunks (each mmapped on its own) apart from its heaps', and
+        # Python's objects (its small ones live in arenas Python maps itself, outside malloc's counts).
         self.malloc_mmapped = Gauge("loadaware_malloc_mmapped_bytes",
-                                    "Of the bytes in use, those in chunks mmapped on their own (Python's "
-                                    "small-object arenas, large buffers), after the last trim", registry=registry)
+                                    "Of the bytes in use, those in chunks above malloc's mmap threshold, each "
+                                    "mapped on its own (large buffers), after the last trim", registry=registry)
         self.python_blocks = Gauge("loadaware_python_allocated_blocks",
                                    "Blocks Python's allocator has handed out, after the last full collection",
                                    registry=registry)
