@@ -337,6 +337,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--glibc-tunables", default="",
                    help="GLIBC_TUNABLES for the sidecars, e.g. glibc.malloc.tcache_count=0: whether what live malloc "
                         "gains is glibc's per-thread caches filling (docs/memory.md)")
+    p.add_argument("--memray-dir", default="",
+                   help="run each sidecar under memray, recording to DIR/MODE.bin (read it with python -m "
+                        "research.probes.memray_run)")
     return p.parse_args(argv)
 
 
@@ -350,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     cfg = MixedConfig(out_dir=out, duration_s=minutes * 60, rate=args.rate, sample_s=args.sample_s, seed=args.seed,
                       modes=MODES if args.mode == "both" else (args.mode,), tracemalloc_interval_s=args.tracemalloc_s,
-                      glibc_tunables=args.glibc_tunables)
+                      glibc_tunables=args.glibc_tunables, memray_dir=args.memray_dir)
     # Churn and bursts every few minutes over hours; a short run gets the same number of each in proportion.
     if cfg.duration_s < 3600:
         cfg.churn_every_s = max(60.0, cfg.duration_s / 4)

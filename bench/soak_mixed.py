@@ -40,6 +40,7 @@ from testkit.metrics_text import metric_sum
 from testkit.paths import REPO, TINY_TOKENIZER, repo_env
 from testkit.ports import free_port
 from testkit.procs import cpu_seconds
+from testkit.profiled import memray_sidecar
 from testkit.sidecar import SidecarProc
 
 from .soak import SOAK_FLEET, Sample, kv_lag_s, mapping_mb, private_envoy_config, read_malloc, rss_mb
@@ -75,6 +76,7 @@ class MixedConfig:
     seed: int = 1
     tracemalloc_interval_s: float = 0.0
     glibc_tunables: str = ""  # GLIBC_TUNABLES for the sidecars ("": glibc's defaults)
+    memray_dir: str = ""  # each sidecar under memray, recording to DIR/MODE.bin ("": not)
 
     @property
     def fill_s(self) -> float:
@@ -197,7 +199,8 @@ def mode_stack(mode: str, cfg: MixedConfig, bounds: Bounds) -> Iterator[ModeRun]
         write_fleet(endpoints_file, fleet.endpoints)
         sidecar = stack.enter_context(SidecarProc(
             sidecar_args(mode, cfg, bounds, fleet, endpoints_file, objectives), log_dir=logs,
-            env={"GLIBC_TUNABLES": cfg.glibc_tunables} if cfg.glibc_tunables else None))
+            env={"GLIBC_TUNABLES": cfg.glibc_tunables} if cfg.glibc_tunables else None,
+            command=memray_sidecar(Path(cfg.memray_dir) / f"{mode}.bin") if cfg.memray_dir else None))
         sidecar_port = int(sidecar.listen.rpartition(":")[2])
         listen, admin = free_port(), free_port()
         if mode == "buffered-kv":

@@ -40,7 +40,7 @@ class SidecarProc(ManagedProc):
     name = "sidecar"
 
     def __init__(self, args: Sequence[str], env: Mapping[str, str] | None = None,
-                 log_dir: str | os.PathLike[str] = DEFAULT_LOG_DIR) -> None:
+                 log_dir: str | os.PathLike[str] = DEFAULT_LOG_DIR, command: Sequence[str] | None = None) -> None:
         self.args = [str(a) for a in args]
         full_env = dict(os.environ)
         full_env.update(env or {})
@@ -51,7 +51,8 @@ class SidecarProc(ManagedProc):
                                or full_env.get("LOADAWARE_METRICS_LISTEN") or DEFAULT_METRICS_LISTEN)
         self.admin_listen = self._admin_address("--admin-listen", "LOADAWARE_ADMIN_LISTEN", full_env)
         self.admin_http_listen = self._admin_address("--admin-http-listen", "LOADAWARE_ADMIN_HTTP_LISTEN", full_env)
-        super().__init__([*self.command(), "serve", *self.args], log_dir, env=full_env)
+        # `command`: the program in the sidecar's place, e.g. a profiler running it (testkit/profiled.py)
+        super().__init__([*(command or self.command()), "serve", *self.args], log_dir, env=full_env)
 
     def _admin_address(self, flag: str, env: str, full_env: Mapping[str, str]) -> str:
         """The address the sidecar will use ('' when off); a free loopback port when nothing names one."""

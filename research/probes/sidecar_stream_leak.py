@@ -1,6 +1,7 @@
 """The sidecar's native heap per ext_proc stream, with a gRPC client in Envoy's place: does it keep memory?
 
     python -m research.probes.sidecar_stream_leak [--end cancel|eof] [--streams 24000] [--steps 4] [--no-tokenizer]
+        [--memray FILE]
 
 Starts the real sidecar (the tiny tokenizer, the approximate prefix source, a full collection and heap trim
 every 3 s) and speaks the BUFFERED conversation to it as Envoy does, 32 streams at a time: request headers,
@@ -29,6 +30,7 @@ from bench.soak import UNIQUE_MARKER, mapping_mb, rss_mb, soak_bodies
 from research.probes.stream_leak import end_stream
 from testkit.paths import TINY_TOKENIZER
 from testkit.ports import free_port
+from testkit.profiled import memray_sidecar
 from testkit.sidecar import SidecarProc
 
 WARMUP, CONCURRENCY, STEPS = 8000, 32, 4
@@ -92,6 +94,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--streams", type=int, default=24000)
     p.add_argument("--steps", type=int, default=STEPS)
     p.add_argument("--no-tokenizer", action="store_true", help="the sidecar without a tokenizer")
+    p.add_argument("--memray", type=Path, default=None,
+                   help="run the sidecar under memray, recording to this file (python -m research.probes.memray_run)")
     args = p.parse_args(argv)
     port = free_port()
     flags = ["--listen", f"127.0.0.1:{port}", "--endpoints", "127.0.0.2:8000,127.0.0.3:8000,127.0.0.4:8000",
@@ -99,7 +103,8 @@ def main(argv: Sequence[str] | None = None) -> None:
              "--log-level", "warning", "--prefix-source", "approx", "--gc-full-interval-s", "3"]
     if not args.no_tokenizer:
         flags += ["--tokenizer", str(TINY_TOKENIZER)]
-    with SidecarProc(flags, log_dir=Path("out") / "sidecar-stream-leak") as sidecar:
+    command = memray_sidecar(args.memray) if args.memray else None
+    with SidecarProc(flags, log_dir=Path("out") / "sidecar-stream-leak", command=command) as sidecar:
         asyncio.run(drive(sidecar, port, args.end, args.streams, max(1, args.steps)))
 
 

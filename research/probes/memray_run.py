@@ -1,0 +1,91 @@
+"""What the sidecar's allocations really hold over time, apart from what glibc keeps: the sidecar under memray.
+
+    python -m research.probes.memray_run FILE [--after 0.5] [--top 15]
+
+memray (a profiler, not a dependency of the project: `pip install memray`, or a `--target` folder on
+PYTHONPATH) records every allocation and free the process makes, native ones with their C stacks. Two probes
+run their sidecar under it: `python -m research.probes.sidecar_stream_leak --memray FILE` and
+`python -m bench.soak --memray-dir DIR`. This reads such a file and prints:
+
+- the bytes the process's allocations held (memray's count, every allocator) at 30 points of the run, beside its
+  RSS: what the program holds, whatever glibc's per-thread caches and free lists keep besides. glibc's
+  mallinfo2 (the sidecar's loadaware_malloc_in_use_bytes) counts a chunk a thread's cache keeps as in use;
+  memray counts it freed;
+- the allocations made after `--after` (a fraction of the run) and still live at its end, grouped by stack,
+  largest first: a leak shows there with as many allocations as requests, a bounded structure filling with a
+  few resizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from testkit.profiled import memray_available
+
+SNAPSHOT_ROWS = 30
+NATIVE_SHOWN, PYTHON_SHOWN = 4, 6  # of a stack: the allocating frames, and the Python code that led there
+
+
+def frames(record: Any, depth: int) -> list[tuple[str, str, int]]:
+    try:
+        return list(record.hybrid_stack_trace(max_stacks=depth))
+    except Exception:  # noqa: BLE001 - a record without native frames has its Python stack still
+        return list(record.stack_trace(max_stacks=depth))
+
+
+def shown(stack: list[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
+    """The allocating frames (the first NATIVE_SHOWN) and the Python frames that led there (up to PYTHON_SHOWN)."""
+    python_frames = [f for f in stack[NATIVE_SHOWN:] if f[1].endswith(".py")]
+    return [*stack[:NATIVE_SHOWN], *python_frames[:PYTHON_SHOWN]]
+
+
+def report(path: Path, after: float, top: int, depth: int = 64) -> None:
+    import memray
+
+    reader = memray.FileReader(str(path))
+    snapshots = list(reader.get_memory_snapshots())
+    if not snapshots:
+        raise SystemExit(f"{path}: no memory snapshots")
+    t0 = snapshots[0].time
+    print("| t (s) | RSS (MiB) | held by allocations (MiB) |\n|---:|---:|---:|")
+    step = max(1, len(snapshots) // SNAPSHOT_ROWS)
+    for snap in [*snapshots[::step], snapshots[-1]]:
+        print(f"| {(snap.time - t0) / 1e3:.0f} | {snap.rss / 2**20:.1f} | {snap.heap / 2**20:.2f} |")
+    cut = int(len(snapshots) * after)
+    held: Counter[str] = Counter()
+    count: Counter[str] = Counter()
+    stacks: dict[str, list[tuple[str, str, int]]] = {}
+    for record in reader.get_temporal_allocation_records(merge_threads=True):
+        for interval in record.intervals:
+            if interval.deallocated_before_snapshot is None and interval.allocated_before_snapshot >= cut:
+                stack = frames(record, depth)
+                key = " <- ".join(f[0] for f in stack)
+                held[key] += interval.n_bytes
+                count[key] += interval.n_allocations
+                stacks[key] = stack
+    print(f"\nAllocated after {(snapshots[cut].time - t0) / 1e3:.0f} s and live at the end: "
+          f"{sum(held.values()) / 2**20:.2f} MiB in {sum(count.values()):,} allocations")
+    for key, size in held.most_common(top):
+        print(f"\n{size / 1024:.1f} KiB in {count[key]:,} allocations")
+        for function, file, line in shown(stacks[key]):
+            print(f"    {function} {file}:{line}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m research.probes.memray_run", description=__doc__.splitlines()[0])
+    p.add_argument("file", type=Path, help="a memray capture of the sidecar")
+    p.add_argument("--after", type=float, default=0.5, help="allocations made after this fraction of the run")
+    p.add_argument("--top", type=int, default=15)
+    args = p.parse_args(argv)
+    if not memray_available():
+        sys.exit("needs memray: pip install memray")
+    report(args.file, args.after, args.top)
+
+
+if __name__ == "__main__":
+    main()
