@@ -124,10 +124,13 @@ class ShieldedReads:
 class ShieldedWrites:
     """`write(reply)` of one stream: the writes run in order in one task of the stream's own, started at the
     first; each caller waits for its own write's end (or failure). A cancelled caller leaves its write, and
-    any queued before it, to finish; `close()` ends the task once the queue is empty."""
+    any queued before it, to finish; `close()` ends the task once the queue is empty. A write not yet started
+    when `gone()` says the call is cancelled is not started: it fails with CancelledError (a batch started on a
+    cancelled call fails, and grpc.aio never frees a failed batch's op array)."""
 
-    def __init__(self, write: Callable[[Any], Awaitable[Any]]) -> None:
+    def __init__(self, write: Callable[[Any], Awaitable[Any]], gone: Callable[[], bool] = lambda: False) -> None:
         self._write = write
+        self._gone = gone
         self._queue: deque[tuple[Any, asyncio.Future[Any]]] = deque()
         self._task: asyncio.Task[None] | None = None
         self._idle: asyncio.Future[None] | None = None  # the writer's, while the queue is empty
@@ -157,6 +160,8 @@ class ShieldedWrites:
             while queue:
                 reply, done = queue.popleft()
                 try:
+                    if self._gone():
+                        raise asyncio.CancelledError
                     result = await self._write(reply)
                 except BaseException as exc:  # noqa: BLE001 - handed to its caller, which raises it
                     if not done.done():  # else its caller has gone, and with it the stream: nothing to tell

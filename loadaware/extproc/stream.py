@@ -81,12 +81,14 @@ class ExtProcServicer:
             quiet.log(logging.WARNING, "malformed", "ext_proc stream sent a malformed message: %s", describe(exc))
         except Exception as exc:  # noqa: BLE001 - a bug: the stream ends, the request is released, we say so
             end = "cancelled"  # unless the client is still there (and if the check is cancelled, it was gone)
-            if client_left(exc):  # a read or write whose call was gone: the client left, whatever gRPC says yet
+            # a read or write whose call was gone: the client left, whatever gRPC says yet
+            if client_left(exc) or await reset_by_client(context):
                 log.debug("ext_proc stream ended by its client: %s", describe(exc))
-            elif not await reset_by_client(context):
-                end = "error"
-                quiet.log(logging.ERROR, type(exc).__name__, "ext_proc stream failed: %s", describe(exc),
-                          exc_info=exc)
+                # ended cancelled, as end_at_eof does: a handler that returns makes grpc.aio send a status on
+                # the gone call, a failed batch whose op array it never frees (80 B a hang-up; stream_end.py)
+                raise asyncio.CancelledError from None
+            end = "error"
+            quiet.log(logging.ERROR, type(exc).__name__, "ext_proc stream failed: %s", describe(exc), exc_info=exc)
         finally:
             if self.tracer is not None:
                 trace_unreplied(stream, self.tracer)
@@ -99,7 +101,7 @@ class ExtProcServicer:
     async def _converse(self, context: grpc.aio.ServicerContext, stream: StreamState) -> None:
         # Shielded: a read or write that the stream's cancellation interrupted would leak its gRPC batch
         # (shielded.py).
-        read, writes = ShieldedReads(context.read), ShieldedWrites(context.write)
+        read, writes = ShieldedReads(context.read), ShieldedWrites(context.write, gone=context.cancelled)
         write: Write = writes
         if self.tracer is not None:
             write = traced_writes(write, stream, self.tracer)

@@ -135,3 +135,25 @@ async def test_a_write_failure_reaches_its_caller_and_later_writes_go_on() -> No
     await writes("next")
     assert sink.written == ["next"]
     writes.close()
+
+
+async def test_a_write_not_started_when_the_call_is_gone_is_never_started() -> None:
+    """A batch started on a cancelled call fails, and grpc.aio never frees a failed batch's op array: the
+    write in progress finishes, but what was queued behind it is not started once the call is cancelled."""
+    sink = Writes()
+    cancelled = False
+    writes = ShieldedWrites(sink.write, gone=lambda: cancelled)
+    first = asyncio.ensure_future(writes("headers"))
+    await asyncio.sleep(0)  # its batch is in progress
+    second = asyncio.ensure_future(writes("body"))
+    await asyncio.sleep(0)
+    cancelled = True  # the client reset the call meanwhile
+    sink.release.set()
+    assert await first is None  # started before: completes
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    assert sink.written == ["headers"]
+    with pytest.raises(asyncio.CancelledError):
+        await writes("late")  # and nothing after it starts either
+    assert sink.written == ["headers"]
+    writes.close()
