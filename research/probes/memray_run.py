@@ -7,10 +7,10 @@ PYTHONPATH) records every allocation and free the process makes, native ones wit
 run their sidecar under it: `python -m research.probes.sidecar_stream_leak --memray FILE` and
 `python -m bench.soak --memray-dir DIR`. This reads such a file and prints:
 
-- the bytes the process's allocations held (memray's count, every allocator) at 30 points of the run, beside its
-  RSS: what the program holds, whatever glibc's per-thread caches and free lists keep besides. glibc's
-  mallinfo2 (the sidecar's loadaware_malloc_in_use_bytes) counts a chunk a thread's cache keeps as in use;
-  memray counts it freed;
+- the bytes the process's allocations held (memray's count, every allocator, Python's arenas included) at 30
+  points of the run, beside its RSS, and of them those malloc handed out: what the program holds, whatever
+  glibc's per-thread caches and free lists keep besides. glibc's mallinfo2 (the sidecar's
+  loadaware_malloc_in_use_bytes) counts a chunk a thread's cache keeps as in use; memray counts it freed;
 - the allocations made after `--after` (a fraction of the run) and still live at its end, grouped by stack,
   largest first: a leak shows there with as many allocations as requests, a bounded structure filling with a
   few resizes.
@@ -47,20 +47,35 @@ def shown(stack: list[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
 def report(path: Path, after: float, top: int, depth: int = 64) -> None:
     import memray
 
+    MAPPED = {memray.AllocatorType.MMAP}  # Python's arenas among them: outside malloc's counts
     reader = memray.FileReader(str(path))
     snapshots = list(reader.get_memory_snapshots())
     if not snapshots:
         raise SystemExit(f"{path}: no memory snapshots")
     t0 = snapshots[0].time
-    print("| t (s) | RSS (MiB) | held by allocations (MiB) |\n|---:|---:|---:|")
     step = max(1, len(snapshots) // SNAPSHOT_ROWS)
-    for snap in [*snapshots[::step], snapshots[-1]]:
-        print(f"| {(snap.time - t0) / 1e3:.0f} | {snap.rss / 2**20:.1f} | {snap.heap / 2**20:.2f} |")
+    rows = [*range(0, len(snapshots), step), len(snapshots) - 1]
+    records = list(reader.get_temporal_allocation_records(merge_threads=True))
+    # malloc's share (what glibc's mallinfo2 counts, less its caches): every allocator but mmap
+    malloc_held = [0] * len(rows)
+    for record in records:
+        if record.allocator in MAPPED:
+            continue
+        for interval in record.intervals:
+            for i, k in enumerate(rows):
+                if interval.allocated_before_snapshot <= k and (
+                        interval.deallocated_before_snapshot is None or k < interval.deallocated_before_snapshot):
+                    malloc_held[i] += interval.n_bytes
+    print("| t (s) | RSS (MiB) | held by allocations (MiB) | of it by malloc (MiB) |\n|---:|---:|---:|---:|")
+    for i, k in enumerate(rows):
+        snap = snapshots[k]
+        print(f"| {(snap.time - t0) / 1e3:.0f} | {snap.rss / 2**20:.1f} | {snap.heap / 2**20:.2f} | "
+              f"{malloc_held[i] / 2**20:.2f} |")
     cut = int(len(snapshots) * after)
     held: Counter[str] = Counter()
     count: Counter[str] = Counter()
     stacks: dict[str, list[tuple[str, str, int]]] = {}
-    for record in reader.get_temporal_allocation_records(merge_threads=True):
+    for record in records:
         for interval in record.intervals:
             if interval.deallocated_before_snapshot is None and interval.allocated_before_snapshot >= cut:
                 stack = frames(record, depth)
