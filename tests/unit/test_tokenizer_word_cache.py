@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import string
+from concurrent.futures import ThreadPoolExecutor
 
 from tokenizers import Tokenizer
 
@@ -52,6 +53,20 @@ def test_the_sidecars_tokenizer_holds_its_bound() -> None:
           f"batches of {WORDS} new words")
     assert second < 0.3  # the bound was reached in the first batch and held
     assert first < 8.0 * LIBRARY_WORD_CACHE_WORDS / 1024  # at most ~7 KB a 200-letter word
+
+
+def test_each_thread_that_encodes_fills_a_cache_of_its_own_to_the_bound() -> None:
+    """`tokenizers` (0.23) keeps the word cache per thread: another thread fills one of its own, to the same
+    bound, and then holds it. The sidecar encodes on three (the event loop and the pool's two): docs/memory.md
+    budgets three caches."""
+    tok = PromptTokenizer(str(TINY_TOKENIZER))._tokenizer
+    here = kept_mib(tok, new_words(1))
+    with ThreadPoolExecutor(max_workers=1) as other:
+        there = other.submit(kept_mib, tok, new_words(1)).result()  # the same words, on another thread
+        again = other.submit(kept_mib, tok, new_words(2)).result()
+    print(f"this thread kept {here:.2f} MiB, another thread {there:.2f} then {again:.2f} MiB")
+    assert there > 0.5 * here > 0  # not the first thread's cache: the other thread kept the words again
+    assert again < 0.3  # and its own cache holds its bound too
 
 
 def test_bound_word_cache_fails_open_without_the_call() -> None:
