@@ -5,8 +5,8 @@ end of many completed requests), gRPC first completes the handler's pending read
 cancellation a moment later. A handler that returns at that EOF makes grpc.aio send a status on the
 cancelled call; that batch fails, and grpc.aio never frees a failed batch's native op array. Measured with
 `python -m research.probes.stream_leak`: ~100 bytes of malloc heap left per cancelled stream, each a small chunk that
-also keeps its page from being trimmed or reused. Waiting briefly at EOF (a turn of the event loop, then up to
-RESET_GRACE_S) lets the cancellation land first (the handler then ends with CancelledError and no status is
+also keeps its page from being trimmed or reused. Yielding one turn of the event loop at EOF lets a
+cancellation gRPC has already seen land first (the handler then ends with CancelledError and no status is
 sent); the call's own `cancelled()` catches one announced but not yet delivered.
 
 The same holds for a stream whose read or write failed because its client left (`client_left`): the handler
@@ -21,12 +21,6 @@ import asyncio
 import grpc
 from grpc._cython import cygrpc
 
-# How long a stream at EOF waits for its reset to be announced, in steps (a turn of the loop, then sleeps): one
-# turn alone let ~8% of a picker soak's resets through (an 80-byte array each). A stream its client really
-# half-closed gets its status RESET_GRACE_S later; the request was released before the wait.
-RESET_WAITS_S = (0.0, 0.002, 0.008, 0.03)
-RESET_GRACE_S = sum(RESET_WAITS_S)
-
 # grpc.aio raises this when a read's or write's batch fails on the call: the call is gone (its client reset or
 # cancelled it, or its deadline passed), sometimes before gRPC announces the cancellation (grpcio 1.85).
 CALL_GONE: tuple[type[BaseException], ...] = (cygrpc.ExecuteBatchError,)
@@ -39,14 +33,11 @@ async def end_at_eof(context: grpc.aio.ServicerContext) -> None:
 
 
 async def reset_by_client(context: grpc.aio.ServicerContext) -> bool:
-    """Whether the client has cancelled the call, waiting up to RESET_GRACE_S for a cancellation gRPC has seen
+    """Whether the client has cancelled the call, after one turn of the loop for a cancellation gRPC has seen
     but not yet announced. A read or write on a call its client reset fails (grpc.aio's ExecuteBatchError,
     1 stream in 100,000 of the fuzzer's): that is a hang-up, not a failure of the sidecar."""
-    for wait in RESET_WAITS_S:
-        await asyncio.sleep(wait)
-        if context.cancelled():
-            return True
-    return False
+    await asyncio.sleep(0)
+    return bool(context.cancelled())
 
 
 def client_left(exc: BaseException) -> bool:
