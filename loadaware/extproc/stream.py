@@ -70,6 +70,7 @@ class ExtProcServicer:
         end = "eof"
         try:
             await self._converse(context, stream)
+            self.lifecycle.ended(stream.decision)  # the request is over: released before the wait for a reset
             await end_at_eof(context)  # a reset stream ends cancelled, sending no status (stream_end.py)
         except asyncio.CancelledError:
             # client abort, Envoy reset, or shutdown past its grace; after a complete response, Envoy's way

@@ -43,7 +43,7 @@ async def test_a_stream_ends_by_eof_only_if_nobody_cancelled_it(feed: type[Feed]
 async def test_streams_their_clients_cancel_end_cancelled_through_real_grpc() -> None:
     """The client cancels while the handler waits in a read. gRPC hands the read EOF before it cancels the
     handler's task, so a handler returning at that EOF would send a status on a cancelled call; with
-    end_at_eof nearly all of them end with CancelledError instead (the rest: cancellation announced later)."""
+    end_at_eof (which waits a little for the cancellation) they end with CancelledError instead."""
     ends: list[str] = []
     waiting = asyncio.Queue[None]()
 
@@ -80,6 +80,40 @@ async def test_streams_their_clients_cancel_end_cancelled_through_real_grpc() ->
         await server.stop(0)
     assert len(ends) == streams
     assert ends.count("cancelled") >= 0.75 * streams, ends
+
+
+async def test_a_stream_its_client_half_closed_still_gets_its_status_through_real_grpc() -> None:
+    """At EOF the handler waits up to RESET_GRACE_S for a reset gRPC has not announced yet; a client that only
+    half-closed is not reset, so the handler returns after the wait and the client gets its OK status."""
+    from loadaware.extproc.stream_end import RESET_GRACE_S
+
+    ends: list[str] = []
+
+    async def handler(_requests: Any, context: grpc.aio.ServicerContext) -> None:
+        while await context.read() is not grpc.aio.EOF:
+            pass
+        try:
+            await end_at_eof(context)
+        except asyncio.CancelledError:
+            ends.append("cancelled")
+            raise
+        ends.append("returned")
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "t.S", {"P": grpc.stream_stream_rpc_method_handler(handler)}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            for _ in range(5):
+                call = channel.stream_stream("/t.S/P")()
+                await call.write(b"only")
+                await call.done_writing()
+                assert await asyncio.wait_for(call.code(), 10 * RESET_GRACE_S + 5) == grpc.StatusCode.OK
+    finally:
+        await server.stop(0)
+    assert ends == ["returned"] * 5
 
 
 class WriteFails(Feed):
