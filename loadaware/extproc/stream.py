@@ -86,7 +86,7 @@ class ExtProcServicer:
             if client_left(exc) or await reset_by_client(context):
                 log.debug("ext_proc stream ended by its client: %s", describe(exc))
                 # ended cancelled, as end_at_eof does: a handler that returns makes grpc.aio send a status on
-                # the gone call, a failed batch whose op array it never frees (80 B a hang-up; stream_end.py)
+                # the gone call, a failed batch whose 80-byte op array it never frees (stream_end.py)
                 raise asyncio.CancelledError from None
             end = "error"
             quiet.log(logging.ERROR, type(exc).__name__, "ext_proc stream failed: %s", describe(exc), exc_info=exc)
