@@ -36,6 +36,7 @@ from typing import Any
 
 from testkit.envoy import EnvoyProc
 from testkit.fleet import FleetProc
+from testkit.metrics_text import metric_sum
 from testkit.paths import ENVOY_CONFIG, REPO, TINY_TOKENIZER, repo_env
 from testkit.ports import free_port
 from testkit.procs import cpu_seconds
@@ -135,24 +136,16 @@ def kv_lag_s(metrics_text: str) -> float:
                 if line.startswith("loadaware_kv_events_lag_seconds{")), default=0.0)
 
 
-def gauge(metrics_text: str, name: str) -> float:
-    """An unlabelled gauge's value in the sidecar's /metrics text; 0 when it is not there (yet)."""
-    for line in metrics_text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
 def malloc_in_use_mb(metrics_text: str) -> float:
     """The sidecar's loadaware_malloc_in_use_bytes in MiB; 0 before its first periodic collection."""
-    return gauge(metrics_text, "loadaware_malloc_in_use_bytes") / 2**20
+    return metric_sum(metrics_text, "loadaware_malloc_in_use_bytes") / 2**20
 
 
 def read_malloc(sample: Sample, metrics_text: str) -> None:
     """The sidecar's own memory gauges into `sample`: live malloc, its mmapped part and Python's blocks."""
     sample.malloc_in_use_mb = malloc_in_use_mb(metrics_text)
-    sample.malloc_mmapped_mb = gauge(metrics_text, "loadaware_malloc_mmapped_bytes") / 2**20
-    sample.python_blocks = gauge(metrics_text, "loadaware_python_allocated_blocks")
+    sample.malloc_mmapped_mb = metric_sum(metrics_text, "loadaware_malloc_mmapped_bytes") / 2**20
+    sample.python_blocks = metric_sum(metrics_text, "loadaware_python_allocated_blocks")
 
 
 def rss_mb(pid: int) -> float:
