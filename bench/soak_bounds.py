@@ -13,7 +13,8 @@ took its blocks along) is counted, not a failure.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,11 @@ APPROX_PER_ENGINE_BLOCKS = 6_250
 BLOCKS_PER_REQUEST = 20.0
 # Admission outcomes that mean the held-requests bound was reached (loadaware/telemetry/flow_metrics.py).
 HELD_FULL_OUTCOMES = ("rejected_queue_full", "evicted", "placed_full")
+# Labels whose value is an engine's address: an engine that leaves the fleet takes its series along and brings them
+# back when it returns, so they are folded to one value before label sets are counted (churn is not growth).
+ENDPOINT_LABELS = ("endpoint", "model_server_pod")
+_ENDPOINT_VALUE = re.compile(r'\b(' + "|".join(ENDPOINT_LABELS) + r')="[^"]*"')
+MAX_SERIES_KEYS = 20_000  # a run's first-seen record; past it, an unbounded label is plain anyway
 
 
 @dataclass(frozen=True)
@@ -132,6 +138,29 @@ def held_full_outcomes(metrics: str) -> float:
 def series_count(metrics: str) -> int:
     """Series in a /metrics page (its label sets: one per sample line)."""
     return sum(1 for line in metrics.splitlines() if line and not line.startswith("#"))
+
+
+def folded_series(lines: Iterable[str]) -> set[str]:
+    """The label sets of /metrics sample lines (values dropped) with every engine address folded to "*": what
+    grows only if a label outside the fleet's addresses takes new values."""
+    keys = set()
+    for line in lines:
+        if not line or line.startswith("#"):
+            continue
+        key = line[:line.index("}") + 1] if "{" in line else line.split(" ", 1)[0]
+        keys.add(_ENDPOINT_VALUE.sub(r'\1="*"', key))
+    return keys
+
+
+def note_first_seen(first_seen: dict[str, float], keys: Iterable[str], t_s: float) -> None:
+    for key in keys:
+        if key not in first_seen and len(first_seen) < MAX_SERIES_KEYS:
+            first_seen[key] = t_s
+
+
+def new_after(first_seen: Mapping[str, float], t_s: float) -> list[str]:
+    """Label sets first seen after t_s, in order."""
+    return sorted((k for k, t in first_seen.items() if t > t_s), key=lambda k: (first_seen[k], k))
 
 
 @dataclass

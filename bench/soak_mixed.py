@@ -44,7 +44,15 @@ from testkit.profiled import memray_sidecar
 from testkit.sidecar import SidecarProc
 
 from .soak import SOAK_FLEET, Sample, kv_lag_s, mapping_mb, private_envoy_config, read_malloc, rss_mb
-from .soak_bounds import Bounds, bound_specs, held_full_outcomes, read_fills, size_bounds
+from .soak_bounds import (
+    Bounds,
+    bound_specs,
+    folded_series,
+    held_full_outcomes,
+    note_first_seen,
+    read_fills,
+    size_bounds,
+)
 from .soak_traffic import SESSION_HEADER, TrafficSpec
 
 log = logging.getLogger("bench.soak")
@@ -143,6 +151,7 @@ class ModeRun:
     probes: list[dict[str, Any]] = field(default_factory=list)
     churn_log: list[dict[str, Any]] = field(default_factory=list)
     probe_count: int = 0
+    series_first_seen: dict[str, float] = field(default_factory=dict)  # folded /metrics label sets (soak_bounds.py)
 
     @property
     def prefix_sources(self) -> str:
@@ -248,6 +257,9 @@ def sample(run: ModeRun, cfg: MixedConfig, t_s: float) -> None:
         state = run.sidecar.debug_json("/debug/state", timeout=10.0)
         decisions = run.sidecar.debug_json("/debug/decisions?n=100000", timeout=10.0)
         fills.update(read_fills(state, text, len(decisions)))
+        keys = folded_series(text.splitlines())
+        fills["metric_series_folded"] = float(len(keys))
+        note_first_seen(run.series_first_seen, keys, s.t_s)
     except Exception as exc:  # noqa: BLE001 - a missed read is a gap in the record, not the end of the soak
         log.warning("%s: reading the sidecar at t=%.0f s failed: %s", run.mode, t_s, exc)
     if in_burst(cfg, cfg.modes.index(run.mode), t_s) and run.fills:

@@ -10,13 +10,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .soak import Sample
-from .soak_bounds import BoundSpec, BoundVerdict, judge, judge_events, judge_plateau
+from .soak_bounds import BoundSpec, BoundVerdict, judge, judge_events, judge_plateau, new_after
 
 if TYPE_CHECKING:
     from .soak_mixed import MixedConfig, ModeRun
 
 GROWTH_TARGET_PCT = 1.0
 PARENT_SLACK_S = 5.0
+MAX_LATE_SHOWN = 12  # label sets first seen in the second half, named in the report
 
 
 def growth_pct(samples: Sequence[Sample], attr: str, start_s: float, end_s: float) -> dict[str, float] | None:
@@ -44,9 +45,14 @@ def verdicts(run: ModeRun, specs: Sequence[BoundSpec]) -> list[BoundVerdict]:
             out.append(judge_events(spec, peaks, outcomes))
         else:
             out.append(judge(spec, [(f["t_s"], f[spec.name]) for f in run.fills if spec.name in f]))
-    out.append(judge_plateau("metric_series", [(f["t_s"], f["metric_series"]) for f in run.fills
-                                               if "metric_series" in f],
-                             "label sets of /metrics (one per sample line): no limit, must plateau"))
+    late = new_after(run.series_first_seen, run.fills[-1]["t_s"] / 2) if run.fills else []
+    shown = ", ".join(f"`{k}`" for k in late[:MAX_LATE_SHOWN]) + (f" and {len(late) - MAX_LATE_SHOWN} more"
+                                                                  if len(late) > MAX_LATE_SHOWN else "")
+    out.append(judge_plateau("metric_series", [(f["t_s"], f["metric_series_folded"]) for f in run.fills
+                                               if "metric_series_folded" in f],
+                             "label sets of /metrics, engine addresses folded (an engine that leaves and comes back "
+                             "adds none): no limit, must plateau; first seen in the second half: "
+                             + (shown or "none")))
     return out
 
 

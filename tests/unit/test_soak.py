@@ -190,3 +190,24 @@ def test_the_picker_config_keeps_the_shipped_one_but_its_ports_and_hosts(tmp_pat
     assert picker["address"]["socket_address"]["port_value"] == 42003
     assert config["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"] == 42001
     assert "FULL_DUPLEX_STREAMED" in out.read_text()
+
+
+def test_label_sets_fold_engine_addresses_and_name_what_came_late() -> None:
+    from bench.soak_bounds import folded_series, new_after, note_first_seen
+
+    page = ['# HELP x', 'loadaware_inflight_requests{endpoint="10.0.0.1:8000"} 2',
+            'loadaware_inflight_requests{endpoint="10.0.0.2:8000"} 0',
+            'inference_pool_per_pod_queue_size{model_server_pod="10.0.0.1:8000",name="default"} 1',
+            'loadaware_decisions_total{endpoint="none",outcome="shed",policy="loadaware"} 3', 'process_cpu 1.5', '']
+    keys = folded_series(page)
+    # the two engines' series are one label set; values and comments are not label sets
+    assert keys == {'loadaware_inflight_requests{endpoint="*"}',
+                    'inference_pool_per_pod_queue_size{model_server_pod="*",name="default"}',
+                    'loadaware_decisions_total{endpoint="*",outcome="shed",policy="loadaware"}', 'process_cpu'}
+    # an engine that comes back under a new address adds nothing; a tenant's new label value does
+    seen: dict[str, float] = {}
+    note_first_seen(seen, keys, 0.0)
+    note_first_seen(seen, folded_series(['loadaware_inflight_requests{endpoint="10.0.0.9:8000"} 1']), 50.0)
+    assert new_after(seen, 30.0) == []
+    note_first_seen(seen, folded_series(['flow{tenant="b"} 1', 'flow{tenant="a"} 1']), 60.0)
+    assert new_after(seen, 30.0) == ['flow{tenant="a"}', 'flow{tenant="b"}']
