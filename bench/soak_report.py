@@ -22,15 +22,36 @@ MAX_LATE_SHOWN = 12  # label sets first seen in the second half, named in the re
 
 def growth_pct(samples: Sequence[Sample], attr: str, start_s: float, end_s: float) -> dict[str, float] | None:
     """{t0, t1, start, end, pct} of a sample field between the samples nearest `start_s` and `end_s` (None when
-    the field was never read)."""
+    the field was never read), and `fit_pct`: the least-squares line through every sample between them, its rise
+    over the window as a share of its start (two single samples carry a burst's swing; the line, less of it)."""
     read = [s for s in samples if getattr(s, attr) > 0]
     if len(read) < 2:
         return None
     first = min(read, key=lambda s: abs(s.t_s - start_s))
     last = min(read, key=lambda s: abs(s.t_s - end_s))
     a, b = getattr(first, attr), getattr(last, attr)
-    return {"t0_s": first.t_s, "t1_s": last.t_s, "start_mb": round(a, 2), "end_mb": round(b, 2),
-            "pct": round((b - a) / a * 100, 2)}
+    out = {"t0_s": first.t_s, "t1_s": last.t_s, "start_mb": round(a, 2), "end_mb": round(b, 2),
+           "pct": round((b - a) / a * 100, 2)}
+    window = [(s.t_s, float(getattr(s, attr))) for s in read if first.t_s <= s.t_s <= last.t_s]
+    line = fitted_line(window)
+    if line is not None:
+        slope, at_start = line[0], line[0] * first.t_s + line[1]
+        out["fit_pct"] = round(slope * (last.t_s - first.t_s) / at_start * 100, 2) if at_start > 0 else float("nan")
+        out["fit_per_h"] = round(slope * 3600, 3)
+    return out
+
+
+def fitted_line(points: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
+    """(slope, intercept) of the least-squares line; None for fewer than 3 points or a single time."""
+    if len(points) < 3:
+        return None
+    n = len(points)
+    mt, mv = sum(t for t, _ in points) / n, sum(v for _, v in points) / n
+    var = sum((t - mt) ** 2 for t, _ in points)
+    if var == 0:
+        return None
+    slope = sum((t - mt) * (v - mv) for t, v in points) / var
+    return slope, mv - slope * mt
 
 
 def verdicts(run: ModeRun, specs: Sequence[BoundSpec]) -> list[BoundVerdict]:
@@ -99,8 +120,12 @@ def mode_markdown(r: dict[str, Any], window: tuple[float, float]) -> list[str]:
     rss, malloc = r["rss_growth"], r["malloc_growth"]
 
     def growth(g: dict[str, float] | None) -> str:
-        return "not read" if g is None else (f"**{g['pct']:+.2f}%** ({g['start_mb']:.1f} -> {g['end_mb']:.1f} MiB, "
-                                             f"t={g['t0_s']:.0f}..{g['t1_s']:.0f} s)")
+        if g is None:
+            return "not read"
+        fit = (f"; fitted line over every sample {g['fit_pct']:+.2f}% ({g['fit_per_h']:+.2f} MiB an hour)"
+               if "fit_pct" in g else "")
+        return (f"**{g['pct']:+.2f}%** ({g['start_mb']:.1f} -> {g['end_mb']:.1f} MiB, "
+                f"t={g['t0_s']:.0f}..{g['t1_s']:.0f} s{fit})")
 
     def part(g: dict[str, float] | None) -> str:
         return "not read" if g is None else f"{g['pct']:+.2f}% ({g['start_mb']:,.1f} -> {g['end_mb']:,.1f})"

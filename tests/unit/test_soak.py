@@ -211,3 +211,18 @@ def test_label_sets_fold_engine_addresses_and_name_what_came_late() -> None:
     assert new_after(seen, 30.0) == []
     note_first_seen(seen, folded_series(['flow{tenant="b"} 1', 'flow{tenant="a"} 1']), 60.0)
     assert new_after(seen, 30.0) == ['flow{tenant="a"}', 'flow{tenant="b"}']
+
+
+def test_growth_is_given_by_its_two_ends_and_by_the_line_through_every_sample() -> None:
+    from bench.soak import Sample
+    from bench.soak_report import growth_pct
+
+    # a flat series with one burst's swing on its last sample: the ends say +10%, the line much less
+    values = [100.0] * 10 + [110.0]
+    samples = [Sample(float(t * 360), rss_mb=v, cpu_s=0.0, heap_mb=0.0, anon_mb=0.0) for t, v in enumerate(values)]
+    g = growth_pct(samples, "rss_mb", 0.0, 3600.0)
+    assert g is not None and g["pct"] == 10.0
+    assert 0 < g["fit_pct"] < 5
+    rising = [Sample(float(t * 360), rss_mb=100.0 + t, cpu_s=0.0, heap_mb=0.0, anon_mb=0.0) for t in range(11)]
+    r = growth_pct(rising, "rss_mb", 0.0, 3600.0)
+    assert r is not None and r["fit_pct"] == r["pct"] == 10.0 and r["fit_per_h"] == 10.0
