@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -43,15 +44,10 @@ def growth_pct(samples: Sequence[Sample], attr: str, start_s: float, end_s: floa
 
 def fitted_line(points: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
     """(slope, intercept) of the least-squares line; None for fewer than 3 points or a single time."""
-    if len(points) < 3:
+    if len(points) < 3 or len({t for t, _ in points}) < 2:
         return None
-    n = len(points)
-    mt, mv = sum(t for t, _ in points) / n, sum(v for _, v in points) / n
-    var = sum((t - mt) ** 2 for t, _ in points)
-    if var == 0:
-        return None
-    slope = sum((t - mt) * (v - mv) for t, v in points) / var
-    return slope, mv - slope * mt
+    line = statistics.linear_regression([t for t, _ in points], [v for _, v in points])
+    return line.slope, line.intercept
 
 
 def verdicts(run: ModeRun, specs: Sequence[BoundSpec]) -> list[BoundVerdict]:
