@@ -24,7 +24,8 @@ MAX_LATE_SHOWN = 12  # label sets first seen in the second half, named in the re
 def growth_pct(samples: Sequence[Sample], attr: str, start_s: float, end_s: float) -> dict[str, float] | None:
     """{t0, t1, start, end, pct} of a sample field between the samples nearest `start_s` and `end_s` (None when
     the field was never read), and `fit_pct`: the least-squares line through every sample between them, its rise
-    over the window as a share of its start (two single samples carry a burst's swing; the line, less of it)."""
+    over the window as a share of its start (an end sample can fall on a burst; every burst sample pulls the line:
+    neither view is free of the bursts, so the report shows both)."""
     read = [s for s in samples if getattr(s, attr) > 0]
     if len(read) < 2:
         return None
