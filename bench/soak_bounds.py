@@ -13,12 +13,11 @@ took its blocks along) is counted, not a failure.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from testkit.metrics_text import metric_sum, sum_by_label
+from testkit.metrics_text import metric_sum, samples, sum_by_label
 
 REACHED_SHARE = 0.9
 DECISIONS_RING = 256  # telemetry/decisions.py's ring: fixed, no flag
@@ -36,7 +35,6 @@ HELD_FULL_OUTCOMES = ("rejected_queue_full", "evicted", "placed_full")
 # Labels whose value is an engine's address: an engine that leaves the fleet takes its series along and brings them
 # back when it returns, so they are folded to one value before label sets are counted (churn is not growth).
 ENDPOINT_LABELS = ("endpoint", "model_server_pod")
-_ENDPOINT_VALUE = re.compile(r'\b(' + "|".join(ENDPOINT_LABELS) + r')="[^"]*"')
 MAX_SERIES_KEYS = 20_000  # a run's first-seen record; past it, an unbounded label is plain anyway
 
 
@@ -140,15 +138,13 @@ def series_count(metrics: str) -> int:
     return sum(1 for line in metrics.splitlines() if line and not line.startswith("#"))
 
 
-def folded_series(lines: Iterable[str]) -> set[str]:
-    """The label sets of /metrics sample lines (values dropped) with every engine address folded to "*": what
-    grows only if a label outside the fleet's addresses takes new values."""
+def folded_series(metrics: str) -> set[str]:
+    """The label sets of a /metrics page (values dropped) with every engine address folded to "*": what grows
+    only if a label outside the fleet's addresses takes new values."""
     keys = set()
-    for line in lines:
-        if not line or line.startswith("#"):
-            continue
-        key = line[:line.index("}") + 1] if "{" in line else line.split(" ", 1)[0]
-        keys.add(_ENDPOINT_VALUE.sub(r'\1="*"', key))
+    for sample in samples(metrics):
+        labels = ",".join(f'{k}="{"*" if k in ENDPOINT_LABELS else v}"' for k, v in sorted(sample.labels.items()))
+        keys.add(f"{sample.name}{{{labels}}}" if labels else sample.name)
     return keys
 
 

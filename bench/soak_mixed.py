@@ -257,7 +257,7 @@ def sample(run: ModeRun, cfg: MixedConfig, t_s: float) -> None:
         state = run.sidecar.debug_json("/debug/state", timeout=10.0)
         decisions = run.sidecar.debug_json("/debug/decisions?n=100000", timeout=10.0)
         fills.update(read_fills(state, text, len(decisions)))
-        keys = folded_series(text.splitlines())
+        keys = folded_series(text)
         fills["metric_series_folded"] = float(len(keys))
         note_first_seen(run.series_first_seen, keys, s.t_s)
     except Exception as exc:  # noqa: BLE001 - a missed read is a gap in the record, not the end of the soak

@@ -199,7 +199,7 @@ def test_label_sets_fold_engine_addresses_and_name_what_came_late() -> None:
             'loadaware_inflight_requests{endpoint="10.0.0.2:8000"} 0',
             'inference_pool_per_pod_queue_size{model_server_pod="10.0.0.1:8000",name="default"} 1',
             'loadaware_decisions_total{endpoint="none",outcome="shed",policy="loadaware"} 3', 'process_cpu 1.5', '']
-    keys = folded_series(page)
+    keys = folded_series("\n".join(page))
     # the two engines' series are one label set; values and comments are not label sets
     assert keys == {'loadaware_inflight_requests{endpoint="*"}',
                     'inference_pool_per_pod_queue_size{model_server_pod="*",name="default"}',
@@ -207,9 +207,9 @@ def test_label_sets_fold_engine_addresses_and_name_what_came_late() -> None:
     # an engine that comes back under a new address adds nothing; a tenant's new label value does
     seen: dict[str, float] = {}
     note_first_seen(seen, keys, 0.0)
-    note_first_seen(seen, folded_series(['loadaware_inflight_requests{endpoint="10.0.0.9:8000"} 1']), 50.0)
+    note_first_seen(seen, folded_series('loadaware_inflight_requests{endpoint="10.0.0.9:8000"} 1\n'), 50.0)
     assert new_after(seen, 30.0) == []
-    note_first_seen(seen, folded_series(['flow{tenant="b"} 1', 'flow{tenant="a"} 1']), 60.0)
+    note_first_seen(seen, folded_series('flow{tenant="b"} 1\nflow{tenant="a"} 1\n'), 60.0)
     assert new_after(seen, 30.0) == ['flow{tenant="a"}', 'flow{tenant="b"}']
 
 
