@@ -226,3 +226,37 @@ def test_growth_is_given_by_its_two_ends_and_by_the_line_through_every_sample() 
     rising = [Sample(float(t * 360), rss_mb=100.0 + t, cpu_s=0.0, heap_mb=0.0, anon_mb=0.0) for t in range(11)]
     r = growth_pct(rising, "rss_mb", 0.0, 3600.0)
     assert r is not None and r["fit_pct"] == r["pct"] == 10.0 and r["fit_per_h"] == 10.0
+
+
+def test_the_trend_names_the_site_that_grows_in_every_interval_not_the_one_a_moment_held(tmp_path: Path) -> None:
+    import tracemalloc
+
+    from bench.soak_diff import steady_growth
+
+    kept: list[str] = []
+    moment: list[str] = []
+
+    def grow(n: int) -> None:
+        kept.extend(f"kept-{len(kept) + i:09d}" for i in range(n))  # a site that only grows
+
+    def hold(n: int) -> None:
+        moment[:] = [f"moment-{i:09d}" for i in range(n)]  # up and down: what was in flight at that moment
+
+    tracemalloc.start(4)
+    try:
+        paths = []
+        for k, held in enumerate((500, 0, 3000, 10)):
+            grow(200)
+            hold(held)
+            path = tmp_path / f"snap-{k:04d}.tracemalloc"
+            tracemalloc.take_snapshot().dump(str(path))
+            path.with_suffix(".json").write_text(json.dumps({"unix_time": 60.0 * k}))
+            paths.append(path)
+    finally:
+        tracemalloc.stop()
+    lines = steady_growth(paths, top=5)
+    assert lines[0].startswith("4 snapshots over 180 s")
+    grow_site = f"test_soak.py:{grow.__code__.co_firstlineno + 1}"
+    hold_site = f"test_soak.py:{hold.__code__.co_firstlineno + 1}"
+    assert grow_site in lines[1] and "+12000/h" in lines[1]  # 200 strings a minute, the first site shown
+    assert not any(hold_site in line for line in lines) and len(moment) == 10
