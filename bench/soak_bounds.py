@@ -22,6 +22,9 @@ from testkit.metrics_text import metric_sum, samples, sum_by_label
 REACHED_SHARE = 0.9
 DECISIONS_RING = 256  # telemetry/decisions.py's ring: fixed, no flag
 CONVERSATION_CACHE_MIB = 1  # the smallest --conversation-cache-mb (an integer); the soak's chats fill it in minutes
+# --tokenizer-cache-tokens: the soak's 64 shared prefixes alone are ~99k tokens of pieces, cached from their second
+# request, so half of that is full within the first minutes and then evicts all the time.
+PIECE_CACHE_TOKENS = 50_000
 # Engines of the soak's simulator cache 16,384 blocks each (sim/service_model.py): a KV-events bound at one
 # engine's worth binds even while one of three engines is out of the fleet.
 ENGINE_CACHE_BLOCKS = 16_384
@@ -46,11 +49,13 @@ class Bounds:
     approx_max_blocks: int
     admission_max_held: int
     conversation_cache_mib: int = CONVERSATION_CACHE_MIB
+    tokenizer_cache_tokens: int = PIECE_CACHE_TOKENS
 
     def sidecar_args(self, prefix_sources: str) -> list[str]:
         args = ["--session-max-entries", str(self.session_max_entries),
                 "--state-max-entries", str(self.state_max_entries),
                 "--conversation-cache-mb", str(self.conversation_cache_mib),
+                "--tokenizer-cache-tokens", str(self.tokenizer_cache_tokens),
                 "--admission-max-held", str(self.admission_max_held)]
         if "kv-events" in prefix_sources:
             args += ["--kv-events-max-blocks", str(self.kv_events_max_blocks)]
@@ -94,6 +99,8 @@ def bound_specs(bounds: Bounds, prefix_sources: str) -> list[BoundSpec]:
                   "--state-max-entries; /metrics loadaware_state_holders"),
         BoundSpec("conversation_cache_bytes", bounds.conversation_cache_mib * 2**20,
                   "--conversation-cache-mb; /metrics loadaware_tokenizer_conversation_cache{what=\"bytes\"}"),
+        BoundSpec("piece_cache_tokens", bounds.tokenizer_cache_tokens,
+                  "--tokenizer-cache-tokens; /metrics loadaware_tokenizer_piece_cache{what=\"tokens\"}"),
         BoundSpec("decisions_ring", DECISIONS_RING, "fixed 256; entries of /debug/decisions?n=100000"),
         BoundSpec("admission_held", bounds.admission_max_held,
                   "--admission-max-held; /metrics loadaware_flow_control_queue_size (summed over priorities, "
@@ -117,6 +124,7 @@ def read_fills(state: Mapping[str, Any], metrics: str, decisions: int) -> dict[s
            .get("bytes", 0.0),
            "conversation_cache_entries": sum_by_label(metrics, "loadaware_tokenizer_conversation_cache", "what")
            .get("entries", 0.0),
+           "piece_cache_tokens": sum_by_label(metrics, "loadaware_tokenizer_piece_cache", "what").get("tokens", 0.0),
            "decisions_ring": float(decisions),
            "admission_held": metric_sum(metrics, "loadaware_flow_control_queue_size"),
            "admission_full_outcomes": held_full_outcomes(metrics),

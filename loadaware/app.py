@@ -108,7 +108,7 @@ class Wiring:
         """The tokenizer and the prefix sources (LMCache's instance map and client among them)."""
         self.bridge = InstanceBridge(s.lmcache_instance_map)
         self.bridge.set_endpoints(self.registry.snapshot())
-        prompts = PromptTokenizer(s.tokenizer) if s.tokenizer else None
+        prompts = PromptTokenizer(s.tokenizer, max_cached_tokens=s.tokenizer_cache_tokens) if s.tokenizer else None
         self.tokenizer = AsyncTokenizer(prompts, s.tokenizer_timeout_ms / 1e3, inline_chars=s.tokenizer_inline_chars,
                                         max_chars=s.tokenize_max_chars, conversations=ConversationTokens(
                                             prompts, s.conversation_cache_mb << 20)

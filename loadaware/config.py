@@ -296,6 +296,10 @@ class Settings:
     tokenizer_inline_chars: int = setting(2048, parse_count,
             "a prompt whose uncached part is at most this many characters is tokenized on the event "
             "loop (cheaper than a thread hop); longer ones in a worker thread (0: always a thread)")
+    tokenizer_cache_tokens: int = setting(2_000_000, parse_count,
+            "token ids of shared prompt pieces the tokenizer keeps, so a prompt that shares a long prefix with "
+            "earlier ones encodes only its new text (a piece is kept from its second sighting; least recently "
+            "used first out; ~10 bytes a token with its text; 0: off)")
     conversation_cache_mb: int = setting(32, parse_count,
             "MiB of token ids of rendered conversations kept at message boundaries, so a chat that extends an "
             "earlier one encodes only its new text and --tokenize-max-chars counts only that (~4 bytes a token; "

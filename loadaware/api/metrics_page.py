@@ -39,7 +39,8 @@ class MetricsPage:
             self.metrics.routing_state_now(endpoint, self.fleet.health.state(endpoint))
         if self.tokenizer is not None:
             pieces = self.tokenizer.tokenizer.pieces
-            self.metrics.tokenizer_pieces_seen(pieces.hits, pieces.misses, pieces.enabled)
+            self.metrics.tokenizer_pieces_seen(pieces.hits, pieces.misses, pieces.enabled, pieces.cached_tokens,
+                                               pieces.cached_pieces)
             if self.tokenizer.conversations is not None:
                 self.metrics.tokenizer_conversations_seen(self.tokenizer.conversations.cache.counts())
         self.metrics.fleet_kv_capacity.set(self.fleet.loads.kv_capacity_tokens())

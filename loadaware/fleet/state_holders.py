@@ -93,6 +93,17 @@ class StateHolders:
         self._holders.move_to_end(response_id)
         return entry[0]
 
+    def _remember_miss(self, response_id: str) -> None:
+        """Nobody holds `response_id`, for MISS_TTL_S. The map is in expiry order (a repeat moves to the end), so
+        the expired misses are dropped from its front: it holds the last MISS_TTL_S of misses, not the last
+        MAX_MISSES whatever their age (which a soak saw filling by ~400 an hour)."""
+        now = self._clock()
+        misses = self._misses
+        misses.pop(response_id, None)
+        misses[response_id] = now + MISS_TTL_S
+        while misses and (len(misses) > MAX_MISSES or next(iter(misses.values())) <= now):
+            misses.popitem(last=False)
+
     async def locate(self, response_id: str, fleet: tuple[str, ...]) -> tuple[str | None, str]:
         """(the holder in `fleet`, how it was found) or (None, why not). Never raises but for cancellation."""
         holder = self.known(response_id)
@@ -156,9 +167,7 @@ class StateHolders:
             return None, PROBE_FAILED
         if previewing():
             return None, NOT_FOUND
-        self._misses[response_id] = self._clock() + MISS_TTL_S
-        while len(self._misses) > MAX_MISSES:
-            self._misses.popitem(last=False)
+        self._remember_miss(response_id)
         return None, NOT_FOUND
 
 

@@ -114,8 +114,9 @@ class Metrics(PrefixIndexFamilies, FlowControlFamilies):
                                        "queueing engines beyond the exact sources' match, because requests routed "
                                        "there hold them", registry=r)
         self.tokenizer_pieces = Gauge("loadaware_tokenizer_piece_cache",
-                                      "Tokenizer piece cache: hits and misses since start, and whether it is "
-                                      "enabled (0 after an exactness self-check failed)", ["what"], registry=r)
+                                      "Tokenizer piece cache: hits and misses since start, token ids and pieces "
+                                      "held (--tokenizer-cache-tokens), and whether it is enabled (0: off, or "
+                                      "an exactness self-check failed)", ["what"], registry=r)
         self.tokenizer_conversations = Gauge("loadaware_tokenizer_conversation_cache",
                                              "Tokenizer conversation cache (--conversation-cache-mb): hits, misses "
                                              "and tokens reused since start, entries and bytes held, and disabled (1 "
@@ -268,9 +269,11 @@ class Metrics(PrefixIndexFamilies, FlowControlFamilies):
         for what, value in counts.items():
             self.tokenizer_conversations.labels(what).set(value)
 
-    def tokenizer_pieces_seen(self, hits: int, misses: int, enabled: bool) -> None:
+    def tokenizer_pieces_seen(self, hits: int, misses: int, enabled: bool, tokens: int, pieces: int) -> None:
         self.tokenizer_pieces.labels("hits").set(hits)
         self.tokenizer_pieces.labels("misses").set(misses)
+        self.tokenizer_pieces.labels("tokens").set(tokens)
+        self.tokenizer_pieces.labels("pieces").set(pieces)
         self.tokenizer_pieces.labels("enabled").set(1 if enabled else 0)
 
     def token_signals(self, endpoint: str, prefill: float, uncached: float, decoding: float,

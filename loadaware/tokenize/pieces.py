@@ -15,6 +15,9 @@ after a system prompt, a user's own document) would otherwise fill it with piece
 so under steady traffic it would grow to its bound and hold little that is shared. The pieces seen once are
 remembered by hash in a fixed-size table (`DOORKEEPER_SLOTS`, allocated whole at start: its memory never grows;
 a collision only delays a piece's admission).
+
+A cached piece's ids are an `array('i')`: 4 bytes a token, where a list of ints costs 8 bytes a slot plus an int
+object for every id above 256 (most of a large vocabulary), about 40 bytes a token (docs/memory.md).
 """
 
 from __future__ import annotations
@@ -22,14 +25,15 @@ from __future__ import annotations
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from loadaware.lifecycle import previewing
 
 Encode = Callable[[str], list[int]]
 
 DOORKEEPER_SLOTS = 1 << 16  # 512 KiB of piece hashes
-# ~95 MiB at ~50 B per cached token (docs/memory.md): room for ~1,300 distinct 1,500-token shared prefixes.
+# The default of --tokenizer-cache-tokens: room for ~1,300 distinct 1,500-token shared prefixes (its bytes per
+# token: docs/memory.md).
 MAX_CACHED_TOKENS = 2_000_000
 
 
@@ -57,11 +61,11 @@ class ChunkedEncoder:
         self.piece_chars = piece_chars
         self.min_chars = min_chars  # below this a whole encode is as cheap as the bookkeeping
         self.max_cached_tokens = max_cached_tokens
-        self._cache: OrderedDict[str, list[int]] = OrderedDict()
+        self._cache: OrderedDict[str, array[int]] = OrderedDict()
         self._cached_tokens = 0
         self._lock = threading.Lock()
         self._seen_once = array("q", bytes(8 * DOORKEEPER_SLOTS))  # hash of a piece seen once, per slot
-        self.enabled = True
+        self.enabled = max_cached_tokens > 0  # 0: off, every prompt encoded whole
         self._last_split: tuple[str, list[str], str] = ("", [], "")
         self.hits = 0
         self.misses = 0
@@ -97,7 +101,7 @@ class ChunkedEncoder:
         ids: list[int] = []
         for piece in pieces:
             with self._lock:
-                cached = self._cache.get(piece)
+                cached: Sequence[int] | None = self._cache.get(piece)
                 if cached is not None:
                     self._cache.move_to_end(piece)
                     self.hits += 1
@@ -126,7 +130,7 @@ class ChunkedEncoder:
             self.misses += 1
             if piece in self._cache or not self._seen_before(piece):
                 return
-            self._cache[piece] = ids
+            self._cache[piece] = array("i", ids)
             self._cached_tokens += len(ids)
             while self._cached_tokens > self.max_cached_tokens and self._cache:
                 _, old = self._cache.popitem(last=False)
@@ -159,3 +163,7 @@ class ChunkedEncoder:
     @property
     def cached_tokens(self) -> int:
         return self._cached_tokens
+
+    @property
+    def cached_pieces(self) -> int:
+        return len(self._cache)

@@ -26,7 +26,7 @@ from loadaware.tokenize.chat_template import (
     merge_inline_system,
     read_tokenizer_config,
 )
-from loadaware.tokenize.pieces import ChunkedEncoder
+from loadaware.tokenize.pieces import MAX_CACHED_TOKENS, ChunkedEncoder
 
 if TYPE_CHECKING:
     from loadaware.tokenize.conversation import ConversationTokens
@@ -103,7 +103,7 @@ def bound_word_cache(tokenizer: Tokenizer, words: int) -> bool:
 
 
 class PromptTokenizer:
-    def __init__(self, path: str, clock: Clock | None = None) -> None:
+    def __init__(self, path: str, clock: Clock | None = None, max_cached_tokens: int = MAX_CACHED_TOKENS) -> None:
         folder, file = (path, os.path.join(path, "tokenizer.json")) if os.path.isdir(path) else \
             (os.path.dirname(path), path)
         self._tokenizer = Tokenizer.from_file(file)
@@ -112,7 +112,7 @@ class PromptTokenizer:
                      path)
         self.chat_template_source, self._specials = read_tokenizer_config(folder)
         self._plain = lambda text: self._tokenizer.encode(text, add_special_tokens=False).ids
-        self.pieces = ChunkedEncoder(self._plain)
+        self.pieces = ChunkedEncoder(self._plain, max_cached_tokens=max_cached_tokens)
         self.pieces.self_check(_PROBE)
         # Completions add the tokenizer's special tokens; the piece cache only serves when that adds none.
         self._specials_noop = self._tokenizer.encode(_PROBE[:200], add_special_tokens=True).ids == \

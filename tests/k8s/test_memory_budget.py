@@ -68,7 +68,7 @@ def settings_of(container: dict[str, Any]) -> Settings:
 def bounds_of(settings: Settings) -> Bounds:
     ring = inspect.signature(RecentDecisions).parameters["size"].default
     return Bounds(kv_events_max_blocks=settings.kv_events_max_blocks, approx_max_blocks=settings.approx_max_blocks,
-                  piece_cache_tokens=MAX_CACHED_TOKENS, recent_decisions=ring,
+                  piece_cache_tokens=settings.tokenizer_cache_tokens, recent_decisions=ring,
                   conversation_cache_bytes=settings.conversation_cache_mb * MiB,
                   state_max_entries=settings.state_max_entries, session_max_entries=settings.session_max_entries,
                   admission_held_bytes=settings.admission_max_held_bytes if settings.admission else 0)

@@ -55,7 +55,7 @@ def busy_fleet(n: int) -> tuple[Metrics, tuple[str, ...], dict[str, int]]:
     metrics.stage("score", 0.0004)
     metrics.lookup_result("match")
     metrics.decision_seconds.observe(0.002)
-    metrics.tokenizer_pieces_seen(10, 2, True)
+    metrics.tokenizer_pieces_seen(10, 2, True, 300, 3)
     metrics.held({0: (2, 4096)})
     inflight = {ep: i % 3 for i, ep in enumerate(endpoints)}
     return metrics, endpoints, inflight

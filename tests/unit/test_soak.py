@@ -141,6 +141,19 @@ def test_bounds_are_sized_to_fill_within_the_fill_time() -> None:
     assert "--kv-events-max-blocks" not in b.sidecar_args("approx")
 
 
+def test_the_piece_cache_is_a_bound_the_soak_sets_and_reads() -> None:
+    from bench.soak_bounds import PIECE_CACHE_TOKENS, Bounds, bound_specs, read_fills
+
+    b = Bounds(session_max_entries=50, state_max_entries=50, kv_events_max_blocks=2_000, approx_max_blocks=1_000,
+               admission_max_held=10)
+    args = b.sidecar_args("approx")
+    assert args[args.index("--tokenizer-cache-tokens") + 1] == str(PIECE_CACHE_TOKENS)
+    assert {s.name: s.limit for s in bound_specs(b, "approx")}["piece_cache_tokens"] == PIECE_CACHE_TOKENS
+    page = ('loadaware_tokenizer_piece_cache{what="hits"} 900.0\n'
+            'loadaware_tokenizer_piece_cache{what="tokens"} 49870.0\n')
+    assert read_fills({}, page, 0)["piece_cache_tokens"] == 49_870
+
+
 def test_a_bound_is_reached_then_held_or_not() -> None:
     from bench.soak_bounds import BoundSpec, judge, judge_events, judge_plateau
 

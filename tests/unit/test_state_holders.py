@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from loadaware.extproc.response_ids import READ_LIMIT, ResponseIdReader
-from loadaware.fleet.state_holders import KNOWN, NOT_FOUND, PROBE_FAILED, PROBED, StateHolders
+from loadaware.fleet.state_holders import KNOWN, MISS_TTL_S, NOT_FOUND, PROBE_FAILED, PROBED, StateHolders
 
 FLEET = ("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000")
 
@@ -82,6 +82,21 @@ async def test_an_id_nobody_holds_is_remembered_briefly() -> None:
     clock.now = 10.0
     engines.held[FLEET[0]] = {"resp_lost"}  # it turned up (a slow replica's engine answered late)
     assert await holders.locate("resp_lost", FLEET) == (FLEET[0], PROBED)
+
+
+async def test_misses_past_their_ttl_are_dropped_not_kept_until_the_bound() -> None:
+    """A steady trickle of unknown ids keeps the misses of the last MISS_TTL_S only: the map must not grow to
+    MAX_MISSES over hours (each entry an id string and a float)."""
+    clock = Clock()
+    holders = StateHolders(Engines({}), clock=clock)
+    for n in range(200):
+        clock.now = n * 0.5  # two unknown ids a second for 100 s
+        assert await holders.locate(f"resp_gone_{n}", FLEET) == (None, NOT_FOUND)
+    assert len(holders._misses) <= MISS_TTL_S / 0.5 + 1
+    assert await holders.locate("resp_gone_199", FLEET) == (None, NOT_FOUND)  # the latest still remembered
+    clock.now += MISS_TTL_S + 0.5
+    await holders.locate("resp_gone_198", FLEET)  # asked again past its ttl: remembered anew, the rest expired
+    assert list(holders._misses) == ["resp_gone_198"]
 
 
 async def test_engines_that_cannot_tell_make_the_probe_fail_not_a_miss() -> None:
