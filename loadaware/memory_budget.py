@@ -30,7 +30,7 @@ KV_INDEX_BYTES_PER_BLOCK = 370
 # Approximate index (prefix/approx.py ApproxIndex): one guessed block (measured 167-186 B).
 APPROX_BYTES_PER_BLOCK = 190
 # Tokenizer piece cache (tokenize/pieces.py): one cached token id (4 B in the piece's array('i')) plus its share
-# of the piece's text and entry, at ~5 characters a token (measured 11.4 B RSS, 11.8 B tracemalloc).
+# of the piece's text and entry, at ~5 characters a token (measured 11.3 B RSS, 11.8 B tracemalloc).
 PIECE_CACHE_BYTES_PER_TOKEN = 12
 # Conversation cache (tokenize/conversation.py): its bound is in bytes it counts itself (4 B a token id in an
 # array('i'), 256 B an entry); the arrays' growth slack (~1/16 when appended to) makes the resident cost at most
