@@ -299,7 +299,7 @@ class Settings:
     tokenizer_cache_tokens: int = setting(2_000_000, parse_count,
             "token ids of shared prompt pieces the tokenizer keeps, so a prompt that shares a long prefix with "
             "earlier ones encodes only its new text (a piece is kept from its second sighting; least recently "
-            "used first out; ~10 bytes a token with its text; 0: off)")
+            "used first out; ~12 bytes a token with its text; 0: off)")
     conversation_cache_mb: int = setting(32, parse_count,
             "MiB of token ids of rendered conversations kept at message boundaries, so a chat that extends an "
             "earlier one encodes only its new text and --tokenize-max-chars counts only that (~4 bytes a token; "

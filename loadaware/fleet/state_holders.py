@@ -96,7 +96,7 @@ class StateHolders:
     def _remember_miss(self, response_id: str) -> None:
         """Nobody holds `response_id`, for MISS_TTL_S. The map is in expiry order (a repeat moves to the end), so
         the expired misses are dropped from its front: it holds the last MISS_TTL_S of misses, not the last
-        MAX_MISSES whatever their age (which a soak saw filling by ~400 an hour)."""
+        MAX_MISSES whatever their age (docs/memory.md, "What Python kept, named")."""
         now = self._clock()
         misses = self._misses
         misses.pop(response_id, None)
