@@ -18,7 +18,7 @@ import json
 import os
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Self
 
@@ -76,6 +76,20 @@ class KvEvents:
     def pub_port(self) -> int:
         return int(self.endpoint.rpartition(":")[2])
 
+    @property
+    def engine_binds(self) -> bool:
+        """The engine binds the PUB socket (`bound`), rather than connecting to a sidecar's (`connecting`)."""
+        return self.endpoint.startswith("tcp://::") or self.endpoint.startswith("tcp://*")
+
+    def repicked(self) -> KvEvents:
+        """The same configuration on ports free now: the ones the engine binds (its PUB socket if it binds it,
+        its replay socket), for a start that lost one of them to another process before anyone was told."""
+        endpoint = self.endpoint
+        if self.engine_binds:
+            endpoint = f"{endpoint.rpartition(':')[0]}:{free_ports(1)[0]}"
+        replay = free_ports(1, self.replay_host)[0] if self.replay_port is not None else None
+        return replace(self, endpoint=endpoint, replay_port=replay)
+
     def config(self) -> dict[str, Any]:
         out: dict[str, Any] = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": self.endpoint,
                                "topic": self.topic, "buffer_steps": self.buffer_steps}
@@ -101,6 +115,8 @@ class VllmEngine(ManagedProc):
         self.name = name
         self.host = host
         self.port = port or free_ports(1, host)[0]
+        self._port_given = port is not None
+        self._ports_told = False  # once it has served, others know its ports: a restart keeps them
         self.block_size = block_size
         self.kv_events = kv_events
         self.served_name = served_name
@@ -145,17 +161,34 @@ class VllmEngine(ManagedProc):
         return status == 200
 
     def start(self, timeout: float | None = None) -> Self:
-        """Start; again (at most twice) when vLLM lost the race for one of its own internal ZMQ ports: it picks
-        a free port, then binds it later, and another process on the box may take it meanwhile (seen in CI:
-        `ZMQError: Address already in use` from the engine core). Each try picks new internal ports."""
+        """Start; again (at most twice) when a port it binds was taken first. A port is picked free, then bound
+        seconds later, and another process on the box may take it meanwhile (seen in CI: `ZMQError: Address
+        already in use`, from vLLM's own internal ZMQ ports and from the KV-event port picked here). Each try
+        picks new internal ports; before the engine first served, it picks its own ports again too (nobody has
+        been told them yet); a restart keeps them."""
         for attempt in range(START_ATTEMPTS):
             try:
-                return super().start(timeout)
+                super().start(timeout)
+                self._ports_told = True
+                return self
             except ProcError:
                 if attempt == START_ATTEMPTS - 1 or "Address already in use" not in self.log_tail(200):
                     raise
                 self.proc = None
+                if not self._ports_told:
+                    self._repick_ports()
         raise AssertionError("unreachable")
+
+    def _repick_ports(self) -> None:
+        if not self._port_given:
+            self.port = free_ports(1, self.host)[0]
+            self._set_arg("--port", str(self.port))
+        if self.kv_events is not None:
+            self.kv_events = self.kv_events.repicked()
+            self._set_arg("--kv-events-config", json.dumps(self.kv_events.config()))
+
+    def _set_arg(self, flag: str, value: str) -> None:
+        self.argv[self.argv.index(flag) + 1] = value
 
     def restart(self) -> None:
         """Stop and start again on the same ports (an engine restart: its cache and event numbering start over)."""

@@ -71,9 +71,9 @@ class Fleet:
         self.a = vllm.VllmEngine(LOG_DIR, name="vllm-a", block_size=32, kv_events=vllm.KvEvents.bound(), env=store)
         self.b = vllm.VllmEngine(LOG_DIR, name="vllm-b", block_size=64, kv_events=vllm.KvEvents.bound(), env=store)
         self.c_bind_port = free_port()
-        self.c_kv = vllm.KvEvents.connecting(f"127.0.0.1:{self.c_bind_port}", f"kv@{C_HOST}@{vllm.SERVED_MODEL}",
-                                             engine_host=C_HOST)
-        self.c = vllm.VllmEngine(LOG_DIR, name="vllm-c", host=C_HOST, block_size=32, kv_events=self.c_kv,
+        c_kv = vllm.KvEvents.connecting(f"127.0.0.1:{self.c_bind_port}", f"kv@{C_HOST}@{vllm.SERVED_MODEL}",
+                                        engine_host=C_HOST)
+        self.c = vllm.VllmEngine(LOG_DIR, name="vllm-c", host=C_HOST, block_size=32, kv_events=c_kv,
                                  num_blocks=C_BLOCKS, max_model_len=1024, lora_modules={"tiny-lora": vllm.LORA_DIR})
 
     def stop(self) -> None:

@@ -23,8 +23,10 @@ class Connected:
         """A sidecar binding C's socket, once C is known to it. The engine's PUB socket reconnects on its own
         schedule and drops what it publishes before the view's subscription arrives (ZeroMQ's slow joiner),
         so throwaway requests are sent until one batch gets through: the engine is known from it."""
+        kv = self.engine.kv_events
+        assert kv is not None
         view = KvView([self.engine.endpoint], bind=f"127.0.0.1:{self.fleet.c_bind_port}",
-                      replay_port=self.fleet.c_kv.replay_port or 0)
+                      replay_port=kv.replay_port or 0)
         sent = iter(range(1000, 2000))
 
         def known() -> bool:
