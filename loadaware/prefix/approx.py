@@ -208,11 +208,13 @@ class ApproxIndex:
                 holders[key] = holders.get(key, 0) | bit
         else:  # no other engine holds any of them (a prompt new to the fleet): one update in C
             holders.update(dict.fromkeys(new, bit))
-        self.total_blocks += len(new)
+        total = self.total_blocks + len(new)
         excess = len(guess.owner) - self.capacity_blocks
         if self.max_blocks is not None:
-            excess = max(excess, self.total_blocks - self.max_blocks)
+            excess = max(excess, total - self.max_blocks)
         evicted = self._evict(guess, excess) if excess > 0 else 0
+        # One store, after the eviction: /debug/state reads the total from its render thread meanwhile.
+        self.total_blocks = total - evicted
         self.evicted["capacity"] += evicted
         return evicted
 
@@ -248,7 +250,8 @@ class ApproxIndex:
             guess.link_last(run)
 
     def _evict(self, guess: _Guess, count: int) -> int:
-        """Drop the engine's `count` least recently routed blocks (fewer if it holds fewer), tails first."""
+        """Drop the engine's `count` least recently routed blocks (fewer if it holds fewer), tails first; the
+        caller takes them off the total."""
         holders, owner, bit, sentinel = self._holders, guess.owner, guess.bit, guess.runs
         done = 0
         while done < count and sentinel.next is not sentinel:
@@ -265,7 +268,6 @@ class ApproxIndex:
             if not run.keys:
                 guess.unlink(run)
             done += take
-        self.total_blocks -= done
         return done
 
     def expire(self, now: float) -> int:

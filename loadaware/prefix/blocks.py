@@ -325,6 +325,7 @@ class BlockIndex:
         holders = self._holders
         refs = engine.refs
         mine = engine.bit
+        total = self.total_blocks  # stored once, at the end: /debug/state reads it from its render thread
         for i, engine_hash in enumerate(block_hashes):
             chunk = tokens[i * block_size:(i + 1) * block_size]
             if len(chunk) < block_size:
@@ -337,15 +338,16 @@ class BlockIndex:
             else:
                 if packed is not None:  # same engine hash, other tokens: the newer event wins
                     self._unref(engine, packed >> 3)
-                    self.total_blocks -= 1
+                    total -= 1
                 blocks[engine_hash] = (key << 3) | bit
-                self.total_blocks += 1
+                total += 1
                 refs[key] = refs.get(key, 0) + 1
                 holders[key] = holders.get(key, 0) | mine
                 result.stored += 1
             parent = key
-        if self.total_blocks > self.max_blocks:
-            result.evicted = self._shrink(engine, self.total_blocks - self.max_blocks)
+        if total > self.max_blocks:
+            result.evicted = self._shrink(engine, total - self.max_blocks)
+        self.total_blocks = total - result.evicted
         return result
 
     def remove(self, name: str, block_hashes: Iterable[EngineHash], medium: str | None = None) -> int:
@@ -379,13 +381,13 @@ class BlockIndex:
         unhold(self._holders, key, engine.bit)
 
     def _shrink(self, engine: _Engine, excess: int) -> int:
-        # Oldest first (dict order is insertion order); a batch at once keeps the cost amortized.
+        # Oldest first (dict order is insertion order); a batch at once keeps the cost amortized. The caller
+        # takes the victims off the total.
         batch = max(excess, min(len(engine.blocks), max(64, len(engine.blocks) // 100)))
         victims = list(islice(engine.blocks.items(), batch))
         for engine_hash, packed in victims:
             del engine.blocks[engine_hash]
             self._unref(engine, packed >> 3)
-        self.total_blocks -= len(victims)
         self.evictions += len(victims)
         return len(victims)
 

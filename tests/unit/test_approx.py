@@ -66,6 +66,24 @@ def test_the_sum_over_engines_is_bounded_too() -> None:
     assert index.total_blocks == 0 and index.approx_bytes() == 0
 
 
+def test_the_total_another_thread_reads_never_passes_the_bound_mid_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    """/debug/state reads total_blocks from its render thread while the loop records: at the eviction, the one
+    point of a record where the blocks held exceed the bound, the total it can read is still the last settled one."""
+    index = ApproxIndex(capacity_blocks=1000, block_size=16, ttl_s=60, max_blocks=50)
+    seen: list[int] = []
+    evict = index._evict
+
+    def reading(guess: object, count: int) -> int:
+        seen.append(index.total_blocks)
+        return evict(guess, count)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(index, "_evict", reading)
+    index.record(A, index.keys(P1), now=0)
+    index.record(B, index.keys(P2), now=0)
+    index.record(C, index.keys(P1 + P2), now=1)  # 30 over the sum: evicts
+    assert seen == [40] and index.total_blocks == 50
+
+
 def test_guesses_decay() -> None:
     index = ApproxIndex(capacity_blocks=1000, block_size=16, ttl_s=10)
     index.record(A, index.keys(P1), now=0)

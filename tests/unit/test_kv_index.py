@@ -165,6 +165,23 @@ def test_memory_bound_evicts_the_growing_engines_oldest() -> None:
     assert index.match(block_keys(list(range(5000, 5000 + 60 * BS)), BS), BS, [B]) == {}
 
 
+def test_the_total_another_thread_reads_never_passes_the_bound_mid_store() -> None:
+    """/debug/state reads total_blocks from its render thread while the loop applies events: when the store
+    shrinks the index, the one point where the blocks held exceed the bound, the total is still the last settled."""
+    index = BlockIndex(max_blocks=100)
+    store_chain(index, A, list(range(60 * BS)))
+    seen: list[int] = []
+    shrink = index._shrink
+
+    def reading(engine: object, excess: int) -> int:
+        seen.append(index.total_blocks)
+        return shrink(engine, excess)  # type: ignore[arg-type]
+
+    index._shrink = reading  # type: ignore[method-assign]
+    result = index.store(B, [vhash(B, i) for i in range(60)], None, list(range(5000, 5000 + 60 * BS)), BS)
+    assert seen == [60] and result.evicted > 0 and index.total_blocks == 120 - result.evicted <= 100
+
+
 def test_memory_estimate_is_honest() -> None:
     """approx_bytes() must be within 30% of what tracemalloc sees, for int and bytes hashes."""
     for as_bytes in (False, True):
