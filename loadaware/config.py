@@ -179,6 +179,11 @@ def parse_count(text: str) -> int:
     return value
 
 
+def parse_reserve(text: str) -> int | None:
+    """auto (None: sized at run time) or a count >= 0."""
+    return None if text.strip() == "auto" else parse_count(text)
+
+
 NO_ENDPOINT_REPLIES = ("auto", "unavailable", "fallback")
 
 
@@ -352,13 +357,16 @@ class Settings:
     saturation_queue: int = setting(0, parse_count,
             "requests an engine may queue beyond its batch before it counts as saturated (its batch: the "
             "vllm:num_requests_running its scrape showed while some waited); 0: saturated once its batch is full")
-    reserved_slots: int = setting(1, parse_count,
-            "batch slots per engine that only the highest priority the objectives define may take: its requests "
-            "find a free slot while lower ones are held (0 = none)")
-    late_reserved_slots: int = setting(1, parse_count,
-            "of the --reserved-slots per engine, those a request held past --admission-ttl-s (not sheddable, "
-            "released late, before its band) leaves to the highest priority too; 0: a late request may take any "
-            "free slot, the reserve included")
+    reserved_slots: int | None = setting(None, parse_reserve,
+            "free batch slots the lower bands leave to the highest priority the objectives define, so that its "
+            "requests find one while lower ones are held. auto: over the pool, the fewest that keep 1% of its "
+            "requests at most from finding none, from its requests in flight over the engines' batch slots; N: N "
+            "per engine plus one per request of that priority in flight (0 = none)")
+    late_reserved_slots: int | None = setting(None, parse_reserve,
+            "the free slots a request held past --admission-ttl-s (not sheddable, released late, before its band) "
+            "leaves to the highest priority. auto: with --reserved-slots auto the fewest that keep 5% of its "
+            "requests at most from finding none, else min(1, --reserved-slots) per engine; N: N per engine (at "
+            "most --reserved-slots); 0: a late request may take any free slot")
     admission_max_held: int = setting(5_000, parse_positive_int,
             "most requests held at once (past it: a lower-priority sheddable one is evicted, a sheddable arrival "
             "gets 429, any other is placed at once)")

@@ -47,7 +47,10 @@ _FLAG = re.compile(r"(?<![\w`-])(--[a-z][a-z0-9-]*[a-z0-9])")
 
 
 def format_default(value: Any) -> str:
-    """A default as an operator would type it; an empty value is shown as `(none)`."""
+    """A default as an operator would type it; an empty value is shown as `(none)`, None (sized at run time) as
+    `auto`."""
+    if value is None:
+        return "`auto`"
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
     if isinstance(value, float) and value.is_integer():

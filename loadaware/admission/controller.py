@@ -3,13 +3,15 @@
     room, and nobody held at its priority or above -> admitted at once
     otherwise                               -> held in its band (flow_queue.py), released when room appears:
                                                each engine scrape, each request's end, and every TICK_S
-    (room for a band below the highest priority the objectives define: the free slots beyond --reserved-slots
-    per engine and beyond the highest band's requests in flight)
+    (room for a band below the highest priority the objectives define: the free slots beyond the reserve. With
+    --reserved-slots auto (the default) the reserve is over the pool, sized from the highest band's demand
+    (reserve.py); with --reserved-slots N it is N per engine and as many more as the highest band has in flight)
     held past its time to live (--admission-ttl-s)
         sheddable (priority < 0)            -> 429, Retry-After, reason ttl_expired
         not sheddable                       -> held late: released after the top band into any free slot
-                                               beyond --late-reserved-slots (1) per engine, for up to LATE_S,
-                                               then placed anyway (never dropped)
+                                               beyond the late reserve (reserve.py's looser share under auto,
+                                               or --late-reserved-slots per engine), for up to LATE_S, then
+                                               placed anyway (never dropped)
     the queue is full (--admission-max-held requests or --admission-max-held-bytes)
         a held sheddable request of a lower priority exists -> that one is evicted (429, reason evicted)
         else sheddable                      -> 429, reason queue_full
@@ -36,6 +38,7 @@ from typing import Any, Protocol
 
 from loadaware.admission.flow_queue import FlowQueue, Ticket, is_late
 from loadaware.admission.objectives import Objectives
+from loadaware.admission.reserve import LATE_TOP_WAIT_SHARE, TOP_WAIT_SHARE, TopDemand, top_reserve
 from loadaware.admission.saturation import PoolRoom, Scraped
 from loadaware.lifecycle import Decision
 from loadaware.telemetry.faults import RateLimitedLog, describe
@@ -58,12 +61,18 @@ MAX_FAIRNESS_IDS = 1_000  # per band, in the fairness record; more ids are count
 @dataclass(frozen=True, slots=True)
 class AdmissionSettings:
     saturation_queue: int = 0
-    reserved_slots: int = 1
+    # Free slots per engine a lower band leaves to the highest band, besides one per request of that band in
+    # flight; None (auto): a reserve over the pool sized from that band's demand (reserve.py).
+    reserved_slots: int | None = None
     max_held: int = 5_000
     max_held_bytes: int = 256 * 1024 * 1024
     ttl_s: float = 30.0
-    late_reserved_slots: int = 1  # free slots per engine a late request leaves to the highest band
+    # Free slots per engine a late request leaves to the highest band (at most --reserved-slots); None (auto): the
+    # pool's late reserve under auto (reserve.py), else min(1, --reserved-slots).
+    late_reserved_slots: int | None = None
     late_s: float = LATE_S  # how long a request that is not sheddable is held late past its time to live
+    top_wait_share: float = TOP_WAIT_SHARE  # auto: reserve.py
+    late_top_wait_share: float = LATE_TOP_WAIT_SHARE
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +121,7 @@ class AdmissionController:
         self._ticker: asyncio.TimerHandle | None = None
         self._shown_bands: set[int] = set()
         self._top_inflight: set[int] = set()  # the highest band's decisions in flight (ids, until they end)
+        self.top_demand = TopDemand(clock())  # their number averaged over time (the auto reserve's demand)
         # Releases made while another fairness id of the band was held too, per band and id: the service each
         # tenant got while tenants competed (their Jain index is what fairness achieved).
         self.contended: dict[int, dict[str, int]] = {}
@@ -146,20 +156,36 @@ class AdmissionController:
 
     def _room(self, kind: str) -> float:
         """The free slots the highest band (TOP), a late request (LATE) or a band below the highest (LOWER) may
-        take, less the admitted requests not yet decided. A late request's: beyond --late-reserved-slots per
-        engine. A lower band's: beyond --reserved-slots per engine and beyond as many more as the highest band has
-        in flight (by Little's law about as many of its requests as arrive in one service time), so that the free
-        slots kept for it grow with its demand."""
+        take, less the admitted requests not yet decided. Under auto: beyond the pool's reserve for `kind`
+        (reserve.py). Otherwise a late request's: beyond --late-reserved-slots per engine; a lower band's: beyond
+        --reserved-slots per engine and beyond as many more as the highest band has in flight."""
         reserve = self._reserve(kind)
         top_inflight = len(self._top_inflight) if kind == LOWER and reserve else 0
-        return self.room.total(reserve) - top_inflight - self._pending
+        return self.room.total(reserve) - self._pool_reserve(kind) - top_inflight - self._pending
 
     def _reserve(self, kind: str) -> int:
-        """The free slots per engine that `kind` leaves to the highest band."""
+        """The free slots per engine that `kind` leaves to the highest band (0 where the reserve is the pool's)."""
         s = self.settings
-        if kind == TOP or not s.reserved_slots:
+        if kind == TOP:
             return 0
-        return min(s.late_reserved_slots, s.reserved_slots) if kind == LATE else s.reserved_slots
+        if kind == LATE:
+            if s.late_reserved_slots is None:
+                return 0 if s.reserved_slots is None else min(1, s.reserved_slots)
+            return s.late_reserved_slots if s.reserved_slots is None else min(s.late_reserved_slots,
+                                                                              s.reserved_slots)
+        return s.reserved_slots or 0
+
+    def _pool_reserve(self, kind: str) -> int:
+        """The free slots over the pool that `kind` leaves to the highest band under auto (reserve.py): from its
+        requests in flight on average over the eligible engines' learned batch slots."""
+        s = self.settings
+        if kind == TOP or s.reserved_slots is not None or (kind == LATE and s.late_reserved_slots is not None):
+            return 0
+        slots = self.room.known_slots()
+        if slots <= 0:
+            return 0  # no engine has queued yet: its room is unbounded, no reserve to keep
+        share = s.top_wait_share if kind == LOWER else s.late_top_wait_share
+        return top_reserve(self.top_demand.mean(self.clock()) / slots, share)
 
     def room_for(self, verdict: Verdict) -> Callable[[str], bool]:
         """Has an engine room for one more request with this verdict: any free slot for the highest band, one
@@ -168,7 +194,7 @@ class AdmissionController:
         (routing/room.py): an admitted request placed on a full batch would wait in that engine's queue, behind
         whatever is there, however high its priority."""
         kind = TOP if verdict.priority >= self.objectives.top() else LATE if verdict.late else LOWER
-        reserve = self._reserve(kind)
+        reserve = self._reserve(kind)  # a reserve over the pool was kept when the request was let go
         of = self.room.of
         return lambda endpoint: of(endpoint) > reserve
 
@@ -177,9 +203,10 @@ class AdmissionController:
         took; one of the highest band is counted in flight until it ends."""
         if verdict.admitted and self._pending > 0:
             self._pending -= 1
-        if (decision is not None and decision.endpoint is not None and self.settings.reserved_slots
+        if (decision is not None and decision.endpoint is not None and self.settings.reserved_slots != 0
                 and verdict.priority >= self.objectives.top()):
             self._top_inflight.add(id(decision))
+            self.top_demand.set(len(self._top_inflight), self.clock())
 
     async def _hold(self, priority: int, objective: str, fairness_id: str, size: int, request_id: str,
                     on_hold: Callable[[float], Awaitable[None]] | None) -> Verdict:
@@ -277,8 +304,9 @@ class AdmissionController:
 
     def on_ended(self, decision: Decision) -> None:
         """A request ended (lifecycle listener): its engine may have room."""
-        if decision is not None:
+        if decision is not None and id(decision) in self._top_inflight:
             self._top_inflight.discard(id(decision))
+            self.top_demand.set(len(self._top_inflight), self.clock())
         if self.queue:
             self._schedule_pump()
 
@@ -370,12 +398,20 @@ class AdmissionController:
             "contended_releases": {str(p): dict(ids) for p, ids in self.contended.items()},
             "jain_index": {str(p): jain_index(list(ids.values())) for p, ids in self.contended.items()},
             "slots": dict(self.room.slots), "top_inflight": len(self._top_inflight),
+            "top_inflight_mean": round(self.top_demand.mean(now), 3),
+            "reserve_now": {kind: self._reserve(kind) * self.room.eligible_count() + self._pool_reserve(kind)
+                            + (len(self._top_inflight) if kind == LOWER and self._reserve(kind) else 0)
+                            for kind in (LOWER, LATE)},
             "settings": {"saturation_queue": self.settings.saturation_queue,
-                         "reserved_slots": self.settings.reserved_slots,
-                         "late_reserved_slots": self.settings.late_reserved_slots,
+                         "reserved_slots": _auto(self.settings.reserved_slots),
+                         "late_reserved_slots": _auto(self.settings.late_reserved_slots),
                          "top_priority": self.objectives.top(), "max_held": self.settings.max_held,
                          "max_held_bytes": self.settings.max_held_bytes, "ttl_s": self.settings.ttl_s},
         }
+
+
+def _auto(slots: int | None) -> int | str:
+    return "auto" if slots is None else slots
 
 
 def jain_index(shares: list[int]) -> float | None:

@@ -19,9 +19,9 @@ are held, every request of room seen in error is taken at once and the top band'
 (docs/results.md, "Admission under saturation"); the sidecar's own count errs on the heavy side (an end is heard
 after the engine finished), so the larger of the two is what an engine holds. queue:
 --saturation-queue, the requests an engine may queue beyond its batch (0: none; a request waits where it can
-still be released by priority and placed later). reserve: the slots kept per engine for the highest priority
-the objectives define (--reserved-slots; 0 for that priority itself), so that its requests find a free slot
-while lower ones are held.
+still be released by priority and placed later). reserve: the slots an engine keeps for the highest priority
+the objectives define (--reserved-slots N; 0 for that priority itself, and under auto, whose reserve is over the
+pool: reserve.py), so that its requests find a free slot while lower ones are held.
 """
 
 from __future__ import annotations
@@ -94,6 +94,14 @@ class PoolRoom:
     def _eligible(self) -> Iterator[str]:
         out = self.excluded()
         return (endpoint for endpoint in self.endpoints() if endpoint not in out)
+
+    def known_slots(self) -> float:
+        """The eligible endpoints' learned batch capacities, together (0 while none is known)."""
+        slots = self.slots
+        return sum(slots.get(endpoint, 0.0) for endpoint in self._eligible())
+
+    def eligible_count(self) -> int:
+        return sum(1 for _ in self._eligible())
 
     def has_room(self, reserve: int = 0) -> bool:
         """Is any eligible endpoint's room above `reserve`? Stops at the first (the common case is cheap)."""

@@ -21,10 +21,12 @@ from loadaware.admission.objectives import (
     load_objectives,
     parse_objectives,
 )
+from loadaware.admission.reserve import TopDemand, top_reserve
 from loadaware.admission.saturation import PoolRoom, learn_slots, room
 from loadaware.api.v1 import loadaware_pb2 as v1
 from loadaware.app import Sidecar
 from loadaware.config import from_args
+from loadaware.lifecycle import Decision
 from loadaware.load.tracker import EngineStats
 from tests.unit.test_extproc_duplex import Recorder
 
@@ -203,6 +205,12 @@ class Room:
     def scraped(self, endpoint: str, running: float, waiting: float) -> None:
         pass
 
+    def known_slots(self) -> float:
+        return sum(self.slots.values())
+
+    def eligible_count(self) -> int:
+        return 1
+
 
 def controller(free: float = 0, **settings: Any) -> tuple[AdmissionController, Room]:
     settings.setdefault("reserved_slots", 0)
@@ -267,6 +275,62 @@ async def test_the_reserved_slots_go_to_the_highest_priority_only() -> None:
     admission.settled(critical)
     await room_appears(admission, pool, 2)
     assert standard.done() and standard.result().outcome == "released"
+
+
+def test_the_auto_reserve_is_the_fewest_slots_that_keep_the_top_bands_waits_under_its_share() -> None:
+    """rho^r <= share: one slot for a band that is a trickle, a few for one with a fifth of the pool."""
+    assert top_reserve(0.0, 0.01) == 1 and top_reserve(0.05, 0.01) == 2
+    assert top_reserve(0.15, 0.01) == 3 and top_reserve(0.15, 0.05) == 2  # late requests leave fewer
+    assert top_reserve(0.5, 0.01) == 7 and top_reserve(5.0, 0.01) == top_reserve(0.95, 0.01)
+    reserves = [top_reserve(rho / 100, 0.01) for rho in range(1, 96)]
+    assert reserves == sorted(reserves)
+    for rho in (0.05, 0.15, 0.3, 0.6):
+        r = top_reserve(rho, 0.01)
+        assert rho ** r <= 0.01 < rho ** (r - 1) or r == 1
+
+
+def test_the_top_bands_demand_is_its_in_flight_averaged_over_time() -> None:
+    demand = TopDemand(now=0.0, tau_s=10.0)
+    demand.set(4, 0.0)
+    assert demand.mean(10.0) == pytest.approx(4 * (1 - math.exp(-1)))
+    assert demand.mean(200.0) == pytest.approx(4, abs=1e-6)
+    demand.set(0, 200.0)
+    assert demand.mean(210.0) == pytest.approx(4 * math.exp(-1), rel=1e-6)
+
+
+async def test_with_the_auto_reserve_lower_bands_leave_the_slots_the_top_bands_demand_needs() -> None:
+    now = [0.0]
+    pool = Room(free=3)
+    pool.slots = {"a": 16.0}
+    admission = AdmissionController(AdmissionSettings(), Objectives(OBJECTIVES), pool,  # type: ignore[arg-type]
+                                    clock=lambda: now[0])
+    settings = admission.state()["settings"]
+    assert isinstance(settings, dict) and settings["reserved_slots"] == "auto"
+    # No demand from the top band yet: one slot kept, so a lower band may take the others.
+    assert admission.state()["reserve_now"] == {"lower": 1, "late": 1}
+    standard = await asyncio.wait_for(admission.admit("standard", "t", 1), 1)
+    assert standard.outcome == "admitted"
+    admission.settled(standard)
+    # Three of the top band's requests in flight for a long while on 16 slots: rho = 3/16, so 3 slots kept from
+    # a lower band on time (0.1875^3 < 1%) and 2 from a late request (0.1875^2 < 5%).
+    decisions = [Decision(str(n), "a", "routed", (), 8, (), (), {}, 0.0) for n in range(3)]
+    for decision in decisions:
+        top = await asyncio.wait_for(admission.admit("critical", "t", 1), 1)
+        admission.settled(top, decision)
+    now[0] += 1000.0
+    assert admission.state()["top_inflight_mean"] == pytest.approx(3.0)
+    assert admission.state()["reserve_now"] == {"lower": 3, "late": 2}
+    held = asyncio.create_task(admission.admit("standard", "t", 1))
+    await settle()
+    assert not held.done()  # three free, all three kept for the top band
+    assert (await asyncio.wait_for(admission.admit("critical", "t", 1), 1)).outcome == "admitted"
+    admission.settled(Verdict(True, 10, "admitted"))
+    await room_appears(admission, pool, 4)
+    assert held.done() and held.result().outcome == "released"
+    for decision in decisions:  # the top band's requests end: its demand decays, and the reserve with it
+        admission.on_ended(decision)
+    now[0] += 1000.0
+    assert admission.state()["reserve_now"] == {"lower": 1, "late": 1}
 
 
 async def test_two_backlogged_tenants_share_releases_evenly_at_ten_to_one() -> None:

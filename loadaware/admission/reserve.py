@@ -1,0 +1,67 @@
+"""The free batch slots the lower bands leave to the highest band (--reserved-slots auto), from its demand.
+
+While lower bands are held, they take every slot beyond the reserve as it frees; the top band's requests take any
+free slot. So the free slots rise by one at each end (until the reserve is full) and fall by one at each top-band
+arrival. As a birth-death chain that is a queue of r places with ratio
+
+    rho = top-band arrivals per end = its mean requests in flight / the pool's batch slots   (Little's law)
+
+and a top-band arrival finds no free slot with probability about rho^r. The reserve is the smallest r that keeps
+that below a share:
+
+    reserve(rho, share) = max(1, ceil(ln(share) / ln(rho)))        rho clamped to [RHO_MIN, RHO_MAX]
+
+    share  TOP_WAIT_SHARE (1%) for a lower band on time: it can wait (until its time to live)
+           LATE_TOP_WAIT_SHARE (5%) for a request held late, past its time to live: it takes what keeps the top
+           band's waits at the edge of its p95, no more, so that the band it belongs to is served rather than
+           placed into full batches (where every band then queues behind it)
+    rho    TopDemand: the top band's requests in flight, averaged over DEMAND_TAU_S, over the learned batch
+           slots of the eligible engines (saturation.py)
+
+Why not a number of slots per engine: one slot per engine is a quarter of a 4-slot engine's batch (the standard band
+starves, goes past its time to live and is placed into full batches) and too few for a top band that holds a third
+of 32-slot engines; and a reserve that grows with the top band's requests in flight reserves what its requests
+already hold (a fifth of the pool for a band with a fifth of the traffic) where a few slots keep its arrivals from
+waiting. docs/results.md ("Admission in virtual time") has both measured over randomly drawn fleets.
+"""
+
+from __future__ import annotations
+
+import math
+
+TOP_WAIT_SHARE = 0.01
+LATE_TOP_WAIT_SHARE = 0.05
+DEMAND_TAU_S = 10.0  # the top band's in flight is averaged over about this long (a time-weighted moving average)
+RHO_MIN = 1e-3
+RHO_MAX = 0.95
+
+
+def top_reserve(rho: float, share: float) -> int:
+    """The free slots that keep a top-band arrival from finding none more than `share` of the time (see above)."""
+    rho = min(max(rho, RHO_MIN), RHO_MAX)
+    return max(1, math.ceil(math.log(share) / math.log(rho)))
+
+
+class TopDemand:
+    """The top band's requests in flight, averaged over time (exponentially, over about DEMAND_TAU_S): its mean
+    occupancy, which Little's law makes its arrival rate times its service time."""
+
+    def __init__(self, now: float, tau_s: float = DEMAND_TAU_S) -> None:
+        self.tau_s = tau_s
+        self._mean = 0.0
+        self._level = 0
+        self._at = now
+
+    def set(self, level: int, now: float) -> None:
+        """The count changed to `level` at `now` (the old level held until then)."""
+        self._advance(now)
+        self._level = level
+
+    def mean(self, now: float) -> float:
+        self._advance(now)
+        return self._mean
+
+    def _advance(self, now: float) -> None:
+        if now > self._at:
+            self._mean += (1.0 - math.exp(-(now - self._at) / self.tau_s)) * (self._level - self._mean)
+            self._at = now

@@ -1,0 +1,46 @@
+"""research/admission_des.py: the product's admission controller, load tracker and room rule over simulated engines
+in virtual time. Its figures mean something only if its clock is virtual, its runs repeat, every request ends, and
+admission changes what the top band waits."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+from research.admission_des import BENCH_POINT, VirtualLoop, draw_point, pct, simulate
+
+
+def test_the_loop_jumps_to_the_next_timer_instead_of_waiting() -> None:
+    loop = VirtualLoop()
+    try:
+        started = time.monotonic()
+        loop.run_until_complete(asyncio.sleep(3600))
+        assert loop.time() >= 3600 and time.monotonic() - started < 5
+    finally:
+        loop.close()
+
+
+def test_a_run_repeats_and_every_request_is_served_or_shed() -> None:
+    point = BENCH_POINT.at(1.5)
+    first, again = simulate(point, 7, duration_s=10), simulate(point, 7, duration_s=10)
+    assert first.delays == again.delays and first.shed == again.shed
+    served = sum(len(ttfts) for ttfts in first.ttft.values())
+    assert first.sent > 300 and served + sum(first.shed.values()) == first.sent
+    assert first.shed["batch"] > 0 and first.shed["critical"] == first.shed["standard"] == 0
+
+
+def test_admission_keeps_the_top_band_out_of_the_queues_that_saturation_builds() -> None:
+    point = BENCH_POINT.at(1.5)
+    on, off = simulate(point, 3, "shipped", duration_s=20), simulate(point, 3, "off", duration_s=20)
+    assert pct(on.delays["critical"], 0.5) < 0.002 and pct(on.delays["critical"], 0.9) < 0.01
+    assert pct(off.delays["critical"], 0.5) > 1.0  # placed at once, it waits behind everyone in the engines' queues
+
+
+def test_drawn_points_stay_within_what_any_rule_could_serve() -> None:
+    rng = random.Random(1)
+    for _ in range(200):
+        point = draw_point(rng)
+        assert 2 <= point.engines <= 8 and 1.2 <= point.load <= 2.0 and 0.05 <= point.critical <= 0.2
+        assert (point.critical + point.standard) * point.load <= 0.95 + 1e-9
+        assert abs(sum(share for *_, share in point.mix()) - 1) < 1e-9
