@@ -3,7 +3,7 @@ Envoy (envoy/envoy.yaml, BUFFERED), both routing to the same two simulated engin
 
 docs/architecture.md ("Several replicas") derives, without measuring it, that each sidecar counts only its own
 requests and sees the other replica's at its next scrape, so the top band keeps its reserved slot while the
-other replicas' lower-band admissions within one `--scrape-interval-s` stay below `--reserved-slots` x engines.
+other replicas' lower-band admissions within one `--scrape-interval-s` stay below the reserve.
 This measures it: per scrape interval (0.1 s and 1 s by default), the same open-loop traffic as bench/admission.py
 (its mix, objectives, engines, time to live and bounds) at 0.7x and 1.5x the fleet's capacity (measured once,
 through replica A), sent to A and B in turn (each carries half), and as the in-run reference the same two
@@ -141,8 +141,10 @@ async def run_at(targets: list[Replica], everyone: list[Replica], load: float, c
     result.sent = await open_loop([r.url for r in targets], result.rate, duration, seed, sample)
     wall_s = time.monotonic() - started  # the offered duration and the tail (held requests still out)
     per = {r.name: outcomes_delta(before[r.name], r.outcomes()) for r in everyone}
-    settings = everyone[0].admission_state().get("settings") or {}
-    result.sidecar = {"outcomes": summed(per), "reserved_slots": settings.get("reserved_slots")}
+    state = everyone[0].admission_state()
+    reserve_now = state.get("reserve_now") or {}
+    result.sidecar = {"outcomes": summed(per), "reserved_slots": (state.get("settings") or {}).get("reserved_slots"),
+                      "lower_reserve_now": reserve_now.get("lower")}
     figures = result.figures()
     shed = [s for s in result.sent if s.status == 429]
     figures.update(
@@ -198,14 +200,14 @@ def interval_figures(runs: dict[str, list[dict[str, Any]]], interval_s: float) -
     one, two = p95_pair(runs["one"]), p95_pair(runs["two"])
     ratio_one, ratio_two = ratio(one[1], one[0]), ratio(two[1], two[0])
     high = runs["two"][-1] if runs["two"] else None
-    reserved = high["sidecar"].get("reserved_slots") if high else None
+    reserved = high["sidecar"].get("lower_reserve_now") if high else None  # over the pool, as the run ended
     return {"scrape_interval_s": interval_s,
             "critical_ttft_p95_s_one": list(one), "critical_ttft_p95_s_two": list(two),
             "critical_ttft_p95_ratio_one": ratio_one, "critical_ttft_p95_ratio_two": ratio_two,
             "two_over_one_p95_at_1_5x": ratio(two[1], one[1]), "two_over_one_ratio": ratio(ratio_two, ratio_one),
             "lost": sum(r["lost"] for rs in runs.values() for r in rs),
             "other_lower_per_interval_at_1_5x": high["other_lower_per_interval"] if high else None,
-            "reserve_x_engines": reserved * ENGINES if reserved is not None else None}
+            "lower_reserve": reserved}
 
 
 def run(out_dir: Path, quick: bool = False, seed: int = 11, intervals: Sequence[float] = SCRAPE_INTERVALS_S,
@@ -269,8 +271,8 @@ def table(results: dict[str, Any]) -> str:
                      f"**{num(f['critical_ttft_p95_ratio_one'])}**, two **{num(f['critical_ttft_p95_ratio_two'])}**; "
                      f"two over one at 1.5x {num(f['two_over_one_p95_at_1_5x'])}, of the ratios "
                      f"{num(f['two_over_one_ratio'])}; the other replica's lower-band requests sent on per scrape at "
-                     f"1.5x {num(f['other_lower_per_interval_at_1_5x'], 1)} vs reserve x engines "
-                     f"{f['reserve_x_engines']}; lost {f['lost']}")
+                     f"1.5x {num(f['other_lower_per_interval_at_1_5x'], 1)} vs the reserve "
+                     f"{f['lower_reserve']}; lost {f['lost']}")
     return "\n".join([*lines, ""])
 
 

@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 faults = RateLimitedLog(log)
 
 TICK_S = 0.05  # while anything is held: room can appear with no event (a scrape going stale, say)
-# How long a request that is not sheddable waits late (any slot beyond --late-reserved-slots) past its time to live
+# How long a request that is not sheddable waits late (any slot beyond the late reserve) past its time to live
 # before it is placed anyway: within the 5 s the BUFFERED conversation adds to Envoy's message timeout for a hold
 # (extproc/conversation.py, HOLD_MARGIN_S), so Envoy never gives up on it first.
 LATE_S = 4.0
@@ -85,7 +85,7 @@ class Verdict:
     wait_s: float = 0.0
     retry_after_s: int = 0
     held: bool = False
-    late: bool = False  # released from its late band: any free slot beyond --late-reserved-slots is its room
+    late: bool = False  # released from its late band: any free slot beyond the late reserve is its room
 
 
 class AdmissionMetrics(Protocol):
@@ -188,8 +188,9 @@ class AdmissionController:
         return top_reserve(self.top_demand.mean(self.clock()) / slots, share)
 
     def room_for(self, verdict: Verdict) -> Callable[[str], bool]:
-        """Has an engine room for one more request with this verdict: any free slot for the highest band, one
-        beyond --late-reserved-slots for a late request, one beyond --reserved-slots for a band below it.
+        """Has an engine room for one more request with this verdict: any free slot; with a reserve per engine
+        (--reserved-slots N), one beyond --late-reserved-slots for a late request and one beyond --reserved-slots
+        for a band below the highest.
         The decision moves a request off an engine without room when one of its candidates has some
         (routing/room.py): an admitted request placed on a full batch would wait in that engine's queue, behind
         whatever is there, however high its priority."""

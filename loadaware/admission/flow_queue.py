@@ -33,7 +33,7 @@ class Ticket:
     gone: bool = False  # removed (released, expired, evicted or cancelled)
     contended: bool = False  # when released: another fairness id of its band was held too (fairness applied)
     # Past its time to live and not sheddable (controller.py): held in its band's late band, just above it, which
-    # may take any free slot beyond --late-reserved-slots per engine.
+    # may take any free slot beyond the late reserve (controller.py).
     late: bool = False
 
     @property

@@ -1,8 +1,8 @@
 """After the pick, with admission on: the choice goes to an engine with room for the request's band.
 
-    room(e)  = admission's: a free batch slot for the highest band, one beyond --late-reserved-slots for a late
-               request, one beyond --reserved-slots for a lower band
-               (loadaware/admission/saturation.py)
+    room(e)  = admission's: a free batch slot (for a lower band or a late request with --reserved-slots N, one
+               beyond its reserve per engine; under auto the reserve is the pool's, kept when it was let go)
+               (loadaware/admission/controller.py, room_for)
     choice   = the policy's (or the session's) choice          if room(choice)
                the best-ranked candidate with room             if some candidate has room (rule "room")
                the policy's choice                             if none has (the pool is saturated: the request was
