@@ -183,7 +183,7 @@ def without_top_inflight(sheddable_keeps: bool) -> type[AdmissionController]:
         def _room(self, kind: str) -> float:
             room = super()._room(kind)
             if kind == LOWER and self.settings.reserved_slots and not (sheddable_keeps and self._asking_priority < 0):
-                room += len(self._top_inflight)  # the per-engine rule's term taken back out
+                room += len(self.reserve.top_inflight)  # the per-engine rule's term taken back out
             return room
 
         def _has_room(self, priority: int) -> bool:

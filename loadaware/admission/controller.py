@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 from loadaware.admission.flow_queue import FlowQueue, Ticket, is_late
 from loadaware.admission.objectives import Objectives
-from loadaware.admission.reserve import LATE_TOP_WAIT_SHARE, TOP_WAIT_SHARE, TopDemand, top_reserve
+from loadaware.admission.reserve import LATE, LATE_TOP_WAIT_SHARE, LOWER, TOP, TOP_WAIT_SHARE, Reserve
 from loadaware.admission.saturation import PoolRoom, Scraped
 from loadaware.lifecycle import Decision
 from loadaware.telemetry.faults import RateLimitedLog, describe
@@ -54,7 +54,6 @@ LATE_S = 4.0
 RATE_WINDOW_S = 10.0
 MAX_RETRY_AFTER_S = 60
 RELEASED, EVICTED = "released", "evicted"
-TOP, LATE, LOWER = "top", "late", "lower"  # whose room: the highest band's, a late request's, a lower band's
 MAX_FAIRNESS_IDS = 1_000  # per band, in the fairness record; more ids are counted together as "other"
 
 
@@ -120,8 +119,8 @@ class AdmissionController:
         self._pump_scheduled = False
         self._ticker: asyncio.TimerHandle | None = None
         self._shown_bands: set[int] = set()
-        self._top_inflight: set[int] = set()  # the highest band's decisions in flight (ids, until they end)
-        self.top_demand = TopDemand(clock())  # their number averaged over time (the auto reserve's demand)
+        self.reserve = Reserve(settings.reserved_slots, settings.late_reserved_slots, settings.top_wait_share,
+                               settings.late_top_wait_share, clock)
         # Releases made while another fairness id of the band was held too, per band and id: the service each
         # tenant got while tenants competed (their Jain index is what fairness achieved).
         self.contended: dict[int, dict[str, int]] = {}
@@ -156,36 +155,11 @@ class AdmissionController:
 
     def _room(self, kind: str) -> float:
         """The free slots the highest band (TOP), a late request (LATE) or a band below the highest (LOWER) may
-        take, less the admitted requests not yet decided. Under auto: beyond the pool's reserve for `kind`
-        (reserve.py). Otherwise a late request's: beyond --late-reserved-slots per engine; a lower band's: beyond
-        --reserved-slots per engine and beyond as many more as the highest band has in flight."""
-        reserve = self._reserve(kind)
-        top_inflight = len(self._top_inflight) if kind == LOWER and reserve else 0
-        return self.room.total(reserve) - self._pool_reserve(kind) - top_inflight - self._pending
-
-    def _reserve(self, kind: str) -> int:
-        """The free slots per engine that `kind` leaves to the highest band (0 where the reserve is the pool's)."""
-        s = self.settings
-        if kind == TOP:
-            return 0
-        if kind == LATE:
-            if s.late_reserved_slots is None:
-                return 0 if s.reserved_slots is None else min(1, s.reserved_slots)
-            return s.late_reserved_slots if s.reserved_slots is None else min(s.late_reserved_slots,
-                                                                              s.reserved_slots)
-        return s.reserved_slots or 0
-
-    def _pool_reserve(self, kind: str) -> int:
-        """The free slots over the pool that `kind` leaves to the highest band under auto (reserve.py): from its
-        requests in flight on average over the eligible engines' learned batch slots."""
-        s = self.settings
-        if kind == TOP or s.reserved_slots is not None or (kind == LATE and s.late_reserved_slots is not None):
-            return 0
-        slots = self.room.known_slots()
-        if slots <= 0:
-            return 0  # no engine has queued yet: its room is unbounded, no reserve to keep
-        share = s.top_wait_share if kind == LOWER else s.late_top_wait_share
-        return top_reserve(self.top_demand.mean(self.clock()) / slots, share)
+        take, less the admitted requests not yet decided: beyond what `kind` leaves to the highest band
+        (reserve.py)."""
+        reserve = self.reserve
+        return (self.room.total(reserve.per_engine(kind)) - reserve.beyond(kind, self.room.known_slots())
+                - self._pending)
 
     def room_for(self, verdict: Verdict) -> Callable[[str], bool]:
         """Has an engine room for one more request with this verdict: any free slot; with a reserve per engine
@@ -195,7 +169,7 @@ class AdmissionController:
         (routing/room.py): an admitted request placed on a full batch would wait in that engine's queue, behind
         whatever is there, however high its priority."""
         kind = TOP if verdict.priority >= self.objectives.top() else LATE if verdict.late else LOWER
-        reserve = self._reserve(kind)  # a reserve over the pool was kept when the request was let go
+        reserve = self.reserve.per_engine(kind)  # a reserve over the pool was kept when the request was let go
         of = self.room.of
         return lambda endpoint: of(endpoint) > reserve
 
@@ -204,10 +178,8 @@ class AdmissionController:
         took; one of the highest band is counted in flight until it ends."""
         if verdict.admitted and self._pending > 0:
             self._pending -= 1
-        if (decision is not None and decision.endpoint is not None and self.settings.reserved_slots != 0
-                and verdict.priority >= self.objectives.top()):
-            self._top_inflight.add(id(decision))
-            self.top_demand.set(len(self._top_inflight), self.clock())
+        if decision is not None and decision.endpoint is not None and verdict.priority >= self.objectives.top():
+            self.reserve.started(id(decision))
 
     async def _hold(self, priority: int, objective: str, fairness_id: str, size: int, request_id: str,
                     on_hold: Callable[[float], Awaitable[None]] | None) -> Verdict:
@@ -305,9 +277,8 @@ class AdmissionController:
 
     def on_ended(self, decision: Decision) -> None:
         """A request ended (lifecycle listener): its engine may have room."""
-        if decision is not None and id(decision) in self._top_inflight:
-            self._top_inflight.discard(id(decision))
-            self.top_demand.set(len(self._top_inflight), self.clock())
+        if decision is not None:
+            self.reserve.ended(id(decision))
         if self.queue:
             self._schedule_pump()
 
@@ -398,11 +369,10 @@ class AdmissionController:
                        for t in self.queue.held(limit)],
             "contended_releases": {str(p): dict(ids) for p, ids in self.contended.items()},
             "jain_index": {str(p): jain_index(list(ids.values())) for p, ids in self.contended.items()},
-            "slots": dict(self.room.slots), "top_inflight": len(self._top_inflight),
-            "top_inflight_mean": round(self.top_demand.mean(now), 3),
-            "reserve_now": {kind: self._reserve(kind) * self.room.eligible_count() + self._pool_reserve(kind)
-                            + (len(self._top_inflight) if kind == LOWER and self._reserve(kind) else 0)
-                            for kind in (LOWER, LATE)},
+            "slots": dict(self.room.slots), "top_inflight": len(self.reserve.top_inflight),
+            "top_inflight_mean": round(self.reserve.demand.mean(now), 3),
+            "reserve_now": {kind: self.reserve.per_engine(kind) * self.room.eligible_count()
+                            + self.reserve.beyond(kind, self.room.known_slots()) for kind in (LOWER, LATE)},
             "settings": {"saturation_queue": self.settings.saturation_queue,
                          "reserved_slots": _auto(self.settings.reserved_slots),
                          "late_reserved_slots": _auto(self.settings.late_reserved_slots),

@@ -28,7 +28,9 @@ waiting. docs/results.md ("Admission in virtual time") has both measured over ra
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
+TOP, LATE, LOWER = "top", "late", "lower"  # whose room: the highest band's, a late request's, a lower band's
 TOP_WAIT_SHARE = 0.01
 LATE_TOP_WAIT_SHARE = 0.05
 DEMAND_TAU_S = 10.0  # the top band's in flight is averaged over about this long (a time-weighted moving average)
@@ -65,3 +67,54 @@ class TopDemand:
         if now > self._at:
             self._mean += (1.0 - math.exp(-(now - self._at) / self.tau_s)) * (self._level - self._mean)
             self._at = now
+
+
+class Reserve:
+    """What each kind of request leaves free to the highest band: per engine (--reserved-slots N, and one per top-band
+    request in flight for a lower band on time) or over the pool (auto: `top_reserve` of the band's demand).
+    `reserved_slots` / `late_reserved_slots` None: auto (see AdmissionSettings)."""
+
+    def __init__(self, reserved_slots: int | None, late_reserved_slots: int | None, top_wait_share: float,
+                 late_top_wait_share: float, clock: Callable[[], float]) -> None:
+        self.reserved_slots = reserved_slots
+        self.late_reserved_slots = late_reserved_slots
+        self.shares = {LOWER: top_wait_share, LATE: late_top_wait_share}
+        self.clock = clock
+        self.top_inflight: set[int] = set()  # the highest band's decisions in flight (ids, until they end)
+        self.demand = TopDemand(clock())  # their number averaged over time (the auto reserve's demand)
+
+    def started(self, key: int) -> None:
+        """A top-band request was decided (`key`: its decision's id): in flight until `ended`."""
+        if self.reserved_slots != 0:
+            self.top_inflight.add(key)
+            self.demand.set(len(self.top_inflight), self.clock())
+
+    def ended(self, key: int) -> None:
+        if key in self.top_inflight:
+            self.top_inflight.discard(key)
+            self.demand.set(len(self.top_inflight), self.clock())
+
+    def per_engine(self, kind: str) -> int:
+        """The free slots per engine that `kind` leaves to the highest band (0 where the reserve is the pool's)."""
+        on_time, late = self.reserved_slots, self.late_reserved_slots
+        if kind == TOP:
+            return 0
+        if kind == LATE:
+            if late is None:
+                return 0 if on_time is None else min(1, on_time)
+            return late if on_time is None else min(late, on_time)
+        return on_time or 0
+
+    def beyond(self, kind: str, known_slots: float) -> int:
+        """The free slots that `kind` leaves to the highest band besides `per_engine`'s: over the pool under auto,
+        from that band's mean requests in flight over the eligible engines' learned batch slots (`known_slots`);
+        with --reserved-slots N, a lower band on time leaves one per top-band request in flight."""
+        if kind == TOP:
+            return 0
+        if self.reserved_slots is not None:
+            return len(self.top_inflight) if kind == LOWER and self.reserved_slots else 0
+        if kind == LATE and self.late_reserved_slots is not None:
+            return 0
+        if known_slots <= 0:
+            return 0  # no engine has queued yet: its room is unbounded, no reserve to keep
+        return top_reserve(self.demand.mean(self.clock()) / known_slots, self.shares[kind])
