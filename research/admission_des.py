@@ -327,11 +327,14 @@ class Tally:
     standard_ttft: list[float] = field(default_factory=list)
     batch_served: int = 0
     batch_shed: int = 0
+    misses: list[str] = field(default_factory=list)  # the runs past WITHIN_S: what, and their p95 delay
 
-    def add(self, o: Outcome) -> None:
+    def add(self, o: Outcome, label: str = "") -> None:
         self.delays += o.delays["critical"]
         p95 = pct(o.delays["critical"], .95)
         self.within += p95 <= WITHIN_S
+        if p95 > WITHIN_S:
+            self.misses.append(f"{label} {p95 * 1e3:.1f} ms")
         self.runs += 1
         self.worst = max(self.worst, p95)
         self.standard_ttft += o.ttft["standard"]
@@ -369,9 +372,12 @@ def main() -> None:
         tallies = {rule: Tally() for rule in rules}
         for point, seed in points:
             for rule in rules:
-                tallies[rule].add(simulate(point, seed, rule, args.duration_s))
+                tallies[rule].add(simulate(point, seed, rule, args.duration_s), f"{point} seed {seed}:")
         for rule in rules:
             print(tallies[rule].row(rule))
+        for rule in rules:
+            print(f"\n{rule} missed on:" if tallies[rule].misses else f"\n{rule} missed on none", *tallies[rule].misses,
+                  sep="\n- ")
         return
     print(f"the bench's point ({BENCH_POINT}), {args.duration_s:g} s a run, seeds "
           f"{args.seeds[0]}..{args.seeds[-1]}\n\n{HEADER}")
