@@ -208,25 +208,27 @@ class Outcome:
     sent: int = 0
 
 
-async def run(point: Point, seed: int, rule: str, duration_s: float) -> Outcome:
+async def run(point: Point, seed: int, rule: str, duration_s: float, replicas: int = 1) -> Outcome:
     loop = asyncio.get_running_loop()
     clock = loop.time
     decode_s = DECODE_MS * 2 / 1000  # the bench's --slower 2
     service_s = PREFILL_MS / 1000 + MAX_TOKENS * decode_s
     engines, slots = point.engines, point.slots
     fleet = {f"e{i}": Engine(f"e{i}", slots, decode_s) for i in range(engines)}
-    tracker = LoadTracker(stale_s=STALE_S, clock=clock)
-    for name in fleet:
-        tracker.join(name)
-    room = PoolRoom(tracker, lambda: fleet.keys(), lambda: (), queue=0)
     controller_class, overrides = rule_setup(rule)
     settings = AdmissionSettings(max_held=MAX_HELD, max_held_bytes=MAX_HELD_BYTES, ttl_s=TTL_S, **overrides)
     objectives = Objectives({name: spec["priority"] for name, spec in OBJECTIVES.items()})
-    controller = controller_class(settings, objectives, room, clock=clock)
+    sidecars: list[tuple[LoadTracker, AdmissionController]] = []  # the gateway's replicas, each its own sidecar
+    for _ in range(replicas):
+        tracker = LoadTracker(stale_s=STALE_S, clock=clock)
+        for name in fleet:
+            tracker.join(name)
+        room = PoolRoom(tracker, lambda: fleet.keys(), lambda: (), queue=0)
+        sidecars.append((tracker, controller_class(settings, objectives, room, clock=clock)))
     out = Outcome()
     rng = random.Random(seed * 1000 + round(point.load * 100))
 
-    def scrape(name: str) -> None:
+    def scrape(name: str, tracker: LoadTracker, controller: AdmissionController) -> None:
         engine = fleet[name]
         seen = EngineStats(float(engine.running), float(len(engine.waiting)), None, at=clock())
 
@@ -235,12 +237,14 @@ async def run(point: Point, seed: int, rule: str, duration_s: float) -> Outcome:
             tracker.record(name, stats)
             controller.on_scrape(name, stats)
         loop.call_later(SCRAPE_LAG_S, arrive)
-        loop.call_later(SCRAPE_S, scrape, name)
+        loop.call_later(SCRAPE_S, scrape, name, tracker, controller)
 
-    for i, name in enumerate(fleet):
-        loop.call_later(SCRAPE_S * i / engines, scrape, name)
+    for r, (tracker, controller) in enumerate(sidecars):  # each replica scrapes on its own schedule
+        for i, name in enumerate(fleet):
+            loop.call_later(SCRAPE_S * (i + r / replicas) / engines, scrape, name, tracker, controller)
 
     async def request(n: int, objective: str, tenant: str) -> None:
+        tracker, controller = sidecars[n % replicas]  # the gateway spreads requests over its replicas
         arrived = clock()
         verdict: Verdict = await controller.admit(objective, tenant, BODY_BYTES, str(n))
         out.held[objective].append(clock() - arrived)
@@ -293,11 +297,12 @@ async def run(point: Point, seed: int, rule: str, duration_s: float) -> Outcome:
     return out
 
 
-def simulate(point: Point, seed: int, rule: str = "shipped", duration_s: float = 80.0) -> Outcome:
-    """One run in virtual time (deterministic for its arguments)."""
+def simulate(point: Point, seed: int, rule: str = "shipped", duration_s: float = 80.0, replicas: int = 1) -> Outcome:
+    """One run in virtual time (deterministic for its arguments); `replicas` sidecars share the fleet, each
+    deciding every `replicas`-th request and scraping every engine itself."""
     loop = VirtualLoop()
     try:
-        return loop.run_until_complete(run(point, seed, rule, duration_s))
+        return loop.run_until_complete(run(point, seed, rule, duration_s, replicas))
     finally:
         loop.close()
 
@@ -363,29 +368,31 @@ def main() -> None:
                         "from --seeds' first")
     p.add_argument("--rules", default="shipped,per-engine,no-k,off")
     p.add_argument("--duration-s", type=float, default=80.0)
+    p.add_argument("--replicas", type=int, default=1, help="sidecars sharing the fleet (a gateway's replicas)")
     args = p.parse_args()
     rules = args.rules.split(",")
     if args.draw:
         rng = random.Random(args.seeds[0])
         points = [(draw_point(rng), args.seeds[0] + i) for i in range(args.draw)]
-        print(f"{args.draw} drawn points (seed {args.seeds[0]}), {args.duration_s:g} s a run\n\n{HEADER}")
+        print(f"{args.draw} drawn points (seed {args.seeds[0]}), {args.duration_s:g} s a run, {args.replicas} "
+              f"replica(s)\n\n{HEADER}")
         tallies = {rule: Tally() for rule in rules}
         for point, seed in points:
             for rule in rules:
-                tallies[rule].add(simulate(point, seed, rule, args.duration_s), f"{point} seed {seed}:")
+                tallies[rule].add(simulate(point, seed, rule, args.duration_s, args.replicas), f"{point} seed {seed}:")
         for rule in rules:
             print(tallies[rule].row(rule))
         for rule in rules:
             print(f"\n{rule} missed on:" if tallies[rule].misses else f"\n{rule} missed on none", *tallies[rule].misses,
                   sep="\n- ")
         return
-    print(f"the bench's point ({BENCH_POINT}), {args.duration_s:g} s a run, seeds "
+    print(f"the bench's point ({BENCH_POINT}), {args.duration_s:g} s a run, {args.replicas} replica(s), seeds "
           f"{args.seeds[0]}..{args.seeds[-1]}\n\n{HEADER}")
     for rule in rules:
         for load in (float(x) for x in args.loads.split(",")):
             tally = Tally()
             for seed in args.seeds:
-                tally.add(simulate(BENCH_POINT.at(load), seed, rule, args.duration_s))
+                tally.add(simulate(BENCH_POINT.at(load), seed, rule, args.duration_s, args.replicas))
             print(tally.row(f"{rule}, {load:g}x"))
 
 

@@ -44,3 +44,12 @@ def test_drawn_points_stay_within_what_any_rule_could_serve() -> None:
         assert 2 <= point.engines <= 8 and 1.2 <= point.load <= 2.0 and 0.05 <= point.critical <= 0.2
         assert (point.critical + point.standard) * point.load <= 0.95 + 1e-9
         assert abs(sum(share for *_, share in point.mix()) - 1) < 1e-9
+
+
+def test_replicas_share_the_fleet_and_answer_every_request() -> None:
+    """Two sidecars, each deciding every other request and scraping the engines itself: none is lost, and each
+    one's controller saw traffic (the top band's reserve is each replica's own)."""
+    two = simulate(BENCH_POINT.at(1.5), 5, duration_s=10, replicas=2)
+    served = sum(len(ttfts) for ttfts in two.ttft.values())
+    assert served + sum(two.shed.values()) == two.sent > 300
+    assert two.delays != simulate(BENCH_POINT.at(1.5), 5, duration_s=10).delays
