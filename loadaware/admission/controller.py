@@ -158,7 +158,7 @@ class AdmissionController:
         take, less the admitted requests not yet decided: beyond what `kind` leaves to the highest band
         (reserve.py)."""
         reserve = self.reserve
-        return (self.room.total(reserve.per_engine(kind)) - reserve.beyond(kind, self.room.known_slots())
+        return (self.room.total(reserve.per_engine(kind)) - reserve.beyond(kind, self.room.known_slots)
                 - self._pending)
 
     def room_for(self, verdict: Verdict) -> Callable[[str], bool]:
@@ -372,7 +372,7 @@ class AdmissionController:
             "slots": dict(self.room.slots), "top_inflight": len(self.reserve.top_inflight),
             "top_inflight_mean": round(self.reserve.demand.mean(now), 3),
             "reserve_now": {kind: self.reserve.per_engine(kind) * self.room.eligible_count()
-                            + self.reserve.beyond(kind, self.room.known_slots()) for kind in (LOWER, LATE)},
+                            + self.reserve.beyond(kind, self.room.known_slots) for kind in (LOWER, LATE)},
             "settings": {"saturation_queue": self.settings.saturation_queue,
                          "reserved_slots": _auto(self.settings.reserved_slots),
                          "late_reserved_slots": _auto(self.settings.late_reserved_slots),

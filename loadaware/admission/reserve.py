@@ -105,16 +105,18 @@ class Reserve:
             return late if on_time is None else min(late, on_time)
         return on_time or 0
 
-    def beyond(self, kind: str, known_slots: float) -> int:
+    def beyond(self, kind: str, known_slots: Callable[[], float]) -> int:
         """The free slots that `kind` leaves to the highest band besides `per_engine`'s: over the pool under auto,
-        from that band's mean requests in flight over the eligible engines' learned batch slots (`known_slots`);
-        with --reserved-slots N, a lower band on time leaves one per top-band request in flight."""
+        from that band's mean requests in flight over the eligible engines' learned batch slots (`known_slots()`,
+        asked only then: it walks the pool); with --reserved-slots N, a lower band on time leaves one per top-band
+        request in flight."""
         if kind == TOP:
             return 0
         if self.reserved_slots is not None:
             return len(self.top_inflight) if kind == LOWER and self.reserved_slots else 0
         if kind == LATE and self.late_reserved_slots is not None:
             return 0
-        if known_slots <= 0:
+        slots = known_slots()
+        if slots <= 0:
             return 0  # no engine has queued yet: its room is unbounded, no reserve to keep
-        return top_reserve(self.demand.mean(self.clock()) / known_slots, self.shares[kind])
+        return top_reserve(self.demand.mean(self.clock()) / slots, self.shares[kind])
