@@ -15,8 +15,10 @@ that below a share:
            LATE_TOP_WAIT_SHARE (5%) for a request held late, past its time to live: it takes what keeps the top
            band's waits at the edge of its p95, no more, so that the band it belongs to is served rather than
            placed into full batches (where every band then queues behind it)
-    rho    TopDemand: the top band's requests in flight, averaged over DEMAND_TAU_S, over the learned batch
-           slots of the eligible engines (saturation.py)
+    rho    the top band's requests in flight: the larger of their number now and their average over DEMAND_TAU_S
+           (TopDemand), over the learned batch slots of the eligible engines (saturation.py). The average alone
+           lags a rise by DEMAND_TAU_S: from a cold start, or when the top band surges, the lower bands would fill
+           the slots it needs meanwhile.
 
 Why not a number of slots per engine: one slot per engine is a quarter of a 4-slot engine's batch (the standard band
 starves, goes past its time to live and is placed into full batches) and too few for a top band that holds a third
@@ -119,4 +121,5 @@ class Reserve:
         slots = known_slots()
         if slots <= 0:
             return 0  # no engine has queued yet: its room is unbounded, no reserve to keep
-        return top_reserve(self.demand.mean(self.clock()) / slots, self.shares[kind])
+        demand = max(self.demand.mean(self.clock()), len(self.top_inflight))
+        return top_reserve(demand / slots, self.shares[kind])
