@@ -93,6 +93,12 @@ class Sample:
     malloc_mmapped_mb: float = 0.0  # of which in chunks above malloc's mmap threshold (large buffers)
     python_blocks: float = 0.0  # blocks Python's allocator has handed out (loadaware_python_allocated_blocks)
     kv_lag_s: float = 0.0  # the largest KV-events feed lag (loadaware_kv_events_lag_seconds): a growing queue
+    # whose the anonymous pages are (anon_parts) and what malloc holds beside its live bytes
+    glibc_arenas_mb: float = 0.0  # resident in glibc's thread arenas (threads other than the main one)
+    thread_stacks_mb: float = 0.0  # resident in thread stacks
+    other_anon_mb: float = 0.0  # the rest: Python's small-object arenas, malloc's mmapped chunks, libraries' maps
+    malloc_free_mb: float = 0.0  # free inside malloc's arenas after the last trim (loadaware_malloc_free_bytes)
+    malloc_system_mb: float = 0.0  # what malloc's arenas have from the system (loadaware_malloc_system_bytes)
 
 
 def mapping_mb(pid: int) -> tuple[float, float]:
@@ -110,6 +116,42 @@ def mapping_mb(pid: int) -> tuple[float, float]:
             elif current == "":
                 anon += kib
     return heap / 1024, anon / 1024
+
+
+GLIBC_HEAP_ALIGN = 64 * 2**20  # glibc maps each thread arena's heap at a multiple of HEAP_MAX_SIZE (64 MiB)
+GUARD_MAX_BYTES = 64 * 1024  # a thread stack's PROT_NONE guard, right below it (a page by default)
+
+
+def anon_parts(pid: int) -> tuple[float, float, float]:
+    """Resident MiB of `pid`'s anonymous mappings by owner, from their layout in /proc/PID/smaps: (glibc's thread
+    arenas, thread stacks, the rest). A thread arena's heap starts at a multiple of 64 MiB with its unused rest
+    mapped PROT_NONE right above; a thread stack has a small PROT_NONE guard right below. The rest is Python's
+    small-object arenas (1 MiB maps the kernel merges), malloc's chunks above its mmap threshold and libraries'
+    own maps."""
+    maps: list[tuple[int, int, str, str, int]] = []  # start, end, perms, name, resident KiB
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split(maxsplit=5)
+        if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+            lo, hi = head[0].split("-")
+            maps.append((int(lo, 16), int(hi, 16), head[1], head[5].strip() if len(head) == 6 else "", 0))
+        elif line.startswith("Rss:") and maps:
+            start, end, perms, name, _ = maps[-1]
+            maps[-1] = (start, end, perms, name, int(line.split()[1]))
+    arenas = stacks = other = 0
+    for i, (start, end, perms, name, kib) in enumerate(maps):
+        if name or not perms.startswith("rw"):
+            continue
+        above = maps[i + 1] if i + 1 < len(maps) else None
+        below = maps[i - 1] if i > 0 else None
+        if start % GLIBC_HEAP_ALIGN == 0 and (end - start == GLIBC_HEAP_ALIGN or (
+                above is not None and above[0] == end and above[2].startswith("---"))):
+            arenas += kib
+        elif below is not None and below[1] == start and below[2].startswith("---") and not below[3] \
+                and below[1] - below[0] <= GUARD_MAX_BYTES:
+            stacks += kib
+        else:
+            other += kib
+    return arenas / 1024, stacks / 1024, other / 1024
 
 
 @dataclass
@@ -146,6 +188,14 @@ def read_malloc(sample: Sample, metrics_text: str) -> None:
     sample.malloc_in_use_mb = malloc_in_use_mb(metrics_text)
     sample.malloc_mmapped_mb = metric_sum(metrics_text, "loadaware_malloc_mmapped_bytes") / 2**20
     sample.python_blocks = metric_sum(metrics_text, "loadaware_python_allocated_blocks")
+    sample.malloc_free_mb = metric_sum(metrics_text, "loadaware_malloc_free_bytes") / 2**20
+    sample.malloc_system_mb = metric_sum(metrics_text, "loadaware_malloc_system_bytes") / 2**20
+
+
+def read_mappings(sample: Sample, pid: int) -> None:
+    """The anonymous pages of `sample` split by owner (anon_parts); a process gone meanwhile leaves them 0."""
+    with contextlib.suppress(OSError):
+        sample.glibc_arenas_mb, sample.thread_stacks_mb, sample.other_anon_mb = anon_parts(pid)
 
 
 def rss_mb(pid: int) -> float:
@@ -246,6 +296,7 @@ def run_soak(cfg: SoakConfig) -> SoakResult:
                 if now >= next_at:
                     sample = Sample(round(now, 1), rss_mb(sidecar.pid), cpu_seconds(sidecar.pid),
                                     *mapping_mb(sidecar.pid))
+                    read_mappings(sample, sidecar.pid)
                     with contextlib.suppress(Exception):
                         text = sidecar.metrics_text()
                         read_malloc(sample, text)

@@ -43,7 +43,7 @@ from testkit.procs import cpu_seconds
 from testkit.profiled import memray_sidecar
 from testkit.sidecar import SidecarProc
 
-from .soak import SOAK_FLEET, Sample, kv_lag_s, mapping_mb, private_envoy_config, read_malloc, rss_mb
+from .soak import SOAK_FLEET, Sample, kv_lag_s, mapping_mb, private_envoy_config, read_malloc, read_mappings, rss_mb
 from .soak_bounds import (
     Bounds,
     bound_specs,
@@ -249,6 +249,7 @@ def in_burst(cfg: MixedConfig, mode: int, t: float) -> bool:
 def sample(run: ModeRun, cfg: MixedConfig, t_s: float) -> None:
     pid = run.sidecar.pid
     s = Sample(round(t_s, 1), rss_mb(pid), cpu_seconds(pid), *mapping_mb(pid))
+    read_mappings(s, pid)
     fills: dict[str, float] = {"t_s": s.t_s}
     try:
         text = run.sidecar.metrics_text(timeout=10.0)

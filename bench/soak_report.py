@@ -83,6 +83,15 @@ def excused_404s(followups: Sequence[dict[str, Any]], churn: Sequence[dict[str, 
                                            <= f["t_s"] for t, engine in leaves))
 
 
+# what a growth is made of, judged by nothing: Python's objects, native memory, and whose the anonymous pages are
+PART_LABELS = {"malloc_mmapped_mb": "chunks above the mmap threshold (MiB)",
+               "python_blocks": "Python's allocated blocks",
+               "malloc_free_mb": "free inside malloc after its trim (MiB)",
+               "glibc_arenas_mb": "resident in glibc's thread arenas (MiB)",
+               "thread_stacks_mb": "resident in thread stacks (MiB)",
+               "other_anon_mb": "resident in other anonymous maps: Python's arenas, mmapped chunks (MiB)"}
+
+
 def mode_report(run: ModeRun, cfg: MixedConfig, specs: Sequence[BoundSpec], done: dict[str, Any]) -> dict[str, Any]:
     start, end = cfg.window_s
     traffic = done["traffic"]
@@ -98,7 +107,7 @@ def mode_report(run: ModeRun, cfg: MixedConfig, specs: Sequence[BoundSpec], done
         "inflight_after_zero": done["after"].get("inflight_total") == 0,
     }
     # what the growth is made of: Python's objects, or native memory (not judged; older sidecars export neither)
-    parts = {attr: growth_pct(run.samples, attr, start, end) for attr in ("malloc_mmapped_mb", "python_blocks")}
+    parts = {attr: growth_pct(run.samples, attr, start, end) for attr in PART_LABELS}
     return {"mode": run.mode, "prefix_sources": run.prefix_sources, "rss_growth": rss, "malloc_growth": malloc,
             "malloc_parts": parts,
             "bounds": [b.to_dict() for b in bounds], "failed": failed, "followup_404_excused": excused,
@@ -133,8 +142,7 @@ def mode_markdown(r: dict[str, Any], window: tuple[float, float]) -> list[str]:
              f"| RSS growth t={window[0]:.0f}..{window[1]:.0f} s | {growth(rss)} | at most +1% |",
              f"| live malloc growth | {growth(malloc)} | at most +1% |",
              *(f"| of it: {label} | {part(r.get('malloc_parts', {}).get(attr))} | (not judged) |"
-               for attr, label in (("malloc_mmapped_mb", "chunks above the mmap threshold (MiB)"),
-                                   ("python_blocks", "Python's allocated blocks"))),
+               for attr, label in PART_LABELS.items()),
              f"| bounds reached and held | {sum(1 for b in r['bounds'] if b['reached'] and b['held'])} of "
              f"{len(r['bounds'])} | all |",
              f"| failed requests | {r['failed']} (of {t['sent']} sent; {r['followup_404_excused']} follow-up 404s "
@@ -153,12 +161,15 @@ def mode_markdown(r: dict[str, Any], window: tuple[float, float]) -> list[str]:
     if t["failures"]:
         lines += ["", "First failures:", ""] + [f"- t={f['t_s']} s {f['kind']} {f['outcome']} {f['detail'][:160]}"
                                                for f in t["failures"][:10]]
-    lines += ["", "| t (s) | RSS (MiB) | [heap] | anonymous | live malloc | of it mmapped | Python's blocks "
-              "| CPU (s) |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += ["", "| t (s) | RSS (MiB) | [heap] | anonymous | of it glibc thread arenas | thread stacks | rest "
+              "| live malloc | of it mmapped | malloc free | malloc from system | Python's blocks | CPU (s) |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {s['t_s']:.0f} | {s['rss_mb']:.1f} | {s['heap_mb']:.1f} | {s['anon_mb']:.1f} | "
-              f"{s['malloc_in_use_mb']:.1f} | {s.get('malloc_mmapped_mb', 0.0):.1f} | "
-              f"{s.get('python_blocks', 0.0):,.0f} | {s['cpu_s']:.0f} |" for s in r["samples"]]
+              f"{s.get('glibc_arenas_mb', 0.0):.1f} | {s.get('thread_stacks_mb', 0.0):.1f} | "
+              f"{s.get('other_anon_mb', 0.0):.1f} | {s['malloc_in_use_mb']:.1f} | "
+              f"{s.get('malloc_mmapped_mb', 0.0):.1f} | {s.get('malloc_free_mb', 0.0):.1f} | "
+              f"{s.get('malloc_system_mb', 0.0):.1f} | {s.get('python_blocks', 0.0):,.0f} | {s['cpu_s']:.0f} |"
+              for s in r["samples"]]
     return lines
 
 

@@ -153,6 +153,10 @@ class FullCollections:
         self.malloc_free = Gauge("loadaware_malloc_free_bytes",
                                  "Bytes free inside the malloc heap after the last trim (fragmentation)",
                                  registry=registry)
+        self.malloc_system = Gauge("loadaware_malloc_system_bytes",
+                                   "Bytes malloc's arenas (its main heap and each thread's) hold from the system, "
+                                   "live or free, after the last trim; its large mmapped chunks apart",
+                                   registry=registry)
         self.freezes = Counter("loadaware_gc_freezes", "Times a slow full collection's survivors were frozen "
                                "out of later collections (long-lived state built after start)", registry=registry)
         self.max_pause_s = 0.0
@@ -171,6 +175,7 @@ class FullCollections:
             self.malloc_in_use.set(m.uordblks + m.hblkhd)
             self.malloc_mmapped.set(m.hblkhd)
             self.malloc_free.set(m.fordblks)
+            self.malloc_system.set(m.arena)
 
     def collect(self) -> int:
         """The full collection, on the caller's thread (the event loop's: a collection holds the GIL wherever

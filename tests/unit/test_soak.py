@@ -11,6 +11,7 @@ import yaml
 from bench.soak import (
     UNIQUE_MARKER,
     Sample,
+    anon_parts,
     growth,
     malloc_in_use_mb,
     mapping_mb,
@@ -62,6 +63,31 @@ def test_rss_of_this_process_and_its_mappings() -> None:
     rss = rss_mb(os.getpid())
     heap, anon = mapping_mb(os.getpid())
     assert 5 < rss < 10_000 and 0 < heap + anon <= rss
+
+
+def test_the_anonymous_pages_a_thread_allocates_are_told_as_its_glibc_arena() -> None:
+    import os
+    import threading
+
+    allocated, release = threading.Event(), threading.Event()
+
+    def allocate() -> None:  # a new thread's malloc calls get an arena of their own (glibc)
+        held = [bytearray(2000) for _ in range(16_000)]  # ~32 MiB, each under malloc's mmap threshold
+        allocated.set()
+        release.wait(10)
+        del held
+
+    before = anon_parts(os.getpid())
+    thread = threading.Thread(target=allocate)
+    thread.start()
+    try:
+        assert allocated.wait(10)
+        arenas, stacks, other = anon_parts(os.getpid())
+    finally:
+        release.set()
+        thread.join()
+    assert arenas - before[0] > 24, (before, (arenas, stacks, other))  # most of the 32 MiB, told as the arena's
+    assert other - before[2] < 8 and stacks >= 0
 
 
 def test_bodies_share_prefixes_and_carry_the_marker() -> None:
