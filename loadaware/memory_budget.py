@@ -29,9 +29,10 @@ MiB = 1 << 20
 KV_INDEX_BYTES_PER_BLOCK = 370
 # Approximate index (prefix/approx.py ApproxIndex): one guessed block (measured 167-186 B).
 APPROX_BYTES_PER_BLOCK = 190
-# Tokenizer piece cache (tokenize/pieces.py): one cached token id (4 B in the piece's array('i')) plus its share
-# of the piece's text and entry, at ~5 characters a token (measured 11.3 B RSS, 11.8 B tracemalloc).
-PIECE_CACHE_BYTES_PER_TOKEN = 12
+# Tokenizer piece cache (tokenize/pieces.py): one cached token id (an 8 B reference in the piece's list to the
+# vocabulary's shared int, tokenize/shared_ids.py) plus its share of the piece's text and entry, at ~5 characters
+# a token (measured 16.4 B RSS, 15.9 B tracemalloc).
+PIECE_CACHE_BYTES_PER_TOKEN = 17
 # Conversation cache (tokenize/conversation.py): its bound is in bytes it counts itself (4 B a token id in an
 # array('i'), 256 B an entry); the arrays' growth slack (~1/16 when appended to) makes the resident cost at most
 # ~1.1 times the count (tests/unit/test_conversation_tokens.py measures it with tracemalloc).
@@ -53,7 +54,9 @@ TOKEN_SIGNALS_BYTES_PER_ENDPOINT = 2800
 # "resp_" + 16-32 hex digits); the endpoint strings are shared. December 6: 272 B in all over 20,000 ids of 37
 # characters.
 STATE_HOLDER_BYTES_PER_ENTRY = 300
-# A request in flight holds its prompt's token ids (a list of ints) until its stream ends: per token.
+# A request in flight holds its prompt's token ids (a list of ints) until its stream ends: per token. The ids the
+# sidecar's tokenizer made are 8 B references to the vocabulary's shared ints (tokenize/shared_ids.py); a prompt
+# sent pre-tokenized keeps the request's own ints (~40 B a token with the slot): the budget takes that worst case.
 INFLIGHT_BYTES_PER_TOKEN = 48
 # Session affinity (routing/affinity.py): one session's binding (its key string, a UUID's 36 characters; the
 # (endpoint, time) tuple and its float; an OrderedDict slot; the endpoint string is the registry's).
@@ -74,7 +77,8 @@ OPEN_STREAM_BYTES = 8_500
 # The sidecar started and serving, with the repository's tiny tokenizer (measured 77-79 MiB RSS).
 BASELINE_BYTES = 80 * MiB
 # A production tokenizer loaded on top: a byte-level BPE the size of Qwen2.5's (151,643 tokens, 151,387
-# merges) measured +101 MiB RSS.
+# merges) measured +101 MiB RSS, before its table of shared ids (tokenize/shared_ids.py: 151,643 ints and their
+# list, measured 6.0 MiB with tracemalloc: 41.5 B an id).
 TOKENIZER_BYTES = 128 * MiB
 # Streams, gRPC buffers and allocator slack under load: the soak (`make bench BENCH_ARGS="--cases soak"`) at
 # minute 10, RSS minus RSS at start minus the caches' own share, measured ~26 MiB. Not covered: the malloc

@@ -41,7 +41,7 @@ import logging
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,8 +177,10 @@ class Prepared:
 class ConversationCache:
     """Bounded LRU of closed-conversation prefixes and their ids; thread-safe (the event loop and the workers)."""
 
-    def __init__(self, max_bytes: int, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+    def __init__(self, max_bytes: int, max_entries: int = DEFAULT_MAX_ENTRIES,
+                 shared: Callable[[Sequence[int]], list[int]] = list) -> None:
         self.max_bytes = max_bytes
+        self._shared = shared  # a hit's ids as a prompt's list: the tokenizer's shared ints (shared_ids.py)
         self.max_entries = max_entries
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._lock = threading.Lock()
@@ -210,14 +212,14 @@ class ConversationCache:
             if not rule.safe(text, entry.chars):
                 continue
             with self._lock:
-                ids = entry.run.ids[:entry.tokens].tolist()
-                if preview:
-                    return Hit(entry, ids)
-                if keys[k] in self._entries:
-                    self._entries.move_to_end(keys[k])
-                self.hits += 1
-                self.tokens_reused += entry.tokens
-                return Hit(entry, ids, check=self.hits % SELF_CHECK_EVERY == 0)
+                run_ids = entry.run.ids[:entry.tokens]  # a copy of the array: a later turn may extend it
+                if not preview:
+                    if keys[k] in self._entries:
+                        self._entries.move_to_end(keys[k])
+                    self.hits += 1
+                    self.tokens_reused += entry.tokens
+                check = not preview and self.hits % SELF_CHECK_EVERY == 0
+            return Hit(entry, self._shared(run_ids), check=check)
         if not preview:
             with self._lock:
                 self.misses += 1
@@ -297,7 +299,7 @@ class ConversationTokens:
     def __init__(self, tokenizer: PromptTokenizer, max_bytes: int = DEFAULT_MB * MiB,
                  max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
         self.tokenizer = tokenizer
-        self.cache = ConversationCache(max_bytes, max_entries)
+        self.cache = ConversationCache(max_bytes, max_entries, shared=tokenizer.shared)
         self.rule = BoundaryRule(tokenizer.backend)
         if not self.rule.starts:
             log.info("conversation cache: the tokenizer has no added token to cut at; every chat encoded whole")

@@ -16,8 +16,10 @@ so under steady traffic it would grow to its bound and hold little that is share
 remembered by hash in a fixed-size table (`DOORKEEPER_SLOTS`, allocated whole at start: its memory never grows;
 a collision only delays a piece's admission).
 
-A cached piece's ids are an `array('i')`: 4 bytes a token, where a list of ints costs 8 bytes a slot plus an int
-object for every id above 256 (most of a large vocabulary), about 40 bytes a token (docs/memory.md).
+A cached piece's ids are the list its encode returned. The tokenizer's ids are the vocabulary's shared int
+objects (shared_ids.py), so such a list costs 8 bytes a token, and a hit copies references into the prompt's
+list: no int object made (as an `array('i')` it cost 4 bytes a token but made a new int for every id copied
+out, and those ints are what a held request kept: docs/memory.md).
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ class ChunkedEncoder:
         self.piece_chars = piece_chars
         self.min_chars = min_chars  # below this a whole encode is as cheap as the bookkeeping
         self.max_cached_tokens = max_cached_tokens
-        self._cache: OrderedDict[str, array[int]] = OrderedDict()
+        self._cache: OrderedDict[str, list[int]] = OrderedDict()
         self._cached_tokens = 0
         self._lock = threading.Lock()
         self._seen_once = array("q", bytes(8 * DOORKEEPER_SLOTS))  # hash of a piece seen once, per slot
@@ -130,7 +132,7 @@ class ChunkedEncoder:
             self.misses += 1
             if piece in self._cache or not self._seen_before(piece):
                 return
-            self._cache[piece] = array("i", ids)
+            self._cache[piece] = ids  # never changed after: the prompts copy from it
             self._cached_tokens += len(ids)
             while self._cached_tokens > self.max_cached_tokens and self._cache:
                 _, old = self._cache.popitem(last=False)

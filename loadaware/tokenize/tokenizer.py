@@ -27,6 +27,7 @@ from loadaware.tokenize.chat_template import (
     read_tokenizer_config,
 )
 from loadaware.tokenize.pieces import MAX_CACHED_TOKENS, ChunkedEncoder
+from loadaware.tokenize.shared_ids import SharedIds
 
 if TYPE_CHECKING:
     from loadaware.tokenize.conversation import ConversationTokens
@@ -111,7 +112,9 @@ class PromptTokenizer:
             log.info("tokenizer %s: its model's word cache could not be resized; it keeps the library's default",
                      path)
         self.chat_template_source, self._specials = read_tokenizer_config(folder)
-        self._plain = lambda text: self._tokenizer.encode(text, add_special_tokens=False).ids
+        # every id handed out is the vocabulary's shared int object (shared_ids.py: no int made per token)
+        self.shared = SharedIds(self._tokenizer.get_vocab_size(with_added_tokens=True))
+        self._plain = lambda text: self.shared(self._tokenizer.encode(text, add_special_tokens=False).ids)
         self.pieces = ChunkedEncoder(self._plain, max_cached_tokens=max_cached_tokens)
         self.pieces.self_check(_PROBE)
         # Completions add the tokenizer's special tokens; the piece cache only serves when that adds none.
@@ -162,7 +165,7 @@ class PromptTokenizer:
         if isinstance(prompt, str):
             if self._specials_noop:
                 return self._encode_plain(prompt)
-            return self._tokenizer.encode(prompt, add_special_tokens=True).ids
+            return self.shared(self._tokenizer.encode(prompt, add_special_tokens=True).ids)
         return list(prompt)  # pre-tokenized prompts go to the engine as they are
 
     @property

@@ -6,7 +6,8 @@ Why: the soak found the piece cache (tokenize/pieces.py) filling slowly toward i
 sets what that bound costs (loadaware/memory_budget.py, PIECE_CACHE_BYTES_PER_TOKEN). tests/unit/test_memory_costs.py
 measures it with tracemalloc; this measures RSS. Texts are 400 random words with numbers (~5 characters a token),
 each encoded twice (a piece is cached on its second sighting); token ids are spread over a 151k vocabulary, as a
-large model's are, so most are above 256 and a list of them would hold an int object for each. Run it from a
+large model's are, so most are above 256; they are the vocabulary's shared ints, as the tokenizer's are
+(tokenize/shared_ids.py), so a cached list holds references only. Run it from a
 checkout to measure that checkout's cache.
 """
 
@@ -18,6 +19,7 @@ import random
 from collections.abc import Sequence
 
 from loadaware.tokenize.pieces import ChunkedEncoder
+from loadaware.tokenize.shared_ids import SharedIds
 
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "lambda", "sigma")
 
@@ -37,8 +39,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     rng = random.Random(args.seed)
 
+    shared = SharedIds(151_000)  # the tokenizer's table, made before the base reading: a fixed cost of its own
+
     def encode(text: str) -> list[int]:
-        return [rng.randrange(300, 151_000) for _ in range(max(1, len(text) // 5))]
+        return shared([rng.randrange(300, 151_000) for _ in range(max(1, len(text) // 5))])
 
     encoder = ChunkedEncoder(encode, max_cached_tokens=10**12)
     gc.collect()

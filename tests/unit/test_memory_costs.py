@@ -27,6 +27,7 @@ from loadaware.routing.affinity import SessionAffinity
 from loadaware.telemetry.decisions import RING_CANDIDATES, RecentDecisions
 from loadaware.telemetry.metrics import Metrics
 from loadaware.tokenize.pieces import DOORKEEPER_SLOTS, ChunkedEncoder
+from loadaware.tokenize.shared_ids import SharedIds
 
 BS = 16
 
@@ -80,9 +81,10 @@ def test_approx_index_block() -> None:
 
 def test_piece_cache_token() -> None:
     rng = random.Random(1)
+    shared = SharedIds(151_000)  # the tokenizer's table: a fixed cost of its own (memory_budget.py)
 
-    def encode(text: str) -> list[int]:  # ids spread over a 151k vocabulary, ~1 per 5 characters
-        return [rng.randrange(300, 151_000) for _ in range(max(1, len(text) // 5))]
+    def encode(text: str) -> list[int]:  # ids spread over a 151k vocabulary, ~1 per 5 characters, shared
+        return shared([rng.randrange(300, 151_000) for _ in range(max(1, len(text) // 5))])
 
     words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "lambda", "sigma"]
     with traced() as used:
