@@ -27,7 +27,7 @@ def long_prompt(n: int) -> str:
 def test_every_id_of_an_encoded_prompt_is_shared_cached_pieces_and_fresh_tail_alike() -> None:
     tokenizer = PromptTokenizer(TINY)
     text = long_prompt(200)
-    first, second, third = (tokenizer.encode_prompt(text + f" question {q}") for q in range(3))
+    first, _second, third = (tokenizer.encode_prompt(text + f" question {q}") for q in range(3))
     assert tokenizer.pieces.hits > 0  # the third came mostly from cached pieces
     assert first[:100] == third[:100] and sum(i > 256 for i in third) > len(third) // 4
     # equal ids are the same objects: no int made for this prompt
