@@ -16,12 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+MAX_SHARED_IDS = 1 << 21  # ~84 MiB of table at most; the largest vocabularies in use are ~260k ids
+
 
 class SharedIds:
     """`shared(ids)`: the same ids as a new list whose items are the table's int objects."""
 
-    def __init__(self, vocab_size: int) -> None:
-        self._table: list[int] = list(range(max(0, vocab_size)))
+    def __init__(self, id_space: int) -> None:
+        # ids at or past MAX_SHARED_IDS (no tokenizer in use comes near) come back as they were: a bounded table
+        self._table: list[int] = list(range(min(max(0, id_space), MAX_SHARED_IDS)))
         self._item = self._table.__getitem__
 
     def __len__(self) -> int:

@@ -103,6 +103,12 @@ def bound_word_cache(tokenizer: Tokenizer, words: int) -> bool:
     return True
 
 
+def id_space(tokenizer: Tokenizer) -> int:
+    """One past the largest id the tokenizer can produce: added tokens may sit past the model's vocabulary, with
+    gaps, so the count of tokens is not it."""
+    return max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+
+
 class PromptTokenizer:
     def __init__(self, path: str, clock: Clock | None = None, max_cached_tokens: int = MAX_CACHED_TOKENS) -> None:
         folder, file = (path, os.path.join(path, "tokenizer.json")) if os.path.isdir(path) else \
@@ -113,7 +119,7 @@ class PromptTokenizer:
                      path)
         self.chat_template_source, self._specials = read_tokenizer_config(folder)
         # every id handed out is the vocabulary's shared int object (shared_ids.py: no int made per token)
-        self.shared = SharedIds(self._tokenizer.get_vocab_size(with_added_tokens=True))
+        self.shared = SharedIds(id_space(self._tokenizer))
         self._plain = lambda text: self.shared(self._tokenizer.encode(text, add_special_tokens=False).ids)
         self.pieces = ChunkedEncoder(self._plain, max_cached_tokens=max_cached_tokens)
         self.pieces.self_check(_PROBE)

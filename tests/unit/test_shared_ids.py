@@ -5,9 +5,12 @@ from __future__ import annotations
 import gc
 import sys
 
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+
 from loadaware.tokenize.conversation import ConversationTokens
 from loadaware.tokenize.shared_ids import SharedIds
-from loadaware.tokenize.tokenizer import PromptTokenizer
+from loadaware.tokenize.tokenizer import PromptTokenizer, id_space
 from testkit.paths import REPO
 
 TINY = str(REPO / "sim" / "assets" / "tiny-model")
@@ -59,3 +62,10 @@ def test_a_conversation_hits_ids_are_shared_too() -> None:
     prep = conversations.prepare(turns, None)
     assert prep.hit is not None and len(prep.hit.ids) > 100
     assert all(x is tokenizer.shared[x] for x in prep.hit.ids)
+
+
+def test_the_table_covers_added_tokens_past_the_vocabulary() -> None:
+    tokenizer = Tokenizer(WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    tokenizer.add_special_tokens(["<s>", "</s>"])
+    assert id_space(tokenizer) == 5 == tokenizer.get_vocab_size(with_added_tokens=True)
+    assert id_space(Tokenizer(WordLevel({"a": 0, "z": 9}, unk_token="a"))) == 10  # a gap: one past the largest
