@@ -53,7 +53,7 @@ def run(bursts: int, requests: int, objects: int, cache_size: int) -> dict[str, 
 
     refresh(cache_size * 3)  # steady state: full, entries replaced
     settle()
-    out: dict[str, object] = {"start_mib": round(rss_mib(), 1), "after_bursts_mib": [], "blocks": []}
+    start, after, blocks = round(rss_mib(), 1), [], []
     for b in range(bursts):
         held = []
         for r in range(requests):  # each held request: small dicts, strings and lists, as a parsed request's
@@ -62,9 +62,9 @@ def run(bursts: int, requests: int, objects: int, cache_size: int) -> dict[str, 
         del held
         refresh(cache_size // 2)  # between bursts
         settle()
-        out["after_bursts_mib"].append(round(rss_mib(), 1))  # type: ignore[union-attr]
-        out["blocks"].append(sys.getallocatedblocks())  # type: ignore[union-attr]
-    return out
+        after.append(round(rss_mib(), 1))
+        blocks.append(sys.getallocatedblocks())
+    return {"start_mib": start, "after_bursts_mib": after, "blocks": blocks}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
