@@ -101,20 +101,25 @@ class Sample:
     malloc_system_mb: float = 0.0  # what malloc's arenas have from the system (loadaware_malloc_system_bytes)
 
 
-def mapping_mb(pid: int) -> tuple[float, float]:
-    """Resident MiB of `pid`'s [heap] and of its anonymous mappings (/proc/PID/smaps)."""
-    heap = anon = 0
-    current = ""
+def smaps_regions(pid: int) -> list[tuple[int, int, str, str, int]]:
+    """`pid`'s mappings from /proc/PID/smaps: (start, end, permissions, name or "", resident KiB)."""
+    regions: list[tuple[int, int, str, str, int]] = []
     for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
         head = line.split(maxsplit=5)
         if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
-            current = head[5].strip() if len(head) == 6 else ""
-        elif line.startswith("Rss:"):
-            kib = int(line.split()[1])
-            if current == "[heap]":
-                heap += kib
-            elif current == "":
-                anon += kib
+            lo, hi = head[0].split("-")
+            regions.append((int(lo, 16), int(hi, 16), head[1], head[5].strip() if len(head) == 6 else "", 0))
+        elif line.startswith("Rss:") and regions:
+            start, end, perms, name, _ = regions[-1]
+            regions[-1] = (start, end, perms, name, int(line.split()[1]))
+    return regions
+
+
+def mapping_mb(pid: int) -> tuple[float, float]:
+    """Resident MiB of `pid`'s [heap] and of its anonymous mappings (/proc/PID/smaps)."""
+    regions = smaps_regions(pid)
+    heap = sum(kib for *_, name, kib in regions if name == "[heap]")
+    anon = sum(kib for *_, name, kib in regions if name == "")
     return heap / 1024, anon / 1024
 
 
@@ -128,15 +133,7 @@ def anon_parts(pid: int) -> tuple[float, float, float]:
     mapped PROT_NONE right above; a thread stack has a small PROT_NONE guard right below. The rest is Python's
     small-object arenas (1 MiB maps the kernel merges), malloc's chunks above its mmap threshold and libraries'
     own maps."""
-    maps: list[tuple[int, int, str, str, int]] = []  # start, end, perms, name, resident KiB
-    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
-        head = line.split(maxsplit=5)
-        if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
-            lo, hi = head[0].split("-")
-            maps.append((int(lo, 16), int(hi, 16), head[1], head[5].strip() if len(head) == 6 else "", 0))
-        elif line.startswith("Rss:") and maps:
-            start, end, perms, name, _ = maps[-1]
-            maps[-1] = (start, end, perms, name, int(line.split()[1]))
+    maps = smaps_regions(pid)
     arenas = stacks = other = 0
     for i, (start, end, perms, name, kib) in enumerate(maps):
         if name or not perms.startswith("rw"):
