@@ -11,7 +11,6 @@ import yaml
 from bench.soak import (
     UNIQUE_MARKER,
     Sample,
-    anon_parts,
     growth,
     malloc_in_use_mb,
     mapping_mb,
@@ -65,27 +64,38 @@ def test_rss_of_this_process_and_its_mappings() -> None:
     assert 5 < rss < 10_000 and 0 < heap + anon <= rss
 
 
+THREAD_ARENA_PROBE = """
+import json, os, threading
+from bench.soak import anon_parts
+
+allocated, release = threading.Event(), threading.Event()
+
+def allocate():  # a new thread's malloc calls get an arena of their own (glibc)
+    held = [bytearray(2000) for _ in range(16_000)]  # ~32 MiB, each under malloc's mmap threshold
+    allocated.set()
+    release.wait(10)
+    del held
+
+before = anon_parts(os.getpid())
+thread = threading.Thread(target=allocate)
+thread.start()
+assert allocated.wait(10)
+during = anon_parts(os.getpid())
+release.set()
+thread.join()
+print(json.dumps([before, during]))
+"""
+
+
 def test_the_anonymous_pages_a_thread_allocates_are_told_as_its_glibc_arena() -> None:
-    import os
-    import threading
+    # A fresh process: in pytest's, a finished test's thread may leave an arena whose pages are still resident,
+    # and the new thread would reuse it without adding a resident page.
+    import subprocess
+    import sys
 
-    allocated, release = threading.Event(), threading.Event()
-
-    def allocate() -> None:  # a new thread's malloc calls get an arena of their own (glibc)
-        held = [bytearray(2000) for _ in range(16_000)]  # ~32 MiB, each under malloc's mmap threshold
-        allocated.set()
-        release.wait(10)
-        del held
-
-    before = anon_parts(os.getpid())
-    thread = threading.Thread(target=allocate)
-    thread.start()
-    try:
-        assert allocated.wait(10)
-        arenas, stacks, other = anon_parts(os.getpid())
-    finally:
-        release.set()
-        thread.join()
+    out = subprocess.run([sys.executable, "-c", THREAD_ARENA_PROBE], capture_output=True, text=True, timeout=60,
+                         check=True, cwd=str(Path(__file__).resolve().parents[2])).stdout
+    before, (arenas, stacks, other) = json.loads(out)
     assert arenas - before[0] > 24, (before, (arenas, stacks, other))  # most of the 32 MiB, told as the arena's
     assert other - before[2] < 8 and stacks >= 0
 
