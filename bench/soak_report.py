@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 GROWTH_TARGET_PCT = 1.0
 PARENT_SLACK_S = 5.0
 MAX_LATE_SHOWN = 12  # label sets first seen in the second half, named in the report
+FAILURES_SHOWN = 10  # follow-up 404s not excused, kept in the report with who answered them
 
 
 def growth_pct(samples: Sequence[Sample], attr: str, start_s: float, end_s: float) -> dict[str, float] | None:
@@ -97,6 +98,7 @@ def mode_report(run: ModeRun, cfg: MixedConfig, specs: Sequence[BoundSpec], done
     traffic = done["traffic"]
     excused = excused_404s(traffic["followup_404"], run.churn_log)
     failed = traffic["failed"] + len(traffic["followup_404"]) - excused
+    unexcused = [f for f in traffic["followup_404"] if not excused_404s([f], run.churn_log)]
     bounds = verdicts(run, specs)
     rss, malloc = growth_pct(run.samples, "rss_mb", start, end), growth_pct(run.samples, "malloc_in_use_mb", start, end)
     checks = {
@@ -111,7 +113,8 @@ def mode_report(run: ModeRun, cfg: MixedConfig, specs: Sequence[BoundSpec], done
     return {"mode": run.mode, "prefix_sources": run.prefix_sources, "rss_growth": rss, "malloc_growth": malloc,
             "malloc_parts": parts,
             "bounds": [b.to_dict() for b in bounds], "failed": failed, "followup_404_excused": excused,
-            "traffic": traffic, "after": done["after"], "stream_ends": done["stream_ends"],
+            "followup_404_unexcused": unexcused[:FAILURES_SHOWN], "traffic": traffic, "after": done["after"],
+            "stream_ends": done["stream_ends"],
             "churn": run.churn_log, "session_probes": run.probes, "checks": checks, "passed": all(checks.values()),
             "samples": [s.__dict__ for s in run.samples], "fills": run.fills,
             "burst_reads": run.burst_reads}
@@ -158,6 +161,10 @@ def mode_markdown(r: dict[str, Any], window: tuple[float, float]) -> list[str]:
         lines.append(f"| {b['name']} | {_fmt(b['limit'])} | {'yes' if b['reached'] else 'no'} | "
                      f"{_fmt(b['reached_at_s'])} | {'yes' if b['held'] else 'no'} | {_fmt(b['peak'])} | "
                      f"{_fmt(b['last'])} | {b['dips']} | {b['observed']}{'; ' + b['note'] if b['note'] else ''} |")
+    if r.get("followup_404_unexcused"):
+        lines += ["", "Follow-up 404s not excused (the parent's engine never left between them):", ""] + [
+            f"- t={f['t_s']} s: parent served by {f['parent_served_by']} at t={f['parent_t_s']} s, 404 from "
+            f"{f.get('answered_by', '?')}" for f in r["followup_404_unexcused"]]
     if t["failures"]:
         lines += ["", "First failures:", ""] + [f"- t={f['t_s']} s {f['kind']} {f['outcome']} {f['detail'][:160]}"
                                                for f in t["failures"][:10]]

@@ -222,8 +222,10 @@ class Traffic:
             outcome, detail = f"error:{type(exc).__name__}", str(exc)
         if outcome == "http:404" and parent is not None:
             outcome = "followup_404"
+            answered_by, _, _ = detail.partition(" ")
             self.result.followup_404.append({"t_s": round(time.monotonic() - self.t0, 3), "parent_served_by":
-                                             parent[1], "parent_t_s": round(parent[2] - self.t0, 3)})
+                                             parent[1], "parent_t_s": round(parent[2] - self.t0, 3),
+                                             "answered_by": answered_by})
         self.tally(kind, outcome, detail)
 
     async def exchange(self, session: aiohttp.ClientSession, kind: str, path: str, body: dict[str, Any],
@@ -244,7 +246,9 @@ class Traffic:
                 return "ok", ""
             if resp.status == 429:
                 return ("shed", "") if resp.headers.get("retry-after") else ("429-no-retry-after", data[:300].decode())
-            return f"http:{resp.status}", data[:300].decode(errors="replace")
+            # The engine that answered first (the gateway's own answers name none): a 404 follow-up is told apart.
+            answered_by = resp.headers.get("x-served-by", "-")
+            return f"http:{resp.status}", f"{answered_by} {data[:300].decode(errors='replace')}"
 
 
 def hangup_delays(spec: TrafficSpec, n: int) -> dict[int, float]:

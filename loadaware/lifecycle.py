@@ -45,6 +45,9 @@ def preview() -> Iterator[None]:
         _PREVIEW.reset(token)
 
 
+STATE_RULE = "state"  # Decision.rule of a request placed on its stored response's holder (state beats load)
+
+
 @dataclass(slots=True, eq=False)
 class Decision:
     request_id: str
@@ -98,6 +101,12 @@ class Decision:
     def __post_init__(self) -> None:
         if self.served is None:
             self.served = self.endpoint
+
+    @property
+    def pinned(self) -> bool:
+        """Only its endpoint can serve it: the holder of the stored response it names. A proxy's retry elsewhere
+        meets that engine's 404 for a response it never held, so its retries go back to it (extproc/replies.py)."""
+        return self.rule == STATE_RULE
 
     def as_dict(self) -> dict[str, Any]:
         return {

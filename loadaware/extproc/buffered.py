@@ -45,7 +45,7 @@ class BufferedConversation(Conversation):
                     decision = await self.decide(state_request(method, path), request_id or new_request_id(),
                                                  stream)
                     await write(self.unroutable_reply(decision, picker=False)
-                                or (replies.headers_route(decision.ranked) if decision.ranked
+                                or (replies.headers_route(decision.ranked, decision.pinned) if decision.ranked
                                     else replies.headers_continue))
                 else:
                     await write(replies.headers_continue)
@@ -83,4 +83,6 @@ class BufferedConversation(Conversation):
         unroutable = self.unroutable_reply(decision, picker=False, model=parsed.model)
         if unroutable is not None:
             return unroutable
-        return self.replies.body_route(decision.ranked) if decision.ranked else self.replies.body_no_destination
+        if not decision.ranked:
+            return self.replies.body_no_destination
+        return self.replies.body_route(decision.ranked, decision.pinned)

@@ -101,7 +101,8 @@ class DuplexConversation(Conversation):
         if reply is not None:
             await write(reply)
             return False
-        await write(self.replies.headers_route(decision.ranked) if decision.ranked else self.replies.headers_continue)
+        await write(self.replies.headers_route(decision.ranked, decision.pinned) if decision.ranked
+                    else self.replies.headers_continue)
         return True
 
     async def _request_body(self, part: Any, request: HeldRequest, stream: StreamState, write: Write) -> bool:
@@ -144,7 +145,7 @@ class DuplexConversation(Conversation):
         if reply is not None:
             await write(reply)
             return False
-        await write(self.replies.headers_route(decision.ranked) if decision.ranked
+        await write(self.replies.headers_route(decision.ranked, decision.pinned) if decision.ranked
                     else self.replies.headers_continue)
         for piece in self.replies.request_body_pieces(body, end_of_stream):
             await write(piece)

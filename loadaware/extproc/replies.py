@@ -23,6 +23,10 @@ Mode = processing_mode_pb2.ProcessingMode
 # from it (before the header), and reports the endpoint that served under the same namespace.
 LB_NAMESPACE = "envoy.lb"
 ROUTE_CACHE_LIMIT = 4096  # an LRU: bounded whatever discovery churns through, the lists in use kept
+# A pinned request's one endpoint, listed this many times: override_host hands each retry the next listed host
+# without asking the route's retry predicate (measured, envoy/envoy-inference-pool.yaml), so every attempt the
+# shipped routes make (3) goes to it; past the list, the proxy's fallback would pick a host that is not it.
+PINNED_REPEATS = 4
 # Re-emitted request bodies go back in pieces of at most this size (well under gRPC's 4 MiB message cap).
 STREAMED_PIECE_BYTES = 64 * 1024
 
@@ -63,8 +67,8 @@ class Replies:
             request_trailers=pb.TrailersResponse()).SerializeToString()
         self.response_trailers_continue = pb.ProcessingResponse(
             response_trailers=pb.TrailersResponse()).SerializeToString()
-        self._route_body: OrderedDict[tuple[str, ...], bytes] = OrderedDict()
-        self._route_headers: OrderedDict[tuple[str, ...], bytes] = OrderedDict()
+        self._route_body: OrderedDict[tuple[tuple[str, ...], bool], bytes] = OrderedDict()
+        self._route_headers: OrderedDict[tuple[tuple[str, ...], bool], bytes] = OrderedDict()
 
     def _set(self, value: str) -> pb.HeaderMutation:
         return pb.HeaderMutation(set_headers=[base_pb2.HeaderValueOption(
@@ -76,27 +80,32 @@ class Replies:
         metadata.get_or_create_struct(LB_NAMESPACE)[self.header] = value
         return metadata
 
-    def body_route(self, ranked: tuple[str, ...]) -> bytes:
-        """Body reply naming the ranked endpoints (header and `envoy.lb` metadata); cached per list."""
-        return self._cached(self._route_body, ranked, lambda m, md: pb.ProcessingResponse(
+    def body_route(self, ranked: tuple[str, ...], pinned: bool = False) -> bytes:
+        """Body reply naming the ranked endpoints (header and `envoy.lb` metadata); cached per list. `pinned`: only
+        the first can serve (Decision.pinned), so every attempt the proxy makes is sent to it."""
+        return self._cached(self._route_body, ranked, pinned, lambda m, md: pb.ProcessingResponse(
             request_body=pb.BodyResponse(response=pb.CommonResponse(header_mutation=m)), dynamic_metadata=md))
 
-    def headers_route(self, ranked: tuple[str, ...]) -> bytes:
+    def headers_route(self, ranked: tuple[str, ...], pinned: bool = False) -> bytes:
         """Headers reply naming the ranked endpoints: a body-less POST, or any request in full-duplex mode."""
-        return self._cached(self._route_headers, ranked, lambda m, md: pb.ProcessingResponse(
+        return self._cached(self._route_headers, ranked, pinned, lambda m, md: pb.ProcessingResponse(
             request_headers=pb.HeadersResponse(response=pb.CommonResponse(header_mutation=m)),
             dynamic_metadata=md))
 
-    def _cached(self, cache: OrderedDict[tuple[str, ...], bytes], ranked: tuple[str, ...],
-                build: Callable[[pb.HeaderMutation, struct_pb2.Struct], pb.ProcessingResponse]) -> bytes:
+    def _cached(self, cache: OrderedDict[tuple[tuple[str, ...], bool], bytes], ranked: tuple[str, ...],
+                pinned: bool, build: Callable[[pb.HeaderMutation, struct_pb2.Struct], pb.ProcessingResponse]
+                ) -> bytes:
         # An LRU: the ranked lists in use change with the fleet and its loads; a full cache keeps the recent ones.
-        cached = cache.get(ranked)
+        key = (ranked, pinned)
+        cached = cache.get(key)
         if cached is not None:
-            cache.move_to_end(ranked)
+            cache.move_to_end(key)
         else:
-            value = ",".join(ranked)
+            # Pinned: a retry after the holder's 5xx or reset goes back to the holder, where the next host of the
+            # proxy's own choice would answer 404 for a response it never held (Decision.pinned).
+            value = ",".join(ranked[:1] * PINNED_REPEATS if pinned else ranked)
             cached = build(self._set(value), self._metadata(value)).SerializeToString()
-            cache[ranked] = cached
+            cache[key] = cached
             if len(cache) > ROUTE_CACHE_LIMIT:
                 cache.popitem(last=False)
         return cached

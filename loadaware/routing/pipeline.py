@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 
 from loadaware.fleet.registry import EndpointRegistry
-from loadaware.lifecycle import Decision, RequestLifecycle, preview
+from loadaware.lifecycle import STATE_RULE, Decision, RequestLifecycle, preview
 from loadaware.load.signals import SignalTracker
 from loadaware.policies import Candidate, Needs, Policy, ranked
 from loadaware.prefix.queued import QueuedPrefixes
@@ -175,7 +175,7 @@ class Decider:
             ctx.request_id, order[0], outcome, tuple(ctx.reasons), ctx.prompt_tokens, ctx.candidates, choice.scores,
             ctx.stages, time.perf_counter() - ctx.started, tokens=ctx.tokens or None, ranked=order, model=ctx.model,
             pool_size=ctx.pool_size or len(ctx.candidates), mean_load=ctx.mean_load, policy=self.policy.name,
-            rule="state" if state_placed else choice.rule, session=ctx.session, affinity=ctx.affinity,
+            rule=STATE_RULE if state_placed else choice.rule, session=ctx.session, affinity=ctx.affinity,
             state=ctx.state))
 
     def _announce(self, ctx: DecisionContext, decision: Decision) -> Decision:

@@ -19,6 +19,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from loadaware.app import Sidecar
 from loadaware.config import from_args
+from loadaware.extproc.replies import PINNED_REPEATS
 from testkit.paths import TINY_TOKENIZER
 from testkit.ports import free_port
 from tests.conftest import wait_until_async
@@ -139,9 +140,11 @@ async def test_the_holder_is_learned_from_the_response_and_beats_load(
         ranked, reply = await follow_up(addr, "resp_abc123")
         for call in calls:
             call.cancel()
-    assert ranked == [choice]  # the holder alone: a retry elsewhere could only find no such response
+    # The holder alone, once per attempt the proxy may make: a retry elsewhere could only find no such response.
+    assert ranked == [choice] * PINNED_REPEATS
     decision = app.recent.items[-1]
-    assert decision.state == "known" and decision.rule == "state"
+    assert decision.state == "known" and decision.rule == "state" and decision.pinned
+    assert decision.ranked == (choice,)
     assert decision.prompt_tokens > 0  # its own input still tokenized as the engine renders it
     assert not engines.asked  # a known holder: no engine asked
     # A follow-up's own response (a new stored response) is read too.
@@ -156,7 +159,8 @@ async def test_a_stored_responses_own_paths_go_to_its_holder(fleet: tuple[Sideca
             call = pb_grpc.ExternalProcessorStub(channel).Process()
             await call.write(headers(method, path, end=True))
             reply = await call.read()
-            assert set_headers(reply.request_headers.response.header_mutation)[HEADER] == engines.endpoints[1]
+            assert set_headers(reply.request_headers.response.header_mutation)[HEADER] == ",".join(
+                [engines.endpoints[1]] * PINNED_REPEATS)
             assert app.recent.items[-1].state == "known" and app.recent.items[-1].reasons == ()
             call.cancel()
 
@@ -168,11 +172,11 @@ async def test_an_unknown_id_is_found_by_asking_the_engines_once(fleet: tuple[Si
     holder = engines.endpoints[0]
     engines.held[holder].add("resp_elsewhere")
     ranked, _ = await follow_up(addr, "resp_elsewhere")
-    assert ranked == [holder] and app.recent.items[-1].state == "probed"
+    assert ranked == [holder] * PINNED_REPEATS and app.recent.items[-1].state == "probed"
     asked = len(engines.asked)
     assert asked == len(engines.endpoints) or (asked >= 1 and engines.asked[0][0] == holder)
     ranked, _ = await follow_up(addr, "resp_elsewhere")
-    assert ranked == [holder] and app.recent.items[-1].state == "known"
+    assert ranked == [holder] * PINNED_REPEATS and app.recent.items[-1].state == "known"
     assert len(engines.asked) == asked  # remembered: nobody asked again
 
 
@@ -271,4 +275,4 @@ async def test_the_picker_learns_from_the_response_it_streams(fleet: tuple[Sidec
         await call.write(duplex_headers("GET", "/v1/responses/resp_dup1", end=True))
         reply = await call.read()
         call.cancel()
-    assert set_headers(reply.request_headers.response.header_mutation)[HEADER] == choice
+    assert set_headers(reply.request_headers.response.header_mutation)[HEADER] == ",".join([choice] * PINNED_REPEATS)
