@@ -130,7 +130,11 @@ def read_fills(state: Mapping[str, Any], metrics: str, decisions: int) -> dict[s
            "admission_full_outcomes": held_full_outcomes(metrics),
            "metric_series": float(series_count(metrics)),
            "endpoints": float(len(state.get("endpoints") or ())),
-           "inflight_total": float(state.get("inflight_total") or 0)}
+           "inflight_total": float(state.get("inflight_total") or 0),
+           # counters beside the bounds (not judged): what a step in the memory record coincided with
+           "ejections_total": metric_sum(metrics, "loadaware_endpoint_ejections_total"),
+           "kv_index_resets_total": metric_sum(metrics, "loadaware_kv_events_index_resets_total"),
+           "kv_replays_total": metric_sum(metrics, "loadaware_kv_events_replays_total")}
     for source, name in (("kv_events", "kv_events_index"), ("approx", "approx_index")):
         if isinstance(prefix.get(source), Mapping):
             out[name] = float(prefix[source].get("total_blocks") or 0)

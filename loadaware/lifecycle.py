@@ -62,8 +62,10 @@ class Decision:
     stages: dict[str, float]
     total_s: float
     at: float = field(default_factory=time.time)
-    # Prompt token ids while the request lives (the approximate index re-reads them when another engine
-    # serves); dropped at the end and never rendered: a token list is the prompt's text.
+    # Prompt token ids until the decision is announced (its listeners read them: the approximate index records
+    # them, the queued-prefix index holds their blocks); then dropped, so a request in flight does not keep its
+    # prompt (an engine that hangs keeps every request sent to it in flight). Never rendered: a token list is
+    # the prompt's text.
     tokens: Sequence[int] | None = None
     ranked: tuple[str, ...] = ()  # the choice, then the fallbacks a proxy's retries walk, best first
     # How many endpoints the decision chose among; `candidates` may be fewer (the ones that could rank, see
@@ -94,6 +96,7 @@ class Decision:
     lease: Any = None  # the load module's receipt for this request's in-flight count
     signals: Any = None  # the token-signal tracker's receipt (loadaware.load.signals)
     queued: Any = None  # the queued-prefix index's receipt (loadaware.prefix.queued)
+    approx: Any = None  # the approximate index's receipt: the block keys it recorded (loadaware.prefix.approx)
     trace: Any = None  # the decision's span while tracing is on (loadaware.telemetry.tracing), else None
     first_chunk: bool = False  # the response path has seen the first response body chunk
     ended: bool = False
@@ -209,6 +212,7 @@ class RequestLifecycle:
                 listener.on_decided(decision)
             except Exception as exc:  # noqa: BLE001 - one listener's failure never costs the others
                 self._failed("decided", listener, exc)
+        decision.tokens = None  # read by the listeners above; what a later event needs, each kept in its receipt
 
     def served(self, decision: Decision, endpoint: str) -> None:
         """The response path reports who served. Only a change is news; after the end it is too late."""

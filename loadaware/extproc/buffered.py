@@ -29,6 +29,7 @@ class BufferedConversation(Conversation):
         kind: str | None = None
         request_id = ""
         msg: Any = first
+        first = None  # kept by nothing while the stream lives (as `msg` below)
         while msg is not grpc.aio.EOF:
             which = msg.WhichOneof("request")
             if which == "request_headers":
@@ -68,6 +69,9 @@ class BufferedConversation(Conversation):
                 await write(replies.request_trailers_continue)
             elif which == "response_trailers":
                 await write(replies.response_trailers_continue)
+            # The message handled (a request's whole body) is not kept while the next one is awaited: that
+            # wait lasts until the engine answers, and every request in flight would hold its body meanwhile.
+            msg = None
             msg = await read()
 
     async def _decide_body(self, kind: str, body: bytes, request_id: str, stream: StreamState, write: Write

@@ -52,6 +52,7 @@ class DuplexConversation(Conversation):
         replies = self.replies
         request = HeldRequest()
         msg: Any = first
+        first = None  # kept by nothing while the stream lives (as `msg` below)
         while msg is not grpc.aio.EOF:
             which = msg.WhichOneof("request")
             if which == "response_body":  # the hottest message: one per streamed token chunk, handled inline
@@ -82,6 +83,7 @@ class DuplexConversation(Conversation):
             elif which == "response_trailers":
                 await write(replies.response_trailers_continue)
                 stream.response_done = True
+            msg = None  # the message handled is not kept while the next one is awaited (an engine may take long)
             msg = await read()
 
     async def _request_headers(self, msg: Any, request: HeldRequest, stream: StreamState, write: Write) -> bool:
@@ -122,7 +124,8 @@ class DuplexConversation(Conversation):
 
     async def _route_held(self, request: HeldRequest, stream: StreamState, write: Write, end_of_stream: bool) -> bool:
         request.held = False
-        return await self._route(request.kind or "completions", b"".join(request.parts), request.request_id,
+        parts, request.parts = request.parts, []  # the request lives as long as the stream: not its body
+        return await self._route(request.kind or "completions", b"".join(parts), request.request_id,
                                  request.subset, stream, write, end_of_stream=end_of_stream)
 
     async def _route(self, kind: str, body: bytes, request_id: str, subset: frozenset[str] | None,

@@ -119,6 +119,8 @@ class ShieldedReads:
                     await taken
             if message is eof:
                 return
+            # Not kept by this frame while the next read waits (until the engine answers, for a request's body).
+            del message, outcome, waiter
 
 
 class ShieldedWrites:

@@ -368,20 +368,25 @@ class ApproxPrefixSource:
     # A decision's token ids carry the request's salt (source.PromptTokens), so its guess lands under it.
     def on_decided(self, decision: Decision) -> None:
         if decision.tokens and decision.endpoint is not None:
-            self.routed(decision.tokens, decision.endpoint)
+            # The keys, not the token ids, kept for the request's life: the decision drops its ids once announced.
+            decision.approx = self.routed(decision.tokens, decision.endpoint)
 
     def on_served(self, decision: Decision, previous: str | None) -> None:
         """Another engine served (a retry walked the ranked list): it computed the prompt's blocks too."""
-        if decision.tokens and decision.served is not None:
-            self.routed(decision.tokens, decision.served)
+        if decision.approx and decision.served is not None:
+            self._record(decision.approx, decision.served, credited=0)
 
     def on_ended(self, decision: Decision) -> None:
         pass
 
-    def routed(self, tokens: Sequence[int], endpoint: str, salt: str | None = None) -> None:
-        """A request with these prompt tokens (and cache salt) went to `endpoint`: remember its blocks there."""
+    def routed(self, tokens: Sequence[int], endpoint: str, salt: str | None = None) -> list[int]:
+        """A request with these prompt tokens (and cache salt) went to `endpoint`: remember its blocks there.
+        Returns their keys."""
         keys = self._keys(tokens, salt)
-        credited = self._last_answer.get(endpoint, 0)
+        self._record(keys, endpoint, self._last_answer.get(endpoint, 0))
+        return keys
+
+    def _record(self, keys: Sequence[int], endpoint: str, credited: int) -> None:
         if credited:
             self.metrics.approx_credited.inc(credited)
         evicted = self.index.record(endpoint, keys, self.clock())

@@ -144,6 +144,25 @@ async def test_source_learns_from_the_pipeline_and_counts_its_credit() -> None:
     assert explain.endpoint is not None
 
 
+async def test_a_request_served_elsewhere_is_recorded_there_from_its_receipt_not_its_ids() -> None:
+    """The decision drops its token ids once announced; the keys it was recorded under come back when a retry
+    walks the ranked list to another engine (that engine computed the prompt's blocks too)."""
+    source = ApproxPrefixSource(ApproxIndex(1000, 16, 60), Metrics("loadaware"), Clock())
+    lifecycle = RequestLifecycle()
+    lifecycle.subscribe(LoadTracker(stale_s=5))
+    lifecycle.subscribe(source)
+    decider = build_decider(make_policy("loadaware", 1.0), EndpointRegistry((A, B, C)), LoadTracker(stale_s=5),
+                            lifecycle, None, source)
+    decision = await decider.decide(InferenceRequest("completions", prompt=P1), "r1")
+    assert decision.tokens is None and decision.approx == source.index.keys(P1)
+    other = next(ep for ep in (A, B, C) if ep != decision.endpoint)
+    source.on_decided(decision)  # a repeat finds no ids: nothing recorded, the receipt kept
+    assert decision.approx == source.index.keys(P1)
+    lifecycle.served(decision, other)
+    assert source.index.match(source.index.keys(P1), [other]) == {other: 320}
+    lifecycle.ended(decision)
+
+
 class Fixed:
     def __init__(self, name: str, answer: dict[str, int] | None = None, error: str | None = None) -> None:
         self.name = name

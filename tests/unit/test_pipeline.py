@@ -160,11 +160,11 @@ async def test_lifecycle_counts_once_moves_with_the_server_and_ends_once() -> No
     lifecycle.served(decision, "127.0.0.4:8000")  # a retry walked the ranked list
     assert decision.served == "127.0.0.4:8000"
     assert d.loads.count("127.0.0.3:8000") == 0 and d.loads.count("127.0.0.4:8000") == 1
-    assert decision.tokens  # kept while the request lives
+    assert decision.tokens is None  # dropped once announced: a request in flight does not keep its prompt
     lifecycle.ended(decision)
     lifecycle.ended(decision)  # a second end (cancel after EOF) must not release twice
     lifecycle.served(decision, "127.0.0.2:8000")  # too late: the request is over
-    assert d.loads.total() == 0 and decision.tokens is None
+    assert d.loads.total() == 0
     assert "tokens" not in decision.as_dict()  # the debug ring never renders the prompt
 
 
