@@ -54,9 +54,11 @@ TOKEN_SIGNALS_BYTES_PER_ENDPOINT = 2800
 # "resp_" + 16-32 hex digits); the endpoint strings are shared. December 6: 272 B in all over 20,000 ids of 37
 # characters.
 STATE_HOLDER_BYTES_PER_ENTRY = 300
-# A request in flight holds its prompt's token ids (a list of ints) until its stream ends: per token. The ids the
-# sidecar's tokenizer made are 8 B references to the vocabulary's shared ints (tokenize/shared_ids.py); a prompt
-# sent pre-tokenized keeps the request's own ints (~40 B a token with the slot): the budget takes that worst case.
+# A request being decided holds its prompt's token ids (a list of ints) until its decision is announced (then the
+# decision drops them; the approximate index keeps the block keys it recorded, one reference per block): per
+# token. The ids the sidecar's tokenizer made are 8 B references to the vocabulary's shared ints
+# (tokenize/shared_ids.py); a prompt sent pre-tokenized keeps the request's own ints (~40 B a token with the slot):
+# the budget takes that worst case, for every request in flight as if each were still being decided.
 INFLIGHT_BYTES_PER_TOKEN = 48
 # Session affinity (routing/affinity.py): one session's binding (its key string, a UUID's 36 characters; the
 # (endpoint, time) tuple and its float; an OrderedDict slot; the endpoint string is the registry's).
