@@ -38,9 +38,9 @@ class PromptTokens(list[int]):
     """A decision's prompt token ids with what travels with them: the request's cache salt (what the engine's
     prefix cache really keys on besides the tokens) and the block-key chains computed from them, one per
     block size (blocks.chain_keys: one decision walks the same chain in more than one index, and a chain costs
-    ~27 ns a token). The decision keeps its token ids for the request's whole life (the approximate index
-    re-reads them when the request is routed or served elsewhere), so both live exactly as long as the
-    request does, and no prompt outlives it."""
+    ~27 ns a token). The decision keeps them until it is announced (its listeners read them), so no prompt
+    outlives its decision; the approximate index keeps the chain it recorded, as the decision's receipt, for
+    the request's life (a retry served elsewhere is recorded there too)."""
 
     __slots__ = ("chains", "salt")
 

@@ -89,7 +89,7 @@ class Producers:
         if tokens:
             # The salt keys the engine's prefix cache as much as the tokens do; it travels with them (the
             # approximate index records the decision's tokens under it), as do the block-key chains the
-            # decision's lookups compute once and share, for as long as the request lives.
+            # decision's lookups compute once and share, until the decision is announced.
             tokens = PromptTokens(tokens, request.cache_salt or None)
         ctx.tokens = tokens
 
