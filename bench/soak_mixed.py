@@ -45,6 +45,8 @@ from testkit.sidecar import SidecarProc
 
 from .soak import SOAK_FLEET, Sample, kv_lag_s, mapping_mb, private_envoy_config, read_malloc, read_mappings, rss_mb
 from .soak_bounds import (
+    CLOSED_LABELS,
+    ENDPOINT_LABELS,
     Bounds,
     bound_specs,
     folded_series,
@@ -259,7 +261,7 @@ def sample(run: ModeRun, cfg: MixedConfig, t_s: float) -> None:
         decisions = run.sidecar.debug_json("/debug/decisions?n=100000", timeout=10.0)
         fills.update(read_fills(state, text, len(decisions)))
         keys = folded_series(text)
-        fills["metric_series_folded"] = float(len(keys))
+        fills["metric_series_folded"] = float(len(folded_series(text, (*ENDPOINT_LABELS, *CLOSED_LABELS))))
         note_first_seen(run.series_first_seen, keys, s.t_s)
     except Exception as exc:  # noqa: BLE001 - a missed read is a gap in the record, not the end of the soak
         log.warning("%s: reading the sidecar at t=%.0f s failed: %s", run.mode, t_s, exc)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .soak import Sample
-from .soak_bounds import BoundSpec, BoundVerdict, judge, judge_events, judge_plateau, new_after
+from .soak_bounds import CLOSED_LABELS, BoundSpec, BoundVerdict, judge, judge_events, judge_plateau, new_after
 
 if TYPE_CHECKING:
     from .soak_mixed import MixedConfig, ModeRun
@@ -69,8 +69,10 @@ def verdicts(run: ModeRun, specs: Sequence[BoundSpec]) -> list[BoundVerdict]:
                                                                   if len(late) > MAX_LATE_SHOWN else "")
     out.append(judge_plateau("metric_series", [(f["t_s"], f["metric_series_folded"]) for f in run.fills
                                                if "metric_series_folded" in f],
-                             "label sets of /metrics, engine addresses folded (an engine that leaves and comes back "
-                             "adds none): no limit, must plateau; first seen in the second half: "
+                             "label sets of /metrics, engine addresses and the code's closed sets ("
+                             + ", ".join(CLOSED_LABELS) + ") folded (an engine that leaves and comes back adds none; "
+                             "a failure reason first seen late adds a bounded set): no limit, must plateau; label "
+                             "sets (engine addresses folded) first seen in the second half: "
                              + (shown or "none")))
     return out
 

@@ -262,6 +262,17 @@ def test_label_sets_fold_engine_addresses_and_name_what_came_late() -> None:
     assert new_after(seen, 30.0) == ['flow{tenant="a"}', 'flow{tenant="b"}']
 
 
+def test_the_plateau_folds_the_codes_closed_sets_but_not_a_label_that_takes_the_inputs_values() -> None:
+    from bench.soak_bounds import CLOSED_LABELS, ENDPOINT_LABELS, folded_series
+
+    both = (*ENDPOINT_LABELS, *CLOSED_LABELS)
+    early = 'loadaware_endpoint_ejections_total{endpoint="10.0.0.1:8000",reason="failing"} 1\n'
+    late = early + 'loadaware_endpoint_ejections_total{endpoint="10.0.0.2:8000",reason="unreachable"} 1\n'
+    assert len(folded_series(late)) == 2 and folded_series(late, both) == folded_series(early, both)
+    tenants = 'flow{tenant="a",outcome="ok"} 1\nflow{tenant="b",outcome="shed"} 1\n'
+    assert folded_series(tenants, both) == {'flow{outcome="*",tenant="a"}', 'flow{outcome="*",tenant="b"}'}
+
+
 def test_growth_is_given_by_its_two_ends_and_by_the_line_through_every_sample() -> None:
     from bench.soak import Sample
     from bench.soak_report import growth_pct
