@@ -29,7 +29,6 @@ class BufferedConversation(Conversation):
         kind: str | None = None
         request_id = ""
         msg: Any = first
-        first = None  # kept by nothing while the stream lives (as `msg` below)
         while msg is not grpc.aio.EOF:
             which = msg.WhichOneof("request")
             if which == "request_headers":

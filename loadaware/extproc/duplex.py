@@ -52,7 +52,6 @@ class DuplexConversation(Conversation):
         replies = self.replies
         request = HeldRequest()
         msg: Any = first
-        first = None  # kept by nothing while the stream lives (as `msg` below)
         while msg is not grpc.aio.EOF:
             which = msg.WhichOneof("request")
             if which == "response_body":  # the hottest message: one per streamed token chunk, handled inline

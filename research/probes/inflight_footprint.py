@@ -20,17 +20,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from bench.extproc_inprocess import buffered_messages
 from bench.soak import UNIQUE_MARKER, anon_parts, mapping_mb, rss_mb, soak_bodies
-from research.probes.sidecar_stream_leak import METHOD, RESPONSE_HEADERS
+from research.probes.sidecar_stream_leak import METHOD, RESPONSE_HEADERS, metric
 from testkit.paths import TINY_TOKENIZER
 from testkit.ports import free_port
 from testkit.sidecar import SidecarProc
@@ -38,11 +38,6 @@ from testkit.sidecar import SidecarProc
 STEADY = 4000  # streams run to their end between rounds (and before the first), 32 at a time
 CONCURRENCY = 32
 SETTLE_S = 4.0  # a periodic collection and trim (every 3 s here) ran since the last change
-
-
-def metric(text: str, name: str) -> float:
-    found = re.search(rf"^{name} (\S+)$", text, re.M)
-    return float(found.group(1)) if found else 0.0
 
 
 class Reading:
@@ -65,7 +60,7 @@ async def drive(sidecar: SidecarProc, port: int, held: int, rounds: int) -> None
     bodies = soak_bodies()
     sent = 0
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        process = channel.stream_stream(METHOD, request_serializer=pb_serialize)
+        process = channel.stream_stream(METHOD, request_serializer=pb.ProcessingRequest.SerializeToString)
 
         async def open_stream() -> Any:
             nonlocal sent
@@ -115,10 +110,6 @@ async def drive(sidecar: SidecarProc, port: int, held: int, rounds: int) -> None
                   flush=True)
             print(f"round {k + 1}: after           : {after.minus(before)}", flush=True)
             print(f"round {k + 1}: since the start : {after.minus(first)}", flush=True)
-
-
-def pb_serialize(message: Any) -> bytes:
-    return bytes(message.SerializeToString())
 
 
 def main(argv: Sequence[str] | None = None) -> None:
