@@ -167,7 +167,8 @@ class Wiring:
         self.readiness = Readiness(self.registry, self.scraper, self.supervisor, self.models_poller, self.resolver)
         self.extproc = ExtProcServicer(self.decider, self.lifecycle, self.metrics, s.destination_header,
                                        StreamOptions(s.no_endpoint_reply, s.max_request_body_bytes,
-                                                     session_header=s.session_header),
+                                                     session_header=s.session_header,
+                                                     max_open_streams=s.max_open_streams),
                                        admission=self.admission)
         self.health = HealthReporter(self.readiness.ready, self.readiness.reason)
         self.metrics.open_streams.set_function(lambda: self.extproc.open_streams)  # read at each scrape

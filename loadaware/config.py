@@ -343,6 +343,10 @@ class Settings:
     max_request_body_bytes: int = setting(8 * 1024 * 1024, parse_positive_int,
             "largest request body (413 beyond): held in full-duplex mode; in BUFFERED mode Envoy's own limit "
             "comes first")
+    max_open_streams: int = setting(4096, parse_count,
+            "ext_proc streams open at once (every request in flight holds one until its response ends, ~24 KiB "
+            "each); past it a new request is answered 503 with Retry-After at once, so engines that stop answering "
+            "cannot pile requests into the sidecar until it runs out of memory (0: no cap)")
     # Admission under saturation (loadaware/admission): hold, release by priority and fairness id, shed with 429.
     admission: bool = setting(False, parse_on_off,
             "on: while every eligible engine is saturated (--saturation-queue), hold requests on their stream and "

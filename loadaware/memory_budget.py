@@ -74,6 +74,10 @@ ENDPOINT_SERIES = 48
 # Measured 7,824 B with tracemalloc over 500 streams (three tasks and their coroutines' frames, the Decision and
 # its candidates, the parsed request).
 OPEN_STREAM_BYTES = 8_500
+# The same stream's whole cost to the process, gRPC's native per-call memory included: RSS per request held in
+# flight (its engine not answering) measured 21.3 KiB over 400 held (research/probes/inflight_footprint.py).
+# --max-open-streams bounds how many there are.
+OPEN_STREAM_RESIDENT_BYTES = 24 * 1024
 
 # ---- measured fixed costs ----
 # The sidecar started and serving, with the repository's tiny tokenizer (measured 77-79 MiB RSS).
@@ -89,7 +93,7 @@ TRAFFIC_BYTES = 48 * MiB
 
 # ---- the workload the budget is sized for (bounds that depend on traffic, not on a setting) ----
 BUDGET_ENDPOINTS = 1_000  # the fleet's size (the ring keeps at most RING_CANDIDATES of each decision's)
-BUDGET_INFLIGHT_REQUESTS = 256
+BUDGET_INFLIGHT_REQUESTS = 256  # being decided at once, each holding its prompt's ids (the streams: a setting)
 BUDGET_PROMPT_TOKENS = 8_192
 # The worst case may use at most this share of a container's limit: the rest is margin for what the model
 # leaves out (allocator fragmentation over days, request bodies in flight, a burst far above the soak's rate).
@@ -110,6 +114,7 @@ class Bounds:
     session_max_entries: int = DEFAULT_SESSION_ENTRIES  # --session-max-entries (counted whether sessions are on)
     # --admission-max-held-bytes when --admission is on (the held bodies), else 0: admission is off by default
     admission_held_bytes: int = 0
+    open_streams: int = 4096  # --max-open-streams (a stream per request in flight, the held ones included)
 
 
 def worst_case(bounds: Bounds) -> dict[str, int]:
@@ -131,7 +136,7 @@ def worst_case(bounds: Bounds) -> dict[str, int]:
         "state_holders": bounds.state_max_entries * STATE_HOLDER_BYTES_PER_ENTRY,
         "sessions": bounds.session_max_entries * SESSION_BYTES_PER_ENTRY,
         "endpoint_series": bounds.endpoints * ENDPOINT_SERIES * METRIC_SERIES_BYTES,
-        "open_streams": BUDGET_INFLIGHT_REQUESTS * OPEN_STREAM_BYTES,
+        "open_streams": bounds.open_streams * OPEN_STREAM_RESIDENT_BYTES,
         "admission_held": bounds.admission_held_bytes,
     }
 

@@ -30,6 +30,7 @@ MODEL_NAME_SHOWN = 256  # characters of a requested model's name echoed in the 4
 HOLD_MARGIN_S = 5.0
 # The reason a shed request's 429 names (llm-d's equivalent is x-llm-d-request-dropped-reason).
 DROPPED_REASON_HEADER = "x-loadaware-request-dropped-reason"
+OVERLOADED = "too_many_open_streams"  # the reason of the 503 past --max-open-streams
 
 # Bodies up to this size are parsed on the event loop (a 1,600-token prompt is ~8 KB and parses in ~20 µs,
 # less than a thread hand-off costs); larger ones in a worker thread.
@@ -48,6 +49,8 @@ class StreamOptions:
     max_body_bytes: int = 8 * 1024 * 1024
     # The request header that carries a session key (--session-header, lower case; "" = none).
     session_header: str = ""
+    # ext_proc streams open at once past which a new request is refused with a 503 (--max-open-streams; 0: none).
+    max_open_streams: int = 0
 
 
 NO_HEADERS = RequestHeaders()
@@ -99,6 +102,18 @@ class Conversation:
             else:
                 reply = Replies.immediate_error(status, message, reason)
             self._errors[(status, reason)] = reply
+        return reply
+
+    def overloaded(self) -> bytes:
+        """The 503 for a request that finds --max-open-streams streams open: the sidecar holds no more. Retry-After
+        1 s: streams end as their responses do (a pile of them is most often engines that stopped answering)."""
+        reply = self._errors.get((503, OVERLOADED))
+        if reply is None:
+            message = "the router has too many requests in flight"
+            extra = (("retry-after", "1"), (DROPPED_REASON_HEADER, OVERLOADED))
+            reply = (Replies.immediate_json(503, message, "service_unavailable", OVERLOADED, headers=extra)
+                     if self.json_errors else Replies.immediate_error(503, message, OVERLOADED, headers=extra))
+            self._errors[(503, OVERLOADED)] = reply
         return reply
 
     def unroutable_reply(self, decision: Decision, picker: bool, model: str | None = None) -> bytes | None:

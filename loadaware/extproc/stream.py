@@ -55,6 +55,7 @@ class ExtProcServicer:
         self.buffered = BufferedConversation(decider, lifecycle, metrics, replies, options, admission)
         self.duplex = DuplexConversation(decider, lifecycle, metrics, replies, options, admission)
         self.open_streams = 0
+        self.max_open_streams = options.max_open_streams
         self.modes = {"buffered": 0, "full_duplex": 0}  # streams seen per processing mode
         self.tracer: Tracer | None = None  # --otlp-endpoint: a span per decision (extproc/traced.py)
 
@@ -99,6 +100,17 @@ class ExtProcServicer:
             self.open_streams -= 1
             self.metrics.streams.labels(end).inc()
 
+    def _over_cap(self, first: Any) -> bool:
+        """A new request past --max-open-streams (this stream counted): refused before anything is kept for it.
+        Only at its headers, where a local reply is always allowed."""
+        cap = self.max_open_streams
+        if not cap or self.open_streams <= cap or first.WhichOneof("request") != "request_headers":
+            return False
+        self.metrics.decided("none", "overloaded")
+        quiet.log(logging.WARNING, "overloaded", "%d ext_proc streams open (--max-open-streams %d): new requests "
+                  "get 503", self.open_streams, cap)
+        return True
+
     async def _converse(self, context: grpc.aio.ServicerContext, stream: StreamState) -> None:
         # Shielded: a read or write that the stream's cancellation interrupted would leak its gRPC batch
         # (shielded.py).
@@ -109,6 +121,9 @@ class ExtProcServicer:
         try:
             first = await read()
             if first is grpc.aio.EOF:
+                return
+            if self._over_cap(first):
+                await write((self.duplex if is_full_duplex(first) else self.buffered).overloaded())
                 return
             if is_full_duplex(first):
                 self.modes["full_duplex"] += 1

@@ -62,7 +62,8 @@ class Metrics(PrefixIndexFamilies, FlowControlFamilies):
     def _declare_decision_families(self, r: CollectorRegistry) -> None:
         """Each decision: its outcome, fallbacks, time by stage, prefix lookups."""
         self.decisions = TableCounter("loadaware_decisions", "Routing decisions by policy, endpoint and outcome "
-                                 "(routed, fallback_load_only, no_endpoints, unknown_model, passthrough, rejected)",
+                                 "(routed, fallback_load_only, no_endpoints, unknown_model, passthrough, rejected, "
+                                 "shed, overloaded)",
                                  ["policy", "endpoint", "outcome"], registry=r)
         self.fallbacks = Counter("loadaware_fallbacks", "Decisions that lost a helper and fell back to the load "
                                  "term alone (or to Envoy's own fallback), by reason", ["reason"], registry=r)

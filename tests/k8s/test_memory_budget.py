@@ -71,7 +71,8 @@ def bounds_of(settings: Settings) -> Bounds:
                   piece_cache_tokens=settings.tokenizer_cache_tokens, recent_decisions=ring,
                   conversation_cache_bytes=settings.conversation_cache_mb * MiB,
                   state_max_entries=settings.state_max_entries, session_max_entries=settings.session_max_entries,
-                  admission_held_bytes=settings.admission_max_held_bytes if settings.admission else 0)
+                  admission_held_bytes=settings.admission_max_held_bytes if settings.admission else 0,
+                  open_streams=settings.max_open_streams)
 
 
 def test_every_sidecar_manifest_is_found() -> None:
@@ -93,11 +94,19 @@ def test_worst_case_fits_the_memory_limit(name: str, container: dict[str, Any]) 
     assert request <= limit
 
 
+def test_every_sidecar_caps_its_open_streams() -> None:
+    """Without the cap the requests in flight are not bounded (engines that stop answering pile them up until the
+    route's time-out): no manifest may turn it off, and the budget counts the default."""
+    assert Bounds(0, 0, 0, 0).open_streams == Settings().max_open_streams > 0
+    for name, container in SIDECARS:
+        assert settings_of(container).max_open_streams > 0, name
+
+
 def test_the_old_kv_events_default_would_not_fit() -> None:
-    """The check is not vacuous: the former default bound (4M blocks) breaks the shipped 1536Mi limit."""
+    """The check is not vacuous: the former default bound (4M blocks) breaks the shipped 1664Mi limit."""
     old = Bounds(kv_events_max_blocks=4_000_000, approx_max_blocks=Settings().approx_max_blocks,
                  piece_cache_tokens=MAX_CACHED_TOKENS, recent_decisions=256)
-    assert sum(worst_case(old).values()) > memory_budget.LIMIT_SHARE * quantity_bytes("1536Mi")
+    assert sum(worst_case(old).values()) > memory_budget.LIMIT_SHARE * quantity_bytes("1664Mi")
 
 
 def test_manifest_environment_overrides_enter_the_budget() -> None:
