@@ -37,7 +37,15 @@ ATTEMPTS = 3  # the shipped routes' num_retries (2) + 1
 @dataclass
 class Stack:
     fleet: FleetProc
-    gateways: dict[str, str]
+    envoys: dict[str, EnvoyProc]
+
+    def url(self, deployment: str) -> str:
+        return self.envoys[deployment].url
+
+    def ejected_by_envoy(self, deployment: str, endpoint: str) -> bool:
+        """Envoy's own outlier detection has the engine out (its host's health flags in the admin API)."""
+        return any(line.startswith(f"engines::{endpoint}::health_flags::") and "failed_outlier_check" in line
+                   for line in self.envoys[deployment].admin_get("clusters").splitlines())
 
     def endpoint_of(self, engine_name: str) -> str:
         return next(f"{e['ip']}:{e['port']}" for e in self.fleet.engines if e["name"] == engine_name)
@@ -59,7 +67,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         picker = picker_config(log_dir / "picker.yaml", listen_port=free_port(), admin_port=free_port(),
                                sidecar_port=sidecar_port, engines=fleet.endpoints)
         with EnvoyProc(buffered, log_dir / "envoy-buffered") as e1, EnvoyProc(picker, log_dir / "envoy-picker") as e2:
-            yield Stack(fleet, {"buffered": e1.url, "picker": e2.url})
+            yield Stack(fleet, {"buffered": e1, "picker": e2})
 
 
 def respond(url: str, payload: dict[str, Any]) -> tuple[int, dict[str, Any], str]:
@@ -82,7 +90,7 @@ def failed(endpoint: str) -> int:
 @pytest.mark.parametrize("deployment", ["buffered", "picker"])
 def test_a_follow_up_whose_holder_fails_gets_the_holders_answer_not_another_engines_404(
         stack: Stack, deployment: str) -> None:
-    url = stack.gateways[deployment]
+    url = stack.url(deployment)
     status, first, made_by = respond(url, {"model": "tiny-model", "input": f"conversation {uuid.uuid4().hex}",
                                            "store": True, "max_output_tokens": 4})
     assert status == 200, first
@@ -99,10 +107,13 @@ def test_a_follow_up_whose_holder_fails_gets_the_holders_answer_not_another_engi
     assert (status, served) == (503, made_by), body
     assert failed(holder) - before[holder] == ATTEMPTS
     assert failed(other) == before[other]
-    # Healed, the same follow-up is served by the holder.
+    # Healed, the same follow-up is served by the holder, though Envoy's outlier detection (3 consecutive 5xx)
+    # has just ejected it (for 1 s): override_host still takes an ejected host it is given.
+    assert stack.ejected_by_envoy(deployment, holder)
     status, body, served = respond(url, {"model": "tiny-model", "input": "the next turn",
                                          "previous_response_id": first["id"], "max_output_tokens": 4})
     assert (status, served) == (200, made_by), body
+    assert stack.ejected_by_envoy(deployment, holder)  # still out while that follow-up was served
 
 
 def test_a_request_with_no_state_is_still_retried_on_the_next_engine(stack: Stack) -> None:
@@ -110,7 +121,7 @@ def test_a_request_with_no_state_is_still_retried_on_the_next_engine(stack: Stac
     engines = list(stack.fleet.endpoints)
     post_json(f"http://{engines[0]}/sim/fault", {"mode": "error", "status": 503})
     try:
-        statuses = [respond(stack.gateways["buffered"], {"model": "tiny-model", "input": f"q {i} {uuid.uuid4().hex}",
+        statuses = [respond(stack.url("buffered"), {"model": "tiny-model", "input": f"q {i} {uuid.uuid4().hex}",
                                                          "max_output_tokens": 4})[0] for i in range(6)]
     finally:
         post_json(f"http://{engines[0]}/sim/fault", {"mode": "none"})
