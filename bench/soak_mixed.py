@@ -87,6 +87,7 @@ class MixedConfig:
     tracemalloc_interval_s: float = 0.0
     glibc_tunables: str = ""  # GLIBC_TUNABLES for the sidecars ("": glibc's defaults)
     memray_dir: str = ""  # each sidecar under memray, recording to DIR/MODE.bin ("": not)
+    sidecar_extra: tuple[str, ...] = ()  # more sidecar flags (bench.stall: --max-open-streams)
 
     @property
     def fill_s(self) -> float:
@@ -193,7 +194,7 @@ def sidecar_args(mode: str, cfg: MixedConfig, bounds: Bounds, fleet: FleetProc, 
     if cfg.tracemalloc_interval_s > 0:
         args += ["--tracemalloc-dir", str(cfg.out_dir / mode / "tracemalloc"),
                  "--tracemalloc-interval-s", f"{cfg.tracemalloc_interval_s:g}"]
-    return args
+    return [*args, *cfg.sidecar_extra]
 
 
 @contextlib.contextmanager

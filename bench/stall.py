@@ -1,7 +1,7 @@
 """Every engine stops answering for a while mid-traffic: what the sidecar holds meanwhile, and keeps after.
 
     python -m bench.stall [--mode buffered-kv|picker-approx] [--stall-at 60] [--stall-s 12] [--stalls 2]
-        [--gap-s 90] [--rate 40] [--out DIR]
+        [--gap-s 90] [--rate 40] [--max-open-streams N] [--out DIR]
 
 The soak's stack for one configuration (bench/soak_mixed.py: simulated engines, real Envoy, the sidecar with the
 soak's bounds, its mixed traffic; no bursts or churn here). At `--stall-at` seconds every engine hangs (its
@@ -15,6 +15,8 @@ anonymous pages (Python's arenas; bench/soak.py, `anon_parts`), and its requests
 figure just before each stall, at its peak during or right after it, and settled (the median of the last
 `SETTLE_SAMPLES` readings before the next stall or the end). A second stall that settles where the first did
 says the pile's pages are reused (a plateau at the largest pile); one that settles higher says they are not.
+`--max-open-streams N` runs the sidecar with that cap (its default otherwise): past it a new request gets 503 at
+once, and the report counts them (`loadaware_decisions_total{outcome="overloaded"}`).
 """
 
 from __future__ import annotations
@@ -92,8 +94,10 @@ def summarize(readings: Sequence[Reading], windows: Sequence[tuple[float, float]
 
 
 def markdown(rows: Sequence[dict[str, Any]], cfg: dict[str, Any]) -> str:
+    cap = "" if cfg.get("max_open_streams") is None else \
+        f"; --max-open-streams {cfg['max_open_streams']}: {cfg.get('overloaded', 0):.0f} requests refused with 503"
     lines = [f"Every engine hung for {cfg['stall_s']:g} s at {', '.join(f'{s:g}' for s, _ in cfg['windows'])} s "
-             f"({cfg['mode']}, {cfg['rate']:g} req/s):", "",
+             f"({cfg['mode']}, {cfg['rate']:g} req/s{cap}):", "",
              "| stall | figure | before | peak | settled | settled - before |", "|---|---|---:|---:|---:|---:|"]
     for row in rows:
         for name in FIGURES:
@@ -103,10 +107,17 @@ def markdown(rows: Sequence[dict[str, Any]], cfg: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run(mode: str, out: Path, rate: float, windows: Sequence[tuple[float, float]], tail_s: float) -> list[Reading]:
+def overloaded(run: ModeRun) -> float:
+    """Requests the sidecar refused past --max-open-streams, from its /metrics."""
+    return sum(float(line.rpartition(" ")[2]) for line in run.sidecar.metrics_text(timeout=5.0).splitlines()
+               if line.startswith("loadaware_decisions_total{") and 'outcome="overloaded"' in line)
+
+
+def run(mode: str, out: Path, rate: float, windows: Sequence[tuple[float, float]], tail_s: float,
+        sidecar_extra: Sequence[str] = ()) -> tuple[list[Reading], float]:
     duration = windows[-1][1] + tail_s
     cfg = MixedConfig(out_dir=out, duration_s=duration, rate=rate, modes=(mode,), burst_every_s=10 * duration,
-                      churn_every_s=10 * duration)
+                      churn_every_s=10 * duration, sidecar_extra=tuple(sidecar_extra))
     readings: list[Reading] = []
     with mode_stack(mode, cfg, bounds_for(cfg)) as stack:
         start_traffic(stack, cfg)
@@ -125,7 +136,8 @@ def run(mode: str, out: Path, rate: float, windows: Sequence[tuple[float, float]
             set_fleet_fault(stack, "none")
         if stack.loader is not None:
             stack.loader.communicate(timeout=120)  # its stderr is a pipe: read, not left to fill
-    return readings
+        refused = overloaded(stack)
+    return readings, refused
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -136,14 +148,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--stalls", type=int, default=2)
     p.add_argument("--gap-s", type=float, default=90.0)
     p.add_argument("--rate", type=float, default=40.0)
+    p.add_argument("--max-open-streams", type=int, default=None)
     p.add_argument("--out", default="out/stall")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     windows = stall_windows(args.stall_at, args.stall_s, max(1, args.stalls), args.gap_s)
     out = Path(args.out)
-    readings = run(args.mode, out, args.rate, windows, tail_s=args.gap_s)
+    extra = [] if args.max_open_streams is None else ["--max-open-streams", str(args.max_open_streams)]
+    readings, refused = run(args.mode, out, args.rate, windows, tail_s=args.gap_s, sidecar_extra=extra)
     rows = summarize(readings, windows)
-    cfg = {"mode": args.mode, "rate": args.rate, "stall_s": args.stall_s, "windows": windows}
+    cfg = {"mode": args.mode, "rate": args.rate, "stall_s": args.stall_s, "windows": windows,
+           "max_open_streams": args.max_open_streams, "overloaded": refused}
     (out / "stall.json").write_text(json.dumps({"config": cfg, "summary": rows,
                                                 "readings": [asdict(r) for r in readings]}, indent=1))
     text = markdown(rows, cfg)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from bench.stall import SETTLE_SAMPLES, Reading, stall_windows, summarize
+from types import SimpleNamespace
+
+from bench.stall import SETTLE_SAMPLES, Reading, markdown, overloaded, stall_windows, summarize
 
 
 def reading(t: float, rss: float) -> Reading:
@@ -25,3 +27,20 @@ def test_each_stall_reads_before_its_peak_and_the_settled_median_before_the_next
     assert second["rss_mb"] == {"before": 110.0, "peak": 160.0, "settled": 111.0}
     assert second["rest_mb"]["settled"] == 55.5 and first["inflight"]["peak"] == 3.0
     assert len(range(38, 60, 2)) >= SETTLE_SAMPLES  # the settled median saw only readings after the peak
+
+
+def test_the_report_names_the_cap_and_the_requests_it_refused() -> None:
+    rows = summarize([reading(t, 100.0) for t in range(0, 40, 2)], stall_windows(10, 4, 1, 20))
+    cfg = {"mode": "buffered-kv", "rate": 40.0, "stall_s": 4.0, "windows": [(10, 14)]}
+    assert "refused" not in markdown(rows, cfg)
+    text = markdown(rows, {**cfg, "max_open_streams": 200, "overloaded": 37.0})
+    assert "--max-open-streams 200: 37 requests refused with 503" in text
+
+
+def test_the_refusals_are_read_from_the_decisions_counter() -> None:
+    metrics = "\n".join([
+        'loadaware_decisions_total{endpoint="none",outcome="overloaded",policy="auto"} 12.0',
+        'loadaware_decisions_total{endpoint="none",outcome="shed",policy="auto"} 5.0',
+        'loadaware_decisions_created{endpoint="none",outcome="overloaded",policy="auto"} 1.7e9'])
+    run = SimpleNamespace(sidecar=SimpleNamespace(metrics_text=lambda timeout: metrics))
+    assert overloaded(run) == 12.0  # type: ignore[arg-type]
