@@ -13,33 +13,20 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from testkit.envoy import EnvoyProc
-from testkit.envoy_eds import eds_config, write_assignment
-from testkit.fleet import FleetProc
 from testkit.http import post_json, request
-from testkit.paths import TINY_TOKENIZER
-from testkit.ports import free_port
-from testkit.sidecar import SidecarProc
 from tests.conftest import wait_until
-from tests.e2e.discovery_helpers import free_fleet_address
-from tests.e2e.test_endpoint_picker import picker_config
+from tests.e2e.both_deployments import DEPLOYMENTS, BothDeployments, both_deployments
 
 pytestmark = pytest.mark.e2e
 
 CAP = 2
 
 
-@dataclass
-class Stack:
-    fleet: FleetProc
-    sidecar: SidecarProc
-    gateways: dict[str, str]
-
+class Stack(BothDeployments):
     def open_streams(self) -> int:
         status, body = request("GET", f"{self.sidecar.debug_url}/debug/state")
         assert status == 200
@@ -52,21 +39,8 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    log_dir = tmp_path_factory.mktemp("e2e-cap")
-    base_ip, port = free_fleet_address(2)
-    sidecar_port = free_port()
-    with FleetProc(log_dir / "fleet", engines=2, base_ip=base_ip, port=port) as fleet, \
-            SidecarProc(["--listen", f"127.0.0.1:{sidecar_port}", "--metrics-listen", f"127.0.0.1:{free_port()}",
-                         "--endpoints", ",".join(fleet.endpoints), "--tokenizer", str(TINY_TOKENIZER),
-                         "--max-open-streams", str(CAP)], log_dir=log_dir / "sidecar") as sidecar:
-        eds_dir = log_dir / "eds"
-        eds_dir.mkdir()
-        write_assignment(eds_dir, [(ep, "HEALTHY") for ep in fleet.endpoints], 1)
-        buffered = eds_config(eds_dir, listen_port=free_port(), admin_port=free_port(), sidecar_port=sidecar_port)
-        picker = picker_config(log_dir / "picker.yaml", listen_port=free_port(), admin_port=free_port(),
-                               sidecar_port=sidecar_port, engines=fleet.endpoints)
-        with EnvoyProc(buffered, log_dir / "envoy-buffered") as e1, EnvoyProc(picker, log_dir / "envoy-picker") as e2:
-            yield Stack(fleet, sidecar, {"buffered": e1.url, "picker": e2.url})
+    with both_deployments(tmp_path_factory.mktemp("e2e-cap"), ["--max-open-streams", str(CAP)]) as both:
+        yield Stack(both.fleet, both.sidecar, both.envoys)
 
 
 def complete(url: str, prompt: str, timeout: float = 60.0) -> tuple[int, dict[str, Any], dict[str, str]]:
@@ -80,9 +54,9 @@ def complete(url: str, prompt: str, timeout: float = 60.0) -> tuple[int, dict[st
         return err.code, json.loads(err.read() or b"{}"), dict(err.headers)
 
 
-@pytest.mark.parametrize("deployment", ["buffered", "picker"])
+@pytest.mark.parametrize("deployment", DEPLOYMENTS)
 def test_hung_engines_fill_the_cap_and_the_next_request_gets_503_at_once(stack: Stack, deployment: str) -> None:
-    url = stack.gateways[deployment]
+    url = stack.url(deployment)
     held: list[int] = []
     stack.fault("hang")
     try:

@@ -14,60 +14,32 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from testkit.envoy import EnvoyProc
-from testkit.envoy_eds import eds_config, write_assignment
-from testkit.fleet import FleetProc
 from testkit.http import post_json, request
-from testkit.paths import TINY_TOKENIZER
-from testkit.ports import free_port
-from testkit.sidecar import SidecarProc
-from tests.e2e.discovery_helpers import free_fleet_address
-from tests.e2e.test_endpoint_picker import picker_config
+from tests.e2e.both_deployments import DEPLOYMENTS, BothDeployments, both_deployments
 
 pytestmark = pytest.mark.e2e
 
 ATTEMPTS = 3  # the shipped routes' num_retries (2) + 1
 
 
-@dataclass
-class Stack:
-    fleet: FleetProc
-    envoys: dict[str, EnvoyProc]
-
-    def url(self, deployment: str) -> str:
-        return self.envoys[deployment].url
+class Stack(BothDeployments):
+    def endpoint_of(self, engine_name: str) -> str:
+        return next(f"{e['ip']}:{e['port']}" for e in self.fleet.engines if e["name"] == engine_name)
 
     def ejected_by_envoy(self, deployment: str, endpoint: str) -> bool:
         """Envoy's own outlier detection has the engine out (its host's health flags in the admin API)."""
         return any(line.startswith(f"engines::{endpoint}::health_flags::") and "failed_outlier_check" in line
                    for line in self.envoys[deployment].admin_get("clusters").splitlines())
 
-    def endpoint_of(self, engine_name: str) -> str:
-        return next(f"{e['ip']}:{e['port']}" for e in self.fleet.engines if e["name"] == engine_name)
-
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    log_dir = tmp_path_factory.mktemp("e2e-pinned")
-    base_ip, port = free_fleet_address(2)
-    sidecar_port = free_port()
-    with FleetProc(log_dir / "fleet", engines=2, base_ip=base_ip, port=port) as fleet, \
-            SidecarProc(["--listen", f"127.0.0.1:{sidecar_port}", "--metrics-listen", f"127.0.0.1:{free_port()}",
-                         "--endpoints", ",".join(fleet.endpoints), "--tokenizer", str(TINY_TOKENIZER)],
-                        log_dir=log_dir / "sidecar"):
-        eds_dir = log_dir / "eds"
-        eds_dir.mkdir()
-        write_assignment(eds_dir, [(ep, "HEALTHY") for ep in fleet.endpoints], 1)
-        buffered = eds_config(eds_dir, listen_port=free_port(), admin_port=free_port(), sidecar_port=sidecar_port)
-        picker = picker_config(log_dir / "picker.yaml", listen_port=free_port(), admin_port=free_port(),
-                               sidecar_port=sidecar_port, engines=fleet.endpoints)
-        with EnvoyProc(buffered, log_dir / "envoy-buffered") as e1, EnvoyProc(picker, log_dir / "envoy-picker") as e2:
-            yield Stack(fleet, {"buffered": e1, "picker": e2})
+    with both_deployments(tmp_path_factory.mktemp("e2e-pinned")) as both:
+        yield Stack(both.fleet, both.sidecar, both.envoys)
 
 
 def respond(url: str, payload: dict[str, Any]) -> tuple[int, dict[str, Any], str]:
@@ -87,7 +59,7 @@ def failed(endpoint: str) -> int:
     return int(json.loads(body)["failed"])
 
 
-@pytest.mark.parametrize("deployment", ["buffered", "picker"])
+@pytest.mark.parametrize("deployment", DEPLOYMENTS)
 def test_a_follow_up_whose_holder_fails_gets_the_holders_answer_not_another_engines_404(
         stack: Stack, deployment: str) -> None:
     url = stack.url(deployment)
