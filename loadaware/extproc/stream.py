@@ -44,6 +44,13 @@ def is_full_duplex(first: Any) -> bool:
     return bool(first.HasField("protocol_config") and first.protocol_config.request_body_mode == FULL_DUPLEX)
 
 
+def over_cap(open_streams: int, held: int, cap: int) -> bool:
+    """Is a new stream (counted in `open_streams`) past `cap` (0: none)? The streams admission holds are left out:
+    they have admission's own bounds, and a request of the top band must still reach admission while lower ones
+    wait there, however many."""
+    return cap > 0 and open_streams - held > cap
+
+
 class ExtProcServicer:
     def __init__(self, decider: Decider, lifecycle: RequestLifecycle, metrics: Metrics,
                  destination_header: str, options: StreamOptions | None = None,
@@ -56,6 +63,7 @@ class ExtProcServicer:
         self.duplex = DuplexConversation(decider, lifecycle, metrics, replies, options, admission)
         self.open_streams = 0
         self.max_open_streams = options.max_open_streams
+        self.admission = admission  # its held requests have their own bounds (count and bytes): not counted here
         self.modes = {"buffered": 0, "full_duplex": 0}  # streams seen per processing mode
         self.tracer: Tracer | None = None  # --otlp-endpoint: a span per decision (extproc/traced.py)
 
@@ -103,12 +111,13 @@ class ExtProcServicer:
     def _over_cap(self, first: Any) -> bool:
         """A new request past --max-open-streams (this stream counted): refused before anything is kept for it.
         Only at its headers, where a local reply is always allowed."""
-        cap = self.max_open_streams
-        if not cap or self.open_streams <= cap or first.WhichOneof("request") != "request_headers":
+        held = len(self.admission.queue) if self.admission is not None else 0
+        if not over_cap(self.open_streams, held, self.max_open_streams) or \
+                first.WhichOneof("request") != "request_headers":
             return False
         self.metrics.decided("none", "overloaded")
         quiet.log(logging.WARNING, "overloaded", "%d ext_proc streams open (--max-open-streams %d): new requests "
-                  "get 503", self.open_streams, cap)
+                  "get 503", self.open_streams, self.max_open_streams)
         return True
 
     async def _converse(self, context: grpc.aio.ServicerContext, stream: StreamState) -> None:

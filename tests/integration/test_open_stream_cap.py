@@ -15,6 +15,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from loadaware.app import Sidecar
 from loadaware.config import from_args
+from loadaware.extproc.stream import over_cap
 from testkit.ports import free_port
 from tests.conftest import wait_until_async
 from tests.integration.test_extproc_protocol import FLEET, HEADER, body, headers, send_request, set_headers
@@ -81,3 +82,13 @@ async def test_past_the_cap_a_request_gets_503_and_the_open_ones_go_on(capped: t
     counts = {s.labels.get("outcome"): s.value for m in app.metrics.registry.collect() if m.name ==
               "loadaware_decisions" for s in m.samples if s.name.endswith("_total")}
     assert counts.get("overloaded") == 2
+
+
+def test_the_streams_admission_holds_do_not_count_against_the_cap() -> None:
+    """Held requests have admission's own bounds; counting them would let a pile of held lower-band requests
+    refuse a top-band request with a 503 before admission could serve it first."""
+    assert not over_cap(open_streams=3, held=0, cap=3)
+    assert over_cap(open_streams=4, held=0, cap=3)
+    assert not over_cap(open_streams=3 + 100, held=100, cap=3)
+    assert over_cap(open_streams=4 + 100, held=100, cap=3)
+    assert not over_cap(open_streams=10**6, held=0, cap=0)  # 0: no cap
