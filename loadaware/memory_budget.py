@@ -114,6 +114,7 @@ class Bounds:
     session_max_entries: int = DEFAULT_SESSION_ENTRIES  # --session-max-entries (counted whether sessions are on)
     # --admission-max-held-bytes when --admission is on (the held bodies), else 0: admission is off by default
     admission_held_bytes: int = 0
+    admission_held: int = 0  # --admission-max-held when --admission is on: held streams, outside the stream cap
     open_streams: int = 4096  # --max-open-streams (a stream per request in flight, the held ones included)
 
 
@@ -137,7 +138,7 @@ def worst_case(bounds: Bounds) -> dict[str, int]:
         "sessions": bounds.session_max_entries * SESSION_BYTES_PER_ENTRY,
         "endpoint_series": bounds.endpoints * ENDPOINT_SERIES * METRIC_SERIES_BYTES,
         "open_streams": bounds.open_streams * OPEN_STREAM_RESIDENT_BYTES,
-        "admission_held": bounds.admission_held_bytes,
+        "admission_held": bounds.admission_held_bytes + bounds.admission_held * OPEN_STREAM_RESIDENT_BYTES,
     }
 
 

@@ -72,6 +72,7 @@ def bounds_of(settings: Settings) -> Bounds:
                   conversation_cache_bytes=settings.conversation_cache_mb * MiB,
                   state_max_entries=settings.state_max_entries, session_max_entries=settings.session_max_entries,
                   admission_held_bytes=settings.admission_max_held_bytes if settings.admission else 0,
+                  admission_held=settings.admission_max_held if settings.admission else 0,
                   open_streams=settings.max_open_streams)
 
 
