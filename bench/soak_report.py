@@ -167,6 +167,9 @@ def mode_markdown(r: dict[str, Any], window: tuple[float, float]) -> list[str]:
         lines += ["", "Follow-up 404s not excused (the parent's engine never left between them):", ""] + [
             f"- t={f['t_s']} s: parent served by {f['parent_served_by']} at t={f['parent_t_s']} s, 404 from "
             f"{f.get('answered_by', '?')}" for f in r["followup_404_unexcused"]]
+    if t.get("failed_per_minute"):
+        lines += ["", "Failures by minute of the run: " + ", ".join(
+            f"{m}: {n}" for m, n in sorted(t["failed_per_minute"].items(), key=lambda kv: int(kv[0])))]
     if t["failures"]:
         lines += ["", "First failures:", ""] + [f"- t={f['t_s']} s {f['kind']} {f['outcome']} {f['detail'][:160]}"
                                                for f in t["failures"][:10]]

@@ -87,6 +87,7 @@ class TrafficResult:
     outcomes: dict[str, int] = field(default_factory=dict)  # "kind:outcome" -> n
     failed: int = 0
     failures: list[dict[str, Any]] = field(default_factory=list)  # the first FAILURES_KEPT
+    failed_per_minute: dict[str, int] = field(default_factory=dict)  # minute of the run -> failures in it (all)
     followup_404: list[dict[str, Any]] = field(default_factory=list)  # excused or not by the caller
     hangups: int = 0
     cancels: int = 0
@@ -205,9 +206,11 @@ class Traffic:
             r.shed += 1
         elif outcome != "followup_404":
             r.failed += 1
+            t_s = time.monotonic() - self.t0
+            minute = str(int(t_s // 60))  # a str key: the result goes through JSON
+            r.failed_per_minute[minute] = r.failed_per_minute.get(minute, 0) + 1
             if len(r.failures) < FAILURES_KEPT:
-                r.failures.append({"t_s": round(time.monotonic() - self.t0, 3), "kind": kind, "outcome": outcome,
-                                   "detail": detail[:300]})
+                r.failures.append({"t_s": round(t_s, 3), "kind": kind, "outcome": outcome, "detail": detail[:300]})
 
     async def one(self, session: aiohttp.ClientSession, i: int, hangup_s: float | None) -> None:
         kind, path, body, headers = self.request(i)

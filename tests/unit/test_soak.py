@@ -320,3 +320,20 @@ def test_the_trend_names_the_site_that_grows_in_every_interval_not_the_one_a_mom
     hold_site = f"test_soak.py:{hold.__code__.co_firstlineno + 1}"
     assert grow_site in lines[1] and "+12000/h" in lines[1]  # 200 strings a minute, the first site shown
     assert not any(hold_site in line for line in lines) and len(moment) == 10
+
+
+def test_every_failure_is_counted_by_its_minute_though_only_the_first_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The detail of the first FAILURES_KEPT failures, and the minute of every one: a run's failures after the
+    first hundred can still be placed in time (which half of the run, beside what)."""
+    from bench import soak_traffic
+    from bench.soak_traffic import FAILURES_KEPT, Traffic, TrafficSpec
+    traffic = Traffic(TrafficSpec(url="http://127.0.0.1:1", rate=1.0, duration_s=1.0))
+    clock = iter([10.0 + k for k in range(FAILURES_KEPT)] + [3_700.0, 3_705.0, 3_710.0])
+    monkeypatch.setattr(soak_traffic.time, "monotonic", lambda: next(clock))
+    for _ in range(FAILURES_KEPT + 3):
+        traffic.tally("chat", "http:503", "upstream connect error")
+    traffic.tally("chat", "ok")
+    traffic.tally("responses", "followup_404")
+    r = traffic.result
+    assert r.failed == FAILURES_KEPT + 3 and len(r.failures) == FAILURES_KEPT
+    assert r.failed_per_minute == {"0": 50, "1": 50, "61": 3}
