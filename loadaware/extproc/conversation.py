@@ -92,29 +92,23 @@ class Conversation:
         self.options = options
         self._errors: dict[tuple[int, str], bytes] = {}
 
-    def error(self, status: int, reason: str, message: str) -> bytes:
-        """An immediate reply, cached per (status, reason): the message depends only on them."""
+    def error(self, status: int, reason: str, message: str, headers: tuple[tuple[str, str], ...] = ()) -> bytes:
+        """An immediate reply, cached per (status, reason): the message and headers depend only on them."""
         reply = self._errors.get((status, reason))
         if reply is None:
             if self.json_errors:
                 kind = "invalid_request_error" if status < 500 else "service_unavailable"
-                reply = Replies.immediate_json(status, message, kind, reason)
+                reply = Replies.immediate_json(status, message, kind, reason, headers=headers)
             else:
-                reply = Replies.immediate_error(status, message, reason)
+                reply = Replies.immediate_error(status, message, reason, headers=headers)
             self._errors[(status, reason)] = reply
         return reply
 
     def overloaded(self) -> bytes:
         """The 503 for a request that finds --max-open-streams streams open: the sidecar holds no more. Retry-After
         1 s: streams end as their responses do (a pile of them is most often engines that stopped answering)."""
-        reply = self._errors.get((503, OVERLOADED))
-        if reply is None:
-            message = "the router has too many requests in flight"
-            extra = (("retry-after", "1"), (DROPPED_REASON_HEADER, OVERLOADED))
-            reply = (Replies.immediate_json(503, message, "service_unavailable", OVERLOADED, headers=extra)
-                     if self.json_errors else Replies.immediate_error(503, message, OVERLOADED, headers=extra))
-            self._errors[(503, OVERLOADED)] = reply
-        return reply
+        return self.error(503, OVERLOADED, "the router has too many requests in flight",
+                          headers=(("retry-after", "1"), (DROPPED_REASON_HEADER, OVERLOADED)))
 
     def unroutable_reply(self, decision: Decision, picker: bool, model: str | None = None) -> bytes | None:
         """The 503 for a decision with nobody to route to, when the setting (or the mode) says so; the 404 for a
