@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from testkit.http import post_json
+from testkit.metrics_text import metric_sum
 
 from .soak import anon_parts, mapping_mb, rss_mb
 from .soak_mixed import MODES, MixedConfig, ModeRun, bounds_for, mode_stack, start_traffic
@@ -109,8 +110,7 @@ def markdown(rows: Sequence[dict[str, Any]], cfg: dict[str, Any]) -> str:
 
 def overloaded(run: ModeRun) -> float:
     """Requests the sidecar refused past --max-open-streams, from its /metrics."""
-    return sum(float(line.rpartition(" ")[2]) for line in run.sidecar.metrics_text(timeout=5.0).splitlines()
-               if line.startswith("loadaware_decisions_total{") and 'outcome="overloaded"' in line)
+    return metric_sum(run.sidecar.metrics_text(timeout=5.0), "loadaware_decisions_total", {"outcome": "overloaded"})
 
 
 def run(mode: str, out: Path, rate: float, windows: Sequence[tuple[float, float]], tail_s: float,
