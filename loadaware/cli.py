@@ -48,6 +48,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "config":
         print(json.dumps(settings.describe(), indent=2))
         return 0
+    from loadaware.collector import cap_malloc_arenas
+
+    cap_malloc_arenas(settings.malloc_arena_max)  # before any thread of the sidecar's allocates
     from loadaware.app import Sidecar  # heavy imports only when serving
 
     try:

@@ -68,6 +68,27 @@ def heap_trimmer() -> Callable[[], object] | None:
     return lambda: trim(0)
 
 
+M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
+
+
+def cap_malloc_arenas(arenas: int) -> bool:
+    """glibc's mallopt(M_ARENA_MAX, n): at most n malloc arenas, so a new thread shares one instead of getting its
+    own. Each arena keeps the pages its threads freed (grpc's and the feeds' threads), and what the heap trim
+    cannot hand back stays resident per arena (docs/memory.md). Called before the sidecar starts its threads;
+    0 leaves glibc's default (8 per core). False where there is no glibc or it refused."""
+    if arenas <= 0:
+        return False
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        mallopt = ctypes.CDLL(name).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(M_ARENA_MAX, arenas))
+
+
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
                                                       "fsmblks", "uordblks", "fordblks", "keepcost")]

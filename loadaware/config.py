@@ -460,6 +460,9 @@ class Settings:
             "period of a full garbage collection on the event loop (~13 ms of CPU measured) and a malloc-heap trim in "
             "a worker thread (~1 ms); 0 = leave it to CPython's own schedule, under which grpc's per-RPC cycles "
             "pile up")
+    malloc_arena_max: int = setting(2, parse_count,
+            "at most this many glibc malloc arenas (mallopt M_ARENA_MAX, set at start): threads share them instead "
+            "of each keeping its own freed pages resident; 0 = glibc's default (8 per core)")
     # Diagnostics for memory growth (telemetry/memory_snapshots.py); off by default: tracing slows the sidecar.
     tracemalloc_dir: str = setting("", parse_path,
             "trace allocations and write a tracemalloc snapshot and live-object counts into this folder")

@@ -65,8 +65,11 @@ def test_rss_of_this_process_and_its_mappings() -> None:
 
 
 THREAD_ARENA_PROBE = """
-import json, os, threading
+import json, os, sys, threading
 from bench.soak import anon_parts
+from loadaware.collector import cap_malloc_arenas
+
+assert cap_malloc_arenas(int(sys.argv[1])) == (int(sys.argv[1]) > 0)
 
 allocated, release = threading.Event(), threading.Event()
 
@@ -87,17 +90,28 @@ print(json.dumps([before, during]))
 """
 
 
-def test_the_anonymous_pages_a_thread_allocates_are_told_as_its_glibc_arena() -> None:
+def run_thread_arena_probe(arena_max: int) -> tuple[list[float], list[float]]:
     # A fresh process: in pytest's, a finished test's thread may leave an arena whose pages are still resident,
     # and the new thread would reuse it without adding a resident page.
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", THREAD_ARENA_PROBE], capture_output=True, text=True, timeout=60,
-                         check=True, cwd=str(Path(__file__).resolve().parents[2])).stdout
-    before, (arenas, stacks, other) = json.loads(out)
+    out = subprocess.run([sys.executable, "-c", THREAD_ARENA_PROBE, str(arena_max)], capture_output=True, text=True,
+                         timeout=60, check=True, cwd=str(Path(__file__).resolve().parents[2])).stdout
+    before, during = json.loads(out)
+    return before, during
+
+
+def test_the_anonymous_pages_a_thread_allocates_are_told_as_its_glibc_arena() -> None:
+    before, (arenas, stacks, other) = run_thread_arena_probe(0)  # glibc's default: the thread gets its own arena
     assert arenas - before[0] > 24, (before, (arenas, stacks, other))  # most of the 32 MiB, told as the arena's
     assert other - before[2] < 8 and stacks >= 0
+
+
+def test_with_one_arena_allowed_a_thread_allocates_from_the_main_heap() -> None:
+    # The sidecar's --malloc-arena-max, at its strictest: no thread arena is made, the 32 MiB land in [heap].
+    before, (arenas, _stacks, _other) = run_thread_arena_probe(1)
+    assert arenas - before[0] < 2, (before, arenas)
 
 
 def test_bodies_share_prefixes_and_carry_the_marker() -> None:
