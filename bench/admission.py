@@ -214,13 +214,31 @@ async def run_at(stack: Stack, load: float, cap: float, duration: float, seed: i
             await asyncio.sleep(0.1)
 
     before = metrics_of(stack)
+    holds_before = (get_json(f"{debug}/debug/state").get("admission") or {}).get("top_holds") or {}
     result.sent = await open_loop(stack.url, result.rate, duration, seed, sample)
     after = metrics_of(stack)
     state = get_json(f"{debug}/debug/state").get("admission") or {}
     result.sidecar = {"outcomes": outcomes_delta(before, after),
                       "jain_index": state.get("jain_index"), "contended_releases": state.get("contended_releases"),
-                      "slots": state.get("slots")}
+                      "slots": state.get("slots"), "top_holds": top_holds_delta(holds_before,
+                                                                                state.get("top_holds") or {})}
     return result
+
+
+def top_holds_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The top band's holds during a run (/debug/state's admission.top_holds read before and after it): their
+    count by cause, and the last ones the sidecar kept that were not there before."""
+    seen = {hold.get("at") for hold in before.get("last", [])}
+    causes = {cause: n - before.get("by_cause", {}).get(cause, 0) for cause, n in after.get("by_cause", {}).items()}
+    return {"by_cause": {cause: n for cause, n in causes.items() if n},
+            "last": [hold for hold in after.get("last", []) if hold.get("at") not in seen]}
+
+
+def own_count_bound(hold: dict[str, Any]) -> bool:
+    """Was a hold's room bounded by the sidecar's own count in flight rather than the scrape: on some engine it
+    counted more requests of its own than the scrape showed running and waiting (an end not heard yet)?"""
+    return any(e.get("running") is not None and e.get("own", 0) > e["running"] + e["waiting"] + e.get("own_since", 0)
+               for e in hold.get("engines", []))
 
 
 def metrics_of(stack: Stack) -> dict[str, float]:
@@ -377,11 +395,21 @@ def table(results: dict[str, Any]) -> str:
         if r["load"] == 1.5:
             waited.update({k.split("/", 1)[1]: v for k, v in r["sidecar"].get("outcomes", {}).items()
                            if k.startswith(f"{TOP_PRIORITY}/waited")})
+    causes: Counter[str] = Counter()
+    kept = [hold for r in results["runs"] if r["load"] == 1.5
+            for hold in r["sidecar"].get("top_holds", {}).get("last", [])]
+    for r in results["runs"]:
+        if r["load"] == 1.5:
+            causes.update(r["sidecar"].get("top_holds", {}).get("by_cause", {}))
     lines += ["", f"- critical TTFT p95, 1.5x over 0.7x: **{pooled:.2f}x** (target <= 1.2x)"
               + (f"; each repeat: {each}" if results["config"].get("repeat", 1) > 1 else "") if pooled else
               "- critical TTFT p95 ratio: not measured",
               f"- critical requests that waited in admission at 1.5x (every repeat): "
               f"{', '.join(f'{k} {v:.0f}' for k, v in waited.items()) or 'none'}",
+              f"- critical holds at 1.5x by cause (loadaware/admission/top_holds.py): "
+              f"{', '.join(f'{k} {v}' for k, v in sorted(causes.items())) or 'none'}; of the last {len(kept)} kept, "
+              f"{sum(own_count_bound(h) for h in kept)} with some engine's room bounded by the sidecar's own count "
+              f"(an end not heard yet)",
               f"- lost (no answer within {CLIENT_TIMEOUT_S:.0f} s): **{f['lost']}** (target 0)",
               f"- standard band, Jain index of releases while its tenants competed: **{f['standard_jain_index']}** "
               "(target >= 0.95)",

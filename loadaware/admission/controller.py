@@ -40,6 +40,7 @@ from loadaware.admission.flow_queue import FlowQueue, Ticket, is_late
 from loadaware.admission.objectives import Objectives
 from loadaware.admission.reserve import LATE, LATE_TOP_WAIT_SHARE, LOWER, TOP, TOP_WAIT_SHARE, Reserve
 from loadaware.admission.saturation import PoolRoom, Scraped
+from loadaware.admission.top_holds import MAX_ENGINES, TopHold, TopHolds, cause_of
 from loadaware.lifecycle import Decision
 from loadaware.telemetry.faults import RateLimitedLog, describe
 
@@ -121,6 +122,7 @@ class AdmissionController:
         self._shown_bands: set[int] = set()
         self.reserve = Reserve(settings.reserved_slots, settings.late_reserved_slots, settings.top_wait_share,
                                settings.late_top_wait_share, clock)
+        self.top_holds = TopHolds()  # why the highest band waited (top_holds.py)
         # Releases made while another fairness id of the band was held too, per band and id: the service each
         # tenant got while tenants competed (their Jain index is what fairness achieved).
         self.contended: dict[int, dict[str, int]] = {}
@@ -135,16 +137,37 @@ class AdmissionController:
         try:
             priority = self.objectives.priority(objective)
             ahead = self.queue.next_priority()  # held requests this one would have to pass
-            if (ahead is None or ahead < priority) and self._has_room(priority):
+            behind = ahead is not None and ahead >= priority
+            if not behind and self._has_room(priority):
                 self.metrics.admission(priority, "admitted", 0.0)
                 self._pending += 1
                 return Verdict(True, priority, "admitted")
-            return await self._hold(priority, objective, fairness_id, size, request_id, on_hold)
+            hold = self._note_top_hold(behind) if priority >= self.objectives.top() else None
+            try:
+                verdict = await self._hold(priority, objective, fairness_id, size, request_id, on_hold)
+            except asyncio.CancelledError:
+                if hold is not None:
+                    hold.waited_s, hold.outcome = self.clock() - hold.at, "left"
+                raise
+            if hold is not None:
+                hold.waited_s, hold.outcome = verdict.wait_s, verdict.outcome
+            return verdict
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - admission fails open: the request goes on
             faults.log(logging.WARNING, "admission_error", "admission_error: %s", describe(exc))
             return Verdict(True, priority, "admitted")
+
+    def _note_top_hold(self, behind: bool) -> TopHold | None:
+        """Keep what admission saw as a request of the highest band is held (top_holds.py). A failure here keeps
+        nothing and the request is held all the same."""
+        try:
+            now = self.clock()
+            return self.top_holds.held(TopHold(now, cause_of(behind, self.room.has_room()), self._pending,
+                                               len(self.reserve.top_inflight), self.room.views(MAX_ENGINES, now)))
+        except Exception as exc:  # noqa: BLE001 - a diagnostic never changes the verdict
+            faults.log(logging.WARNING, "admission_error", "admission_error: %s", describe(exc))
+            return None
 
     def _has_room(self, priority: int) -> bool:
         """Room for one more request of this priority, after the admitted ones not yet decided take theirs."""
@@ -370,6 +393,7 @@ class AdmissionController:
             "contended_releases": {str(p): dict(ids) for p, ids in self.contended.items()},
             "jain_index": {str(p): jain_index(list(ids.values())) for p, ids in self.contended.items()},
             "slots": dict(self.room.slots), "top_inflight": len(self.reserve.top_inflight),
+            "top_holds": self.top_holds.state(),
             "top_inflight_mean": round(self.reserve.demand.mean(now), 3),
             "reserve_now": {kind: self.reserve.per_engine(kind) * self.room.eligible_count()
                             + self.reserve.beyond(kind, self.room.known_slots) for kind in (LOWER, LATE)},

@@ -38,6 +38,9 @@ class Scraped(Protocol):
     @property
     def waiting(self) -> float: ...
 
+    @property
+    def at(self) -> float: ...
+
 
 class LoadSignals(Protocol):
     def fresh_stats(self, endpoint: str, now: float | None = None) -> Scraped | None: ...
@@ -90,6 +93,24 @@ class PoolRoom:
             return math.inf
         return room(stats.running, stats.waiting, self.signals.snapshot_correction(endpoint),
                     self.slots.get(endpoint), self.queue, self.signals.count(endpoint))
+
+    def views(self, limit: int, now: float) -> list[dict[str, object]]:
+        """The room formula's inputs and result for the first `limit` eligible endpoints, as of `now` (the
+        tracker's clock): what a top-band hold keeps (top_holds.py)."""
+        rows: list[dict[str, object]] = []
+        for endpoint in self._eligible():
+            if len(rows) >= limit:
+                break
+            stats = self.signals.fresh_stats(endpoint, now)
+            free = self.of(endpoint)
+            rows.append({"endpoint": endpoint, "slots": self.slots.get(endpoint),
+                         "running": None if stats is None else stats.running,
+                         "waiting": None if stats is None else stats.waiting,
+                         "scraped_ago_s": None if stats is None else round(now - stats.at, 4),
+                         "own": self.signals.count(endpoint),
+                         "own_since": self.signals.snapshot_correction(endpoint),
+                         "room": None if free == math.inf else free})
+        return rows
 
     def _eligible(self) -> Iterator[str]:
         out = self.excluded()

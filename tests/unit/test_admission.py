@@ -184,6 +184,19 @@ def test_the_pool_has_room_while_any_eligible_endpoint_has_a_free_slot_beyond_th
     assert pool.has_room() and pool.total() == math.inf
 
 
+def test_the_pools_view_shows_each_engines_room_and_its_inputs() -> None:
+    signals = Signals({"a": (8, 1), "b": None})
+    signals.inflight["a"], signals.own["a"] = 9, 1
+    pool = PoolRoom(signals, lambda: ("a", "b"), set, queue=0)
+    pool.scraped("a", 8, 1)
+    rows = pool.views(16, now=0.25)
+    assert rows == [{"endpoint": "a", "slots": 8, "running": 8, "waiting": 1, "scraped_ago_s": 0.25, "own": 9,
+                     "own_since": 1, "room": 0.0},
+                    {"endpoint": "b", "slots": None, "running": None, "waiting": None, "scraped_ago_s": None,
+                     "own": 0, "own_since": 0, "room": None}]  # no fresh scrape: unbounded, shown as None
+    assert [row["endpoint"] for row in pool.views(1, now=0.0)] == ["a"]
+
+
 # ---- the controller ----
 
 class Room:
@@ -210,6 +223,9 @@ class Room:
 
     def eligible_count(self) -> int:
         return 1
+
+    def views(self, limit: int, now: float) -> list[dict[str, object]]:
+        return [{"endpoint": "a", "room": self.free}][:limit]
 
 
 def controller(free: float = 0, **settings: Any) -> tuple[AdmissionController, Room]:
@@ -541,3 +557,42 @@ async def test_explain_says_what_admission_would_do_and_changes_nothing(tmp_path
     assert app.admission is not None and len(app.admission.queue) == 0
     plain = Sidecar(from_args(["--endpoints", "127.0.0.2:8000", "--metrics-listen", "off"], environ={}))
     assert not (await plain.api.Explain(request, None)).admission.enabled
+
+
+async def test_each_hold_of_the_top_band_keeps_its_cause_the_pool_and_its_wait() -> None:
+    admission, pool = controller()
+    first = asyncio.create_task(admission.admit("critical", "t", 1))
+    await settle()
+    second = asyncio.create_task(admission.admit("critical", "t", 1))  # behind the first, in its band
+    gone = asyncio.create_task(admission.admit("critical", "t", 1))
+    standard = asyncio.create_task(admission.admit("standard", "t", 1))  # a lower band's hold is not kept
+    await settle()
+    gone.cancel()
+    await settle()
+    await room_appears(admission, pool, 1)
+    verdict = first.result()
+    state = admission.state()["top_holds"]
+    assert isinstance(state, dict) and state["by_cause"] == {"no_room": 1, "behind_top": 2}
+    holds = state["last"]
+    assert [h["cause"] for h in holds] == ["no_room", "behind_top", "behind_top"]
+    assert holds[0]["engines"] == [{"endpoint": "a", "room": 0}] and holds[0]["pending"] == 0
+    assert holds[0]["outcome"] == "released" and holds[0]["waited_s"] == round(verdict.wait_s, 4)
+    assert holds[1]["outcome"] == "" and holds[1]["waited_s"] is None  # still held
+    assert holds[2]["outcome"] == "left" and holds[2]["waited_s"] >= 0
+    admission.settled(verdict)
+    await room_appears(admission, pool, 2)
+    assert second.result().outcome == "released" and admission.top_holds.kept[1].outcome == "released"
+    assert standard.done()
+
+
+async def test_a_top_band_hold_with_free_slots_promised_to_admitted_requests_is_told_as_pending() -> None:
+    admission, _ = controller(free=1)
+    admitted = await admission.admit("standard", "t", 1)  # takes the one free slot, not yet decided
+    assert admitted.outcome == "admitted"
+    top = asyncio.create_task(admission.admit("critical", "t", 1))
+    await settle()
+    assert admission.top_holds.by_cause == {"pending": 1}
+    admission.settled(admitted)
+    admission.on_ended(None)  # type: ignore[arg-type]
+    await settle()
+    assert top.result().outcome == "released"

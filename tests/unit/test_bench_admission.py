@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from bench.admission import pooled_p95_s, ratio, table, top_waits
+from bench.admission import own_count_bound, pooled_p95_s, ratio, table, top_holds_delta, top_waits
 
 HISTOGRAM = "loadaware_flow_control_request_queue_duration_seconds"
 
@@ -33,7 +33,15 @@ def run(load: float, ttfts_ms: list[float], k: int = 0) -> dict[str, Any]:
             "objectives": {name: {"sent": 1, "served": 1, "shed": 0, "ttft_p50_s": 0.007,
                                   "ttft_p95_s": max(ttfts_ms) / 1e3 if name == "critical" else 1.0}
                            for name in ("critical", "standard", "batch")},
-            "sidecar": {"outcomes": {"10/waited>1ms": 3.0 + k}}, "held_max": 1, "held_bytes_max": 10}
+            "sidecar": {"outcomes": {"10/waited>1ms": 3.0 + k},
+                        "top_holds": {"by_cause": {"no_room": 2, "behind_top": k},
+                                      "last": [hold(float(k), own=9), hold(k + 0.5, own=8)]}},
+            "held_max": 1, "held_bytes_max": 10}
+
+
+def hold(at: float, own: int, running: float = 8, cause: str = "no_room") -> dict[str, Any]:
+    return {"at": at, "cause": cause, "engines": [{"endpoint": "a", "running": running, "waiting": 0.0,
+                                                   "own": own, "own_since": 0, "room": 0.0}]}
 
 
 def test_repeats_are_pooled_before_the_p95_and_each_ratio_is_kept() -> None:
@@ -56,3 +64,23 @@ def test_the_table_shows_each_repeat_and_the_waits_of_every_repeat() -> None:
     assert "1.5x (38/s), repeat 1" in text
     assert "**1.12x** (target <= 1.2x); each repeat: 1.12x, 1.12x" in text
     assert "waited>1ms 7" in text  # 3 + 4 over the two repeats at 1.5x
+
+
+def test_a_runs_top_holds_are_the_new_ones_and_its_causes_counted_since_it_began() -> None:
+    before = {"by_cause": {"no_room": 3}, "last": [hold(1.0, 8), hold(2.0, 8)]}
+    after = {"by_cause": {"no_room": 5, "behind_top": 1}, "last": [hold(2.0, 8), hold(3.0, 9), hold(4.0, 8)]}
+    assert top_holds_delta(before, after) == {"by_cause": {"no_room": 2, "behind_top": 1},
+                                              "last": [hold(3.0, 9), hold(4.0, 8)]}
+    assert top_holds_delta({}, {}) == {"by_cause": {}, "last": []}
+    # the room bounded by the sidecar's own count: 9 of its own in flight where the scrape showed 8
+    assert own_count_bound(hold(0.0, own=9)) and not own_count_bound(hold(0.0, own=8))
+    assert not own_count_bound({"engines": [{"running": None, "waiting": None, "own": 5}]})  # no fresh scrape
+
+
+def test_the_table_counts_the_top_bands_holds_by_cause_at_1_5x() -> None:
+    runs = [run(0.7, [8.0] * 100), run(1.5, [9.0] * 100), run(0.7, [8.0] * 100, 1), run(1.5, [9.0] * 100, 1)]
+    results = {"config": {"decode_ms": 20.0, "repeat": 2}, "capacity_rps": 25.0, "runs": runs,
+               "figures": {"critical_ttft_p95_ratio": 1.125, "critical_ttft_p95_ratio_each": [1.125, 1.125],
+                           "lost": 0, "standard_jain_index": 0.99, "held_max": 1, "held_bytes_max": 10}}
+    text = table(results)
+    assert "by cause (loadaware/admission/top_holds.py): behind_top 1, no_room 4; of the last 4 kept, 2 with" in text
