@@ -23,7 +23,9 @@ sidecar HOP_S after the engine finished it. The policy is least load (the tracke
 (routing/room.py). Printed per rule: the critical band's delay (admission wait + engine queue) at p50, p95 and
 p99, how many of its requests were delayed over 1 and 50 ms, in how many runs its p95 delay stayed within WITHIN_S
 (the bench's target: 1.2x of its ~8 ms p95 at 0.7x), the standard band's TTFT p95, the batch band's requests
-served and shed. Not modelled: CPU, the gateway, tokens beyond a fixed prompt.
+served and shed, the standard band's requests placed into full batches past their time to live; with --draw, the
+runs within the target apart for points whose wait floor (wait_floor: what no rule can avoid without starving
+the standard band) is under 5% and at or above it. Not modelled: CPU, the gateway, tokens beyond a fixed prompt.
 
 Rules (the lower bands' room; the top band takes any free slot in all of them):
     shipped      the product's default: --reserved-slots auto (loadaware/admission/reserve.py)
@@ -63,6 +65,7 @@ STALE_S = 1.0
 BODY_BYTES = 200
 # A seed holds the target when its critical p95 delay is within this: 1.2x of the bench's ~8 ms p95 at 0.7x.
 WITHIN_S = 0.0016
+FLOOR_SHARE = 0.05  # a p95: at most 5% of the top band's arrivals may wait (wait_floor)
 
 
 class _JumpingSelector(selectors.SelectSelector):
@@ -142,6 +145,18 @@ def draw_point(rng: random.Random) -> Point:
     together = rng.uniform(0.50, 0.95) / load
     return Point(rng.randint(2, 8), rng.choice((4, 8, 16, 32)), load, critical,
                  math.floor(max(0.0, together - critical) * 1000) / 1000)
+
+
+def wait_floor(point: Point) -> float:
+    """The least share of the top band's arrivals that must find no free slot, whatever the rule, if the standard
+    band is to be served within its time to live: the two bands that cannot be shed keep D = (critical + standard)
+    x load x slots of the pool's S slots busy on average, so at most S - D stay free; a top-band arrival finds none
+    with probability about rho^(free slots) (loadaware/admission/reserve.py's chain), rho = critical x load (its
+    arrivals per end of a full pool). Above 5% its p95 cannot hold without starving the standard band."""
+    slots = point.engines * point.slots
+    free = slots * (1.0 - (point.critical + point.standard) * point.load)
+    rho = point.critical * point.load
+    return 1.0 if free <= 0 else min(1.0, rho ** free)
 
 
 class Off(AdmissionController):
@@ -332,6 +347,7 @@ class Tally:
     standard_ttft: list[float] = field(default_factory=list)
     batch_served: int = 0
     batch_shed: int = 0
+    standard_placed_ttl: int = 0  # the standard band's requests placed into full batches past their time to live
     misses: list[str] = field(default_factory=list)  # the runs past WITHIN_S: what, and their p95 delay
 
     def add(self, o: Outcome, label: str = "") -> None:
@@ -345,18 +361,19 @@ class Tally:
         self.standard_ttft += o.ttft["standard"]
         self.batch_served += len(o.ttft["batch"])
         self.batch_shed += o.shed["batch"]
+        self.standard_placed_ttl += o.outcomes["standard"].get("placed_ttl", 0)
 
     def row(self, label: str) -> str:
         d = self.delays
         return (f"| {label} | {pct(d, .5) * 1e3:.1f} / {pct(d, .95) * 1e3:.1f} / {pct(d, .99) * 1e3:.1f} | "
                 f"{sum(x > 0.001 for x in d)} / {sum(x > 0.05 for x in d)} of {len(d)} | "
                 f"**{self.within} of {self.runs}** ({self.worst * 1e3:.1f}) | {pct(self.standard_ttft, .95):.2f} | "
-                f"{self.batch_served} / {self.batch_shed} |")
+                f"{self.batch_served} / {self.batch_shed} | {self.standard_placed_ttl} |")
 
 
 HEADER = ("| rule, load | critical delay p50 / p95 / p99 (ms) | delayed > 1 / > 50 ms | runs whose critical p95 "
           f"delay is within {WITHIN_S * 1e3:g} ms (the worst run's, ms) | standard TTFT p95 (s) | batch served / "
-          "shed |\n|---|---|---|---|---|---|")
+          "shed | standard placed past its time to live |\n|---|---|---|---|---|---|---|")
 
 
 def main() -> None:
@@ -377,11 +394,21 @@ def main() -> None:
         print(f"{args.draw} drawn points (seed {args.seeds[0]}), {args.duration_s:g} s a run, {args.replicas} "
               f"replica(s)\n\n{HEADER}")
         tallies = {rule: Tally() for rule in rules}
+        by_floor = {rule: {False: [0, 0], True: [0, 0]} for rule in rules}  # floor >= 5%: [held, runs]
         for point, seed in points:
             for rule in rules:
-                tallies[rule].add(simulate(point, seed, rule, args.duration_s, args.replicas), f"{point} seed {seed}:")
+                within = tallies[rule].within
+                tallies[rule].add(simulate(point, seed, rule, args.duration_s, args.replicas),
+                                  f"{point} seed {seed} (floor {wait_floor(point):.1%}):")
+                cell = by_floor[rule][wait_floor(point) >= FLOOR_SHARE]
+                cell[0] += tallies[rule].within - within
+                cell[1] += 1
         for rule in rules:
             print(tallies[rule].row(rule))
+        for rule in rules:
+            (held_below, below), (held_above, above) = by_floor[rule][False], by_floor[rule][True]
+            print(f"\n{rule}: within the target on {held_below} of {below} points whose wait floor is under "
+                  f"{FLOOR_SHARE:.0%}, {held_above} of {above} at or above it")
         for rule in rules:
             print(f"\n{rule} missed on:" if tallies[rule].misses else f"\n{rule} missed on none", *tallies[rule].misses,
                   sep="\n- ")

@@ -164,10 +164,16 @@ class AdmissionController:
         try:
             now = self.clock()
             return self.top_holds.held(TopHold(now, cause_of(behind, self.room.has_room()), self._pending,
-                                               len(self.reserve.top_inflight), self.room.views(MAX_ENGINES, now)))
+                                               len(self.reserve.top_inflight), self.room.views(MAX_ENGINES, now),
+                                               self._reserve_now()))
         except Exception as exc:  # noqa: BLE001 - a diagnostic never changes the verdict
             faults.log(logging.WARNING, "admission_error", "admission_error: %s", describe(exc))
             return None
+
+    def _reserve_now(self) -> dict[str, int]:
+        """The free slots a lower band on time and a late request leave to the highest band now, over the pool."""
+        return {kind: self.reserve.per_engine(kind) * self.room.eligible_count()
+                + self.reserve.beyond(kind, self.room.known_slots) for kind in (LOWER, LATE)}
 
     def _has_room(self, priority: int) -> bool:
         """Room for one more request of this priority, after the admitted ones not yet decided take theirs."""
@@ -395,8 +401,7 @@ class AdmissionController:
             "slots": dict(self.room.slots), "top_inflight": len(self.reserve.top_inflight),
             "top_holds": self.top_holds.state(),
             "top_inflight_mean": round(self.reserve.demand.mean(now), 3),
-            "reserve_now": {kind: self.reserve.per_engine(kind) * self.room.eligible_count()
-                            + self.reserve.beyond(kind, self.room.known_slots) for kind in (LOWER, LATE)},
+            "reserve_now": self._reserve_now(),
             "settings": {"saturation_queue": self.settings.saturation_queue,
                          "reserved_slots": _auto(self.settings.reserved_slots),
                          "late_reserved_slots": _auto(self.settings.late_reserved_slots),

@@ -30,12 +30,13 @@ class TopHold:
     pending: int  # admitted, not yet decided
     top_inflight: int  # the band's requests decided and not yet ended
     engines: list[dict[str, Any]]  # PoolRoom.view of each eligible engine (at most MAX_ENGINES)
+    reserve: dict[str, int]  # the free slots a lower band on time and a late request leave to the top band
     waited_s: float | None = None  # set when the hold ends
     outcome: str = ""  # released | placed_ttl | ... (the verdict's), or "left" when its stream ended
 
     def as_dict(self) -> dict[str, Any]:
         return {"at": round(self.at, 4), "cause": self.cause, "pending": self.pending,
-                "top_inflight": self.top_inflight, "engines": self.engines,
+                "top_inflight": self.top_inflight, "reserve": self.reserve, "engines": self.engines,
                 "waited_s": None if self.waited_s is None else round(self.waited_s, 4), "outcome": self.outcome}
 
 

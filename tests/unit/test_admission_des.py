@@ -8,7 +8,7 @@ import asyncio
 import random
 import time
 
-from research.admission_des import BENCH_POINT, VirtualLoop, draw_point, pct, simulate
+from research.admission_des import BENCH_POINT, Point, VirtualLoop, draw_point, pct, simulate, wait_floor
 
 
 def test_the_loop_jumps_to_the_next_timer_instead_of_waiting() -> None:
@@ -53,3 +53,12 @@ def test_replicas_share_the_fleet_and_answer_every_request() -> None:
     served = sum(len(ttfts) for ttfts in two.ttft.values())
     assert served + sum(two.shed.values()) == two.sent > 300
     assert two.delays != simulate(BENCH_POINT.at(1.5), 5, duration_s=10).delays
+
+
+def test_the_wait_floor_is_rho_to_the_slots_the_bands_that_cannot_be_shed_leave_free() -> None:
+    # the bench's point: 16 slots, 0.6 x 1.5 of them busy on average leaves 1.6 free; rho = 0.1 x 1.5
+    assert abs(wait_floor(BENCH_POINT.at(1.5)) - 0.15 ** 1.6) < 1e-12
+    assert wait_floor(BENCH_POINT.at(0.7)) < 1e-9  # plenty free at 0.7x
+    assert wait_floor(Point(2, 8, 2.0, 0.2, 0.4)) == 1.0  # the two need more than the pool: every arrival waits
+    small, large = Point(2, 4, 1.5, 0.1, 0.5), Point(8, 32, 1.5, 0.1, 0.5)  # the same shares on 8 and 256 slots
+    assert wait_floor(large) < 1e-6 < 0.05 < wait_floor(small)
