@@ -221,6 +221,7 @@ class Outcome:
     held: dict[str, list[float]] = field(default_factory=lambda: {o: [] for o in OBJECTIVES})  # admission's wait
     outcomes: dict[str, dict[str, int]] = field(default_factory=lambda: {o: {} for o in OBJECTIVES})
     sent: int = 0
+    top_holds: dict[str, int] = field(default_factory=dict)  # the top band's holds by cause (top_holds.py)
 
 
 async def run(point: Point, seed: int, rule: str, duration_s: float, replicas: int = 1) -> Outcome:
@@ -309,6 +310,9 @@ async def run(point: Point, seed: int, rule: str, duration_s: float, replicas: i
         n += 1
         t += rng.expovariate(rate)
     await asyncio.gather(*tasks)
+    for _, controller in sidecars:
+        for cause, n in controller.top_holds.by_cause.items():
+            out.top_holds[cause] = out.top_holds.get(cause, 0) + n
     return out
 
 
@@ -386,6 +390,9 @@ def main() -> None:
     p.add_argument("--rules", default="shipped,per-engine,no-k,off")
     p.add_argument("--duration-s", type=float, default=80.0)
     p.add_argument("--replicas", type=int, default=1, help="sidecars sharing the fleet (a gateway's replicas)")
+    p.add_argument("--holds", action="store_true",
+                   help="at the bench's point, print each seed's top-band holds by cause and the standard band's "
+                        "outcomes")
     args = p.parse_args()
     rules = args.rules.split(",")
     if args.draw:
@@ -419,7 +426,11 @@ def main() -> None:
         for load in (float(x) for x in args.loads.split(",")):
             tally = Tally()
             for seed in args.seeds:
-                tally.add(simulate(BENCH_POINT.at(load), seed, rule, args.duration_s, args.replicas))
+                o = simulate(BENCH_POINT.at(load), seed, rule, args.duration_s, args.replicas)
+                tally.add(o)
+                if args.holds:
+                    print(f"seed {seed}: critical p95 delay {pct(o.delays['critical'], .95) * 1e3:.1f} ms, top-band "
+                          f"holds {o.top_holds}, standard {o.outcomes['standard']}")
             print(tally.row(f"{rule}, {load:g}x"))
 
 
