@@ -30,6 +30,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -53,19 +54,26 @@ def resident_bytes() -> int:
         return 0
 
 
+def libc_function(name: str, argtypes: list[Any], restype: Any) -> Any | None:
+    """The C library's function `name`, typed; None where there is no such library or function (musl, macOS,
+    a glibc too old for it)."""
+    library = ctypes.util.find_library("c")
+    if library is None:
+        return None
+    try:
+        function = getattr(ctypes.CDLL(library), name)
+    except (OSError, AttributeError):
+        return None
+    function.argtypes, function.restype = argtypes, restype
+    return function
+
+
 def heap_trimmer() -> Callable[[], object] | None:
     """glibc's malloc_trim(0): hands the free pages of the malloc heap back to the system. Objects above 512 B
     (token-id lists, request bodies) and grpc's own buffers live there; freed, their pages stay resident
     until trimmed. None where there is no glibc (musl, macOS)."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    try:
-        trim = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):
-        return None
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return lambda: trim(0)
+    trim = libc_function("malloc_trim", [ctypes.c_size_t], ctypes.c_int)
+    return None if trim is None else lambda: trim(0)
 
 
 M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
@@ -76,17 +84,8 @@ def cap_malloc_arenas(arenas: int) -> bool:
     own. Each arena keeps the pages its threads freed (grpc's and the feeds' threads), and what the heap trim
     cannot hand back stays resident per arena (docs/memory.md). Called before the sidecar starts its threads;
     0 leaves glibc's default (8 per core). False where there is no glibc or it refused."""
-    if arenas <= 0:
-        return False
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        mallopt = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(M_ARENA_MAX, arenas))
+    mallopt = libc_function("mallopt", [ctypes.c_int, ctypes.c_int], ctypes.c_int) if arenas > 0 else None
+    return mallopt is not None and bool(mallopt(M_ARENA_MAX, arenas))
 
 
 class MallInfo2(ctypes.Structure):
@@ -96,14 +95,7 @@ class MallInfo2(ctypes.Structure):
 
 def mallinfo2() -> Callable[[], MallInfo2] | None:
     """glibc's mallinfo2 (2.33+), over all arenas; None without it."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    try:
-        info = ctypes.CDLL(name).mallinfo2
-    except (OSError, AttributeError):
-        return None
-    info.argtypes, info.restype = [], MallInfo2
+    info: Callable[[], MallInfo2] | None = libc_function("mallinfo2", [], MallInfo2)
     return info
 
 

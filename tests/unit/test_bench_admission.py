@@ -55,12 +55,15 @@ def test_repeats_are_pooled_before_the_p95_and_each_ratio_is_kept() -> None:
     assert pooled_p95_s([]) is None
 
 
+def two_repeats(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"config": {"decode_ms": 20.0, "repeat": 2}, "capacity_rps": 25.0, "runs": runs,
+            "figures": {"critical_ttft_p95_ratio": 1.125, "critical_ttft_p95_ratio_each": [1.125, 1.125],
+                        "lost": 0, "standard_jain_index": 0.99, "held_max": 1, "held_bytes_max": 10}}
+
+
 def test_the_table_shows_each_repeat_and_the_waits_of_every_repeat() -> None:
     runs = [run(0.7, [8.0] * 100), run(1.5, [9.0] * 100), run(0.7, [8.0] * 100, 1), run(1.5, [9.0] * 100, 1)]
-    results = {"config": {"decode_ms": 20.0, "repeat": 2}, "capacity_rps": 25.0, "runs": runs,
-               "figures": {"critical_ttft_p95_ratio": 1.125, "critical_ttft_p95_ratio_each": [1.125, 1.125],
-                           "lost": 0, "standard_jain_index": 0.99, "held_max": 1, "held_bytes_max": 10}}
-    text = table(results)
+    text = table(two_repeats(runs))
     assert "1.5x (38/s), repeat 1" in text
     assert "**1.12x** (target <= 1.2x); each repeat: 1.12x, 1.12x" in text
     assert "waited>1ms 7" in text  # 3 + 4 over the two repeats at 1.5x
@@ -79,8 +82,5 @@ def test_a_runs_top_holds_are_the_new_ones_and_its_causes_counted_since_it_began
 
 def test_the_table_counts_the_top_bands_holds_by_cause_at_1_5x() -> None:
     runs = [run(0.7, [8.0] * 100), run(1.5, [9.0] * 100), run(0.7, [8.0] * 100, 1), run(1.5, [9.0] * 100, 1)]
-    results = {"config": {"decode_ms": 20.0, "repeat": 2}, "capacity_rps": 25.0, "runs": runs,
-               "figures": {"critical_ttft_p95_ratio": 1.125, "critical_ttft_p95_ratio_each": [1.125, 1.125],
-                           "lost": 0, "standard_jain_index": 0.99, "held_max": 1, "held_bytes_max": 10}}
-    text = table(results)
+    text = table(two_repeats(runs))
     assert "by cause (loadaware/admission/top_holds.py): behind_top 1, no_room 4; of the last 4 kept, 2 with" in text
