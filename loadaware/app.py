@@ -215,6 +215,7 @@ class Wiring:
         self.lifecycle.subscribe(controller)
         self.loads.subscribe_scrapes(controller.on_scrape)
         self.metrics.flow_saturation.set_function(room.saturation)
+        self.metrics.flow_top_wait_floor.set_function(controller.top_wait_floor)
         return controller
 
     def _discovery(self, s: Settings) -> tuple[DiscoveryCatalog, list[tuple[str, Task]]]:

@@ -222,6 +222,8 @@ class Outcome:
     outcomes: dict[str, dict[str, int]] = field(default_factory=lambda: {o: {} for o in OBJECTIVES})
     sent: int = 0
     top_holds: dict[str, int] = field(default_factory=dict)  # the top band's holds by cause (top_holds.py)
+    live_floor: float | None = None  # the first sidecar's wait floor just before the traffic stops (wait_floor.py),
+    # to set beside the point's own (wait_floor here)
 
 
 async def run(point: Point, seed: int, rule: str, duration_s: float, replicas: int = 1) -> Outcome:
@@ -294,6 +296,11 @@ async def run(point: Point, seed: int, rule: str, duration_s: float, replicas: i
 
         loop.call_later(HOP_S, fleet[choice].submit, start)
         await started
+
+    def read_floor() -> None:
+        first = sidecars[0][1]
+        out.live_floor = first.wait_floor.read(first.room.known_slots(), clock())["floor"]
+    loop.call_later(duration_s * 0.99, read_floor)
 
     capacity = engines * slots / service_s
     rate = point.load * capacity
@@ -429,8 +436,11 @@ def main() -> None:
                 o = simulate(BENCH_POINT.at(load), seed, rule, args.duration_s, args.replicas)
                 tally.add(o)
                 if args.holds:
+                    live = "-" if o.live_floor is None else f"{o.live_floor:.1%}"
                     print(f"seed {seed}: critical p95 delay {pct(o.delays['critical'], .95) * 1e3:.1f} ms, top-band "
-                          f"holds {o.top_holds}, standard {o.outcomes['standard']}")
+                          f"holds {o.top_holds}, standard {o.outcomes['standard']}, wait floor "
+                          f"{wait_floor(BENCH_POINT.at(load)):.1%} (the sidecar's own, read as the traffic ends: "
+                          f"{live})")
             print(tally.row(f"{rule}, {load:g}x"))
 
 

@@ -114,7 +114,9 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
               "sidecar (with --admission on)? Held requests are released highest priority first as engines free "
               "batch slots.", "short",
               (q(f"sum by (priority) (loadaware_flow_control_queue_size{{{SIDECAR}}})", "priority {{priority}}"),
-               q(f"max(loadaware_flow_control_pool_saturation{{{SIDECAR}}})", "saturated share of engines"))),
+               q(f"max(loadaware_flow_control_pool_saturation{{{SIDECAR}}})", "saturated share of engines"),
+               q(f"max(loadaware_flow_control_top_wait_floor{{{SIDECAR}}})",
+                 "top priority's wait floor (over 0.05: unprotectable)"))),
         Panel("Admission outcomes per second", "Is work being shed? rejected_* and evicted answered 429; "
               "placed_* went to a saturated engine anyway (not sheddable).", "reqps",
               (q(f"sum by (outcome, priority) (rate(loadaware_flow_control_requests_total{{{SIDECAR}}}[{RATE}]))",

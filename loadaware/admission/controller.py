@@ -41,6 +41,7 @@ from loadaware.admission.objectives import Objectives
 from loadaware.admission.reserve import LATE, LATE_TOP_WAIT_SHARE, LOWER, TOP, TOP_WAIT_SHARE, Reserve
 from loadaware.admission.saturation import PoolRoom, Scraped
 from loadaware.admission.top_holds import MAX_ENGINES, TopHold, TopHolds, cause_of
+from loadaware.admission.wait_floor import WaitFloor
 from loadaware.lifecycle import Decision
 from loadaware.telemetry.faults import RateLimitedLog, describe
 
@@ -123,6 +124,7 @@ class AdmissionController:
         self.reserve = Reserve(settings.reserved_slots, settings.late_reserved_slots, settings.top_wait_share,
                                settings.late_top_wait_share, clock)
         self.top_holds = TopHolds()  # why the highest band waited (top_holds.py)
+        self.wait_floor = WaitFloor(clock())  # what no reserve can keep it from waiting (wait_floor.py)
         # Releases made while another fairness id of the band was held too, per band and id: the service each
         # tenant got while tenants competed (their Jain index is what fairness achieved).
         self.contended: dict[int, dict[str, int]] = {}
@@ -136,6 +138,7 @@ class AdmissionController:
         priority = 0
         try:
             priority = self.objectives.priority(objective)
+            self.wait_floor.arrived(priority >= self.objectives.top(), priority < 0, self.clock())
             ahead = self.queue.next_priority()  # held requests this one would have to pass
             behind = ahead is not None and ahead >= priority
             if not behind and self._has_room(priority):
@@ -209,6 +212,19 @@ class AdmissionController:
             self._pending -= 1
         if decision is not None and decision.endpoint is not None and verdict.priority >= self.objectives.top():
             self.reserve.started(id(decision))
+            self._top_in_flight_changed()
+
+    def _top_in_flight_changed(self) -> None:
+        self.wait_floor.top_in_flight.set(len(self.reserve.top_inflight), self.clock())
+
+    def top_wait_floor(self) -> float:
+        """The wait floor now (wait_floor.py), NaN while unknown: the gauge's reading, from the metrics page's
+        thread (pure reads; the pool's walk may meet a fleet changing under it, then it is unknown this once)."""
+        try:
+            floor = self.wait_floor.read(self.room.known_slots(), self.clock())["floor"]
+        except RuntimeError:
+            return math.nan
+        return math.nan if floor is None else floor
 
     async def _hold(self, priority: int, objective: str, fairness_id: str, size: int, request_id: str,
                     on_hold: Callable[[float], Awaitable[None]] | None) -> Verdict:
@@ -308,6 +324,7 @@ class AdmissionController:
         """A request ended (lifecycle listener): its engine may have room."""
         if decision is not None:
             self.reserve.ended(id(decision))
+            self._top_in_flight_changed()
         if self.queue:
             self._schedule_pump()
 
@@ -400,6 +417,7 @@ class AdmissionController:
             "jain_index": {str(p): jain_index(list(ids.values())) for p, ids in self.contended.items()},
             "slots": dict(self.room.slots), "top_inflight": len(self.reserve.top_inflight),
             "top_holds": self.top_holds.state(),
+            "top_wait_floor": self.wait_floor.read(self.room.known_slots(), now),
             "top_inflight_mean": round(self.reserve.demand.mean(now), 3),
             "reserve_now": self._reserve_now(),
             "settings": {"saturation_queue": self.settings.saturation_queue,

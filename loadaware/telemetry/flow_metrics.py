@@ -26,6 +26,10 @@ class FlowControlFamilies:
                                      "rejected_ttl, evicted)", ["priority", "outcome"], registry=r)
         self.flow_saturation = Gauge("loadaware_flow_control_pool_saturation", "Share of eligible endpoints "
                                      "saturated (1: the pool is, and new requests are held)", registry=r)
+        self.flow_top_wait_floor = Gauge("loadaware_flow_control_top_wait_floor", "Share of the top priority's "
+                                         "arrivals that must find no free batch slot if the priorities that cannot "
+                                         "be shed are all served (rho^(free slots); above 0.05 its p95 cannot be "
+                                         "protected; NaN while unknown)", registry=r)
         self._flow_children: dict[tuple[int, str], tuple[Counter, Histogram]] = {}
 
     def admission(self, priority: int, outcome: str, wait_s: float) -> None:

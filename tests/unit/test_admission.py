@@ -596,3 +596,26 @@ async def test_a_top_band_hold_with_free_slots_promised_to_admitted_requests_is_
     admission.on_ended(None)  # type: ignore[arg-type]
     await settle()
     assert top.result().outcome == "released"
+
+
+async def test_the_wait_floor_is_unknown_until_the_pool_and_the_top_band_are_seen_then_read_from_them() -> None:
+    now = [0.0]
+    pool = Room(free=3)
+    admission = AdmissionController(AdmissionSettings(), Objectives(OBJECTIVES), pool,  # type: ignore[arg-type]
+                                    clock=lambda: now[0])
+    assert math.isnan(admission.top_wait_floor())
+    pool.slots = {"a": 4.0}
+    decisions = [Decision(str(n), "a", "routed", (), 8, (), (), {}, 0.0) for n in range(2)]
+    for decision in decisions:  # two of the top band in flight
+        admission.settled(await admission.admit("critical", "t", 1), decision)
+    for _ in range(2):
+        admission.settled(await admission.admit("standard", "t", 1))
+    for _ in range(4):
+        await admission.admit("batch", "t", 1)  # sheddable: not counted among the kept bands
+    now[0] += 30.0
+    # 2 kept arrivals per top one, 2 of the top band in flight: 4 of the 4 slots needed, none left free
+    state = admission.state()["top_wait_floor"]
+    assert isinstance(state, dict) and state["kept_per_top_arrival"] == 2.0 and state["floor"] == 1.0
+    assert admission.top_wait_floor() == 1.0
+    pool.slots = {"a": 8.0}  # twice the slots: 4 free, rho 2/8
+    assert admission.top_wait_floor() == pytest.approx(0.25 ** 4)

@@ -62,3 +62,10 @@ def test_the_wait_floor_is_rho_to_the_slots_the_bands_that_cannot_be_shed_leave_
     assert wait_floor(Point(2, 8, 2.0, 0.2, 0.4)) == 1.0  # the two need more than the pool: every arrival waits
     small, large = Point(2, 4, 1.5, 0.1, 0.5), Point(8, 32, 1.5, 0.1, 0.5)  # the same shares on 8 and 256 slots
     assert wait_floor(large) < 1e-6 < 0.05 < wait_floor(small)
+
+
+def test_the_sidecars_live_wait_floor_tells_a_point_no_rule_can_serve_from_one_with_room() -> None:
+    small, large = Point(3, 4, 1.61, 0.1, 0.461), Point(4, 16, 1.5, 0.1, 0.5)  # floors 12% and ~0
+    live_small, live_large = simulate(small, 1, duration_s=40).live_floor, simulate(large, 1, duration_s=40).live_floor
+    assert live_small is not None and live_small > 0.05 and wait_floor(small) > 0.05
+    assert live_large is not None and live_large < 0.001
