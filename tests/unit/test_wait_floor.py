@@ -15,7 +15,8 @@ def test_the_floor_is_rho_to_the_free_slots_and_unknown_without_slots_or_a_top_b
     assert floor_of(2.4, 6.0, 16.0) == pytest.approx(0.15 ** 1.6)
     assert floor_of(2.4, 7.0, 16.0) == 1.0  # they need more than the pool: every arrival waits
     assert floor_of(0.0, 6.0, 16.0) is None and floor_of(2.4, 6.0, 0.0) is None
-    assert floor_of(2.4, 6.0, 64.0) < 1e-20  # the same demand on four times the slots
+    larger = floor_of(2.4, 6.0, 64.0)  # the same demand on four times the slots
+    assert larger is not None and larger < 1e-20
     assert floor_of(2.4, 1.0, 16.0) == pytest.approx(0.15 ** 13.6)  # a top band alone
 
 
