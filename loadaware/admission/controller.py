@@ -166,7 +166,8 @@ class AdmissionController:
         nothing and the request is held all the same."""
         try:
             now = self.clock()
-            return self.top_holds.held(TopHold(now, cause_of(behind, self.room.has_room()), self._pending,
+            cause = cause_of(behind, not behind and self.room.has_room())  # walks the pool only if not behind
+            return self.top_holds.held(TopHold(now, cause, self._pending,
                                                len(self.reserve.top_inflight), self.room.views(MAX_ENGINES, now),
                                                self._reserve_now()))
         except Exception as exc:  # noqa: BLE001 - a diagnostic never changes the verdict
