@@ -221,9 +221,10 @@ class Outcome:
     held: dict[str, list[float]] = field(default_factory=lambda: {o: [] for o in OBJECTIVES})  # admission's wait
     outcomes: dict[str, dict[str, int]] = field(default_factory=lambda: {o: {} for o in OBJECTIVES})
     sent: int = 0
-    top_holds: dict[str, int] = field(default_factory=dict)  # the top band's holds by cause (top_holds.py)
-    live_floor: float | None = None  # the first sidecar's wait floor just before the traffic stops (wait_floor.py),
-    # to set beside the point's own (wait_floor here)
+    # the top band's holds by cause (loadaware/admission/top_holds.py)
+    top_holds: dict[str, int] = field(default_factory=dict)
+    live_floor: float | None = None  # the first sidecar's wait floor just before the traffic stops
+    # (loadaware/admission/wait_floor.py), to set beside the point's own (wait_floor here)
 
 
 async def run(point: Point, seed: int, rule: str, duration_s: float, replicas: int = 1) -> Outcome:

@@ -40,7 +40,8 @@ from loadaware.admission.flow_queue import FlowQueue, Ticket, is_late
 from loadaware.admission.objectives import Objectives
 from loadaware.admission.reserve import LATE, LATE_TOP_WAIT_SHARE, LOWER, TOP, TOP_WAIT_SHARE, Reserve
 from loadaware.admission.saturation import PoolRoom, Scraped
-from loadaware.admission.top_holds import MAX_ENGINES, TopHold, TopHolds, cause_of
+from loadaware.admission.state_view import admission_state
+from loadaware.admission.top_holds import TopHolds
 from loadaware.admission.wait_floor import WaitFloor
 from loadaware.lifecycle import Decision
 from loadaware.telemetry.faults import RateLimitedLog, describe
@@ -145,7 +146,7 @@ class AdmissionController:
                 self.metrics.admission(priority, "admitted", 0.0)
                 self._pending += 1
                 return Verdict(True, priority, "admitted")
-            hold = self._note_top_hold(behind) if priority >= self.objectives.top() else None
+            hold = self.top_holds.note(self, behind) if priority >= self.objectives.top() else None
             try:
                 verdict = await self._hold(priority, objective, fairness_id, size, request_id, on_hold)
             except asyncio.CancelledError:
@@ -161,20 +162,12 @@ class AdmissionController:
             faults.log(logging.WARNING, "admission_error", "admission_error: %s", describe(exc))
             return Verdict(True, priority, "admitted")
 
-    def _note_top_hold(self, behind: bool) -> TopHold | None:
-        """Keep what admission saw as a request of the highest band is held (top_holds.py). A failure here keeps
-        nothing and the request is held all the same."""
-        try:
-            now = self.clock()
-            cause = cause_of(behind, not behind and self.room.has_room())  # walks the pool only if not behind
-            return self.top_holds.held(TopHold(now, cause, self._pending,
-                                               len(self.reserve.top_inflight), self.room.views(MAX_ENGINES, now),
-                                               self._reserve_now()))
-        except Exception as exc:  # noqa: BLE001 - a diagnostic never changes the verdict
-            faults.log(logging.WARNING, "admission_error", "admission_error: %s", describe(exc))
-            return None
+    @property
+    def admitted_undecided(self) -> int:
+        """Requests admitted (at once, released or placed) whose decision has not taken its room yet."""
+        return self._pending
 
-    def _reserve_now(self) -> dict[str, int]:
+    def reserve_now(self) -> dict[str, int]:
         """The free slots a lower band on time and a late request leave to the highest band now, over the pool."""
         return {kind: self.reserve.per_engine(kind) * self.room.eligible_count()
                 + self.reserve.beyond(kind, self.room.known_slots) for kind in (LOWER, LATE)}
@@ -406,35 +399,5 @@ class AdmissionController:
                 "held_ahead": held_ahead, "held": len(self.queue), "pool_saturation": self.room.saturation()}
 
     def state(self, limit: int = 100) -> dict[str, object]:
-        now = self.clock()
-        return {
-            "held": len(self.queue), "held_bytes": self.queue.size, "admitted_undecided": self._pending,
-            "bands": {str(p): {"requests": n, "bytes": b} for p, (n, b) in sorted(self.queue.bands().items(),
-                                                                                 reverse=True)},
-            "oldest": [{"request_id": t.request_id, "objective": t.objective, "priority": t.priority,
-                        "fairness_id": t.fairness_id, "bytes": t.size, "waited_s": round(now - t.enqueued_at, 3)}
-                       for t in self.queue.held(limit)],
-            "contended_releases": {str(p): dict(ids) for p, ids in self.contended.items()},
-            "jain_index": {str(p): jain_index(list(ids.values())) for p, ids in self.contended.items()},
-            "slots": dict(self.room.slots), "top_inflight": len(self.reserve.top_inflight),
-            "top_holds": self.top_holds.state(),
-            "top_wait_floor": self.wait_floor.read(self.room.known_slots(), now),
-            "top_inflight_mean": round(self.reserve.demand.mean(now), 3),
-            "reserve_now": self._reserve_now(),
-            "settings": {"saturation_queue": self.settings.saturation_queue,
-                         "reserved_slots": _auto(self.settings.reserved_slots),
-                         "late_reserved_slots": _auto(self.settings.late_reserved_slots),
-                         "top_priority": self.objectives.top(), "max_held": self.settings.max_held,
-                         "max_held_bytes": self.settings.max_held_bytes, "ttl_s": self.settings.ttl_s},
-        }
-
-
-def _auto(slots: int | None) -> int | str:
-    return "auto" if slots is None else slots
-
-
-def jain_index(shares: list[int]) -> float | None:
-    """Jain's fairness index of the shares: (sum x)^2 / (n sum x^2), 1 when equal, 1/n when one takes all."""
-    if not shares or not any(shares):
-        return None
-    return sum(shares) ** 2 / (len(shares) * sum(x * x for x in shares))
+        """The /debug/state document's admission part (state_view.py)."""
+        return admission_state(self, limit)

@@ -14,9 +14,17 @@ MAX_ENGINES engines each; nothing is kept for a request admitted at once.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from loadaware.telemetry.faults import RateLimitedLog, describe
+
+if TYPE_CHECKING:
+    from loadaware.admission.controller import AdmissionController
+
+faults = RateLimitedLog(logging.getLogger(__name__))
 
 BEHIND_TOP, PENDING, NO_ROOM = "behind_top", "pending", "no_room"
 MAX_KEPT = 64
@@ -49,6 +57,18 @@ class TopHolds:
         self.kept.append(hold)
         self.by_cause[hold.cause] = self.by_cause.get(hold.cause, 0) + 1
         return hold
+
+    def note(self, admission: AdmissionController, behind: bool) -> TopHold | None:
+        """Keep what `admission` saw as a request of the highest band is held (`behind`: another of its band is
+        held ahead). A failure here keeps nothing and the request is held all the same."""
+        try:
+            now = admission.clock()
+            cause = cause_of(behind, not behind and admission.room.has_room())  # walks the pool only if not behind
+            return self.held(TopHold(now, cause, admission.admitted_undecided, len(admission.reserve.top_inflight),
+                                     admission.room.views(MAX_ENGINES, now), admission.reserve_now()))
+        except Exception as exc:  # noqa: BLE001 - a diagnostic never changes the verdict
+            faults.log(logging.WARNING, "admission_error", "admission_error: %s", describe(exc))
+            return None
 
     def state(self) -> dict[str, Any]:
         return {"by_cause": dict(self.by_cause), "last": [hold.as_dict() for hold in self.kept]}

@@ -12,7 +12,7 @@ import pytest
 from envoy.config.core.v3 import base_pb2
 
 from bench.extproc_inprocess import buffered_messages, duplex_messages
-from loadaware.admission.controller import AdmissionController, AdmissionSettings, Verdict, jain_index
+from loadaware.admission.controller import AdmissionController, AdmissionSettings, Verdict
 from loadaware.admission.flow_queue import FlowQueue, Ticket
 from loadaware.admission.objectives import (
     DEFAULT_PRIORITY,
@@ -23,6 +23,7 @@ from loadaware.admission.objectives import (
 )
 from loadaware.admission.reserve import TopDemand, top_reserve
 from loadaware.admission.saturation import PoolRoom, learn_slots, room
+from loadaware.admission.state_view import jain_index
 from loadaware.api.v1 import loadaware_pb2 as v1
 from loadaware.app import Sidecar
 from loadaware.config import from_args
