@@ -32,6 +32,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from loadaware.admission.wait_floor import DecayedMean
+
 TOP, LATE, LOWER = "top", "late", "lower"  # whose room: the highest band's, a late request's, a lower band's
 TOP_WAIT_SHARE = 0.01
 LATE_TOP_WAIT_SHARE = 0.05
@@ -46,29 +48,16 @@ def top_reserve(rho: float, share: float) -> int:
     return max(1, math.ceil(math.log(share) / math.log(rho)))
 
 
-class TopDemand:
+class TopDemand(DecayedMean):
     """The top band's requests in flight, averaged over time (exponentially, over about DEMAND_TAU_S): its mean
-    occupancy, which Little's law makes its arrival rate times its service time."""
+    occupancy, which Little's law makes its arrival rate times its service time. Not corrected for its start:
+    the reserve takes the larger of it and the count now (see above)."""
 
     def __init__(self, now: float, tau_s: float = DEMAND_TAU_S) -> None:
-        self.tau_s = tau_s
-        self._mean = 0.0
-        self._level = 0
-        self._at = now
-
-    def set(self, level: int, now: float) -> None:
-        """The count changed to `level` at `now` (the old level held until then)."""
-        self._advance(now)
-        self._level = level
+        super().__init__(now, tau_s)
 
     def mean(self, now: float) -> float:
-        self._advance(now)
-        return self._mean
-
-    def _advance(self, now: float) -> None:
-        if now > self._at:
-            self._mean += (1.0 - math.exp(-(now - self._at) / self.tau_s)) * (self._level - self._mean)
-            self._at = now
+        return self.peek_level(now)
 
 
 class Reserve:

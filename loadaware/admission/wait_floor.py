@@ -64,6 +64,10 @@ class DecayedMean:
     def _sum_at(self, now: float) -> float:
         return self._value * math.exp(-max(0.0, now - self._at) / self.tau_s)
 
+    def peek_level(self, now: float) -> float:
+        """The mean level as averaged, the time before start counted as 0."""
+        return self._mean_at(now)
+
     def peek_mean(self, now: float) -> float:
         """The mean level, as if it had been averaged only over the time since start (bias-corrected)."""
         weight = 1.0 - math.exp(-max(0.0, now - self._since) / self.tau_s)
